@@ -1,0 +1,75 @@
+# CS336 assignment 2 report workbook.
+#   make report                 set up (first time) and regenerate the report for this machine
+#   make test                   the test suite (CPU; GPU tests skip without CUDA)
+#   make report PROFILE=gpu NOTEBOOKS=01,03    a subset, a given profile
+#   make lab | pdf | wheelhouse | clean
+# On a node whose Python already has torch (e.g. an offline GPU node): make report PYTHON=python3
+
+PROFILE   ?= auto
+NOTEBOOKS ?=
+OUT       ?=
+VENV      ?= .venv
+PYTHON    ?= $(VENV)/bin/python
+# Without a GPU the CPU wheel of a tested torch release (and the Triton the GPU nodes run, for the
+# interpreter tests); with one, any torch >= 2.11 with its own Triton.
+HAVE_GPU  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= $(if $(HAVE_GPU),torch>=2.11,torch==2.13.0 triton==3.6.0)
+WHEELHOUSE ?= wheelhouse
+
+export PYTHONPATH := $(CURDIR)/lib$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+ifeq ($(PYTHON),$(VENV)/bin/python)
+SETUP := $(VENV)/.installed
+else
+SETUP :=
+endif
+
+.PHONY: setup report test lab html pdf wheelhouse install-offline clean
+
+setup: $(SETUP)
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
+	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+report: $(SETUP)
+	$(PYTHON) -m cs336_systems.report.run --profile $(PROFILE) $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS)) $(if $(OUT),--out $(OUT)); \
+	status=$$?; \
+	if [ -n "$(CHROMIUM_FOUND)$(CHROMIUM)" ]; then $(PYTHON) -m cs336_systems.report.pdf --profile $(PROFILE) $(if $(OUT),--out $(OUT)); \
+	else echo "(no Chromium: skipped writeup.pdf; \`make pdf\` installs it)"; fi; \
+	exit $$status
+
+test: $(SETUP)
+	$(PYTHON) -m pytest -q -ra
+
+lab: $(SETUP)
+	$(PYTHON) -m ipykernel install --sys-prefix --name cs336-systems --display-name "CS336 systems"
+	cd notebooks && $(abspath $(PYTHON)) -m jupyter lab
+
+CHROMIUM_FOUND = $(shell command -v chromium || command -v chromium-browser || command -v google-chrome)
+
+pdf: $(SETUP)
+	@if [ -z "$(CHROMIUM_FOUND)$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "make pdf: installing Chromium with apt-get"; apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else echo "make pdf needs Chromium to print the HTML writeup: sudo apt-get install chromium (or set CHROMIUM=/path/to/chrome)"; exit 2; fi; \
+	fi
+	$(PYTHON) -m cs336_systems.report.pdf --profile $(PROFILE) $(if $(OUT),--out $(OUT))
+
+# Wheels of everything the GPU nodes lack (papermill, nbconvert, jupyter bits), for Python 3.12 on
+# x86-64 Linux; torch, triton, numpy, pandas, matplotlib and seaborn are expected on the node.
+wheelhouse:
+	python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  --platform manylinux1_x86_64 --platform any -d $(WHEELHOUSE) papermill nbconvert nbformat ipykernel
+	@echo "wheels in $(WHEELHOUSE)/; on the node: make install-offline PYTHON=python3"
+
+install-offline:
+	$(PYTHON) -m pip install --quiet --no-index --find-links $(WHEELHOUSE) papermill nbconvert nbformat ipykernel
+
+clean:
+	rm -rf reports/cpu reports/_scratch .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,466 @@
+"""Attention benchmarks for notebooks 07-09: time, memory, out-of-memory rows, accuracy.
+
+One configuration (`benchmark_attention`) is a batch of random Q, K, V of shape
+(batch, seq, d) (no head dimension, as in the handout's `pytorch_attention`):
+
+  1. one forward under `SavedForBackward`, which counts the bytes autograd keeps for the
+     backward; the memory in use before the backward is then read (CUDA: the caching
+     allocator's `memory_allocated`; CPU: the distinct storages of Q, K, V, O and the saved
+     tensors), and one backward runs (for a compiled function this first call compiles);
+  2. `warmup` + `steps` forwards, then `warmup` + `steps` backwards (each after an untimed
+     forward), synchronizing after every step, timed with timeit.default_timer.
+
+A configuration that runs out of memory becomes a row with status "OOM" and the phase it failed
+in. A memory budget can be imposed: on CUDA through the allocator's per-process memory fraction
+(a real OOM), on CPU by `SavedForBackward` raising the same torch.OutOfMemoryError once the inputs
+plus the saved tensors pass the budget, so the OOM path runs in the CPU profile too.
+
+Around it: `attention_sweep` (the grid, then doubling the sequence length until OOM),
+`naive_attention_memory` (the analytic accounting) and `quadratic_fit` for notebook 07,
+`merge_compiled` for notebook 08, `peak_memory_sweep` and `accuracy_table` (errors of O, L,
+dQ, dK, dV against float64) for notebook 09.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import timeit
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from cs336_systems.attention import AttentionFn
+from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
+from cs336_systems.profiling.ranges import annotated
+
+MiB = 2**20
+
+
+def random_qkv(
+    shape_q: Sequence[int],
+    shape_kv: Sequence[int] | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    requires_grad: bool = True,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Standard-normal Q (shape_q) and K, V (shape_kv, default shape_q), drawn on the CPU for reproducibility."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = (shape_q, shape_kv or shape_q, shape_kv or shape_q)
+    return tuple(
+        torch.randn(*s, generator=gen).to(device=device, dtype=dtype).requires_grad_(requires_grad) for s in shapes
+    )
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+class SavedForBackward:
+    """Context manager counting the bytes of the tensors autograd saves for the backward.
+
+    Each storage counts once (a view and its base share one). With `budget_bytes`, entering
+    counts `resident` (tensors already alive, e.g. Q, K, V) and a save that takes the total
+    past the budget raises torch.OutOfMemoryError, as the allocator would.
+    """
+
+    def __init__(self, resident: Iterable[torch.Tensor] = (), budget_bytes: int | None = None):
+        self.budget_bytes = budget_bytes
+        self._resident = {_storage_key(t): _storage_bytes(t) for t in resident}
+        self._saved: dict[tuple[str, int], int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(self._saved.values())
+
+    def live_bytes(self, *extra: torch.Tensor) -> int:
+        """Resident plus saved plus `extra` tensors, each storage once."""
+        storages = {**self._resident, **self._saved, **{_storage_key(t): _storage_bytes(t) for t in extra}}
+        return sum(storages.values())
+
+    def check_budget(self, *extra: torch.Tensor) -> None:
+        used = self.live_bytes(*extra)
+        if self.budget_bytes is not None and used > self.budget_bytes:
+            raise torch.OutOfMemoryError(
+                f"out of memory (simulated budget): {used / MiB:.1f} MiB needed, budget {self.budget_bytes / MiB:.1f} MiB"
+            )
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in self._saved:
+            self._saved[key] = _storage_bytes(t)
+            self.check_budget()
+        return t
+
+    def __enter__(self) -> "SavedForBackward":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+def _ms_stats(seconds: list[float]) -> tuple[float, float]:
+    ms = [s * 1e3 for s in seconds]
+    return statistics.fmean(ms), (statistics.stdev(ms) if len(ms) > 1 else 0.0)
+
+
+def _time_forward(fn: AttentionFn, q, k, v, is_causal: bool, warmup: int, steps: int, device) -> list[float]:
+    times = []
+    for i in range(warmup + steps):
+        start = timeit.default_timer()
+        with annotated("forward"):
+            fn(q, k, v, is_causal)
+        synchronize(device)
+        if i >= warmup:
+            times.append(timeit.default_timer() - start)
+    return times
+
+
+def _time_backward(fn: AttentionFn, q, k, v, grad, is_causal: bool, warmup: int, steps: int, device) -> list[float]:
+    times = []
+    for i in range(warmup + steps):
+        out = fn(q, k, v, is_causal)
+        synchronize(device)
+        start = timeit.default_timer()
+        with annotated("backward"):
+            out.backward(grad)
+        synchronize(device)
+        if i >= warmup:
+            times.append(timeit.default_timer() - start)
+        q.grad = k.grad = v.grad = None
+    return times
+
+
+def benchmark_attention(
+    fn: AttentionFn,
+    batch: int,
+    seq_len: int,
+    d_model: int,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    is_causal: bool = False,
+    warmup: int = 5,
+    steps: int = 100,
+    memory_budget_bytes: int | None = None,
+) -> dict:
+    """One tidy row: timings in ms (mean, std), memory before the backward and saved for it, or OOM."""
+    device = torch.device(device)
+    row = dict(batch=batch, seq_len=seq_len, d_model=d_model, dtype=str(dtype).removeprefix("torch."), is_causal=is_causal)
+    phase = "inputs"
+    q = k = v = out = grad = None
+    try:
+        q, k, v = random_qkv((batch, seq_len, d_model), device=device, dtype=dtype)
+        phase = "forward"
+        synchronize(device)
+        start = timeit.default_timer()
+        budget = memory_budget_bytes if device.type == "cpu" else None
+        with SavedForBackward(resident=(q, k, v), budget_bytes=budget) as saved:
+            out = fn(q, k, v, is_causal)
+        saved.check_budget(out)
+        synchronize(device)
+        first_call = timeit.default_timer() - start
+        in_use = torch.cuda.memory_allocated(device) if device.type == "cuda" else saved.live_bytes(out)
+        phase = "backward"
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        out = None
+        q.grad = k.grad = v.grad = None
+        phase = "forward"
+        fwd = _time_forward(fn, q, k, v, is_causal, warmup, steps, device)
+        phase = "backward"
+        bwd = _time_backward(fn, q, k, v, grad, is_causal, warmup, steps, device)
+    except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
+        if not is_out_of_memory(err):
+            raise
+        row.update(status="OOM", oom_phase=phase, error=str(err).splitlines()[0][:200])
+        return row
+    finally:
+        del q, k, v, out, grad
+        if device.type == "cuda":  # on CPU, dropping the references frees the memory
+            free_device_memory()
+    (fwd_ms, fwd_std), (bwd_ms, bwd_std) = _ms_stats(fwd), _ms_stats(bwd)
+    row.update(
+        status="ok",
+        first_call_ms=first_call * 1e3,
+        forward_ms=fwd_ms,
+        forward_std_ms=fwd_std,
+        backward_ms=bwd_ms,
+        backward_std_ms=bwd_std,
+        memory_before_backward_mib=in_use / MiB,
+        saved_for_backward_mib=saved.saved_bytes / MiB,
+    )
+    return row
+
+
+class _CudaMemoryCap:
+    """Caps this process's share of CUDA memory for the duration of a sweep (then restores it)."""
+
+    def __init__(self, device: torch.device, budget_bytes: int | None):
+        self.device, self.budget_bytes = device, budget_bytes
+
+    def __enter__(self):
+        if self.device.type == "cuda" and self.budget_bytes is not None:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.budget_bytes / total), self.device)
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda" and self.budget_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+
+
+def attention_sweep(
+    implementations: Mapping[str, AttentionFn],
+    d_models: Sequence[int],
+    seq_lens: Sequence[int],
+    *,
+    batch: int = 8,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    is_causal: bool = False,
+    warmup: int = 5,
+    steps: int = 100,
+    memory_budget_bytes: int | None = None,
+    until_oom: bool = True,
+    max_seq_len: int = 2**18,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Every implementation at every (d_model, seq_len); OOM rows; then, per d_model, sequence
+    lengths keep doubling past the grid (`extended` rows) until each implementation has run out
+    of memory (or `max_seq_len`), so "at what size" has a measured answer.
+
+    torch.compiler.reset() runs before each configuration: a compiled implementation then
+    compiles once for that shape (in its first call) and never hits the recompilation limit.
+    """
+    device = torch.device(device)
+    if not implementations or not d_models or not seq_lens:
+        raise ValueError("attention_sweep needs at least one implementation, one d_model and one seq_len")
+    rows = []
+    bar = tqdm(desc="attention", disable=not progress, leave=False)
+
+    def run(name: str, fn: AttentionFn, d: int, n: int, extended: bool) -> dict:
+        if "torch._dynamo" in sys.modules:  # else nothing was compiled, and importing it costs seconds
+            torch.compiler.reset()
+        bar.set_postfix_str(f"{name} d={d} seq={n}")
+        row = benchmark_attention(
+            fn, batch, n, d, device=device, dtype=dtype, is_causal=is_causal,
+            warmup=warmup, steps=steps, memory_budget_bytes=memory_budget_bytes,
+        )
+        bar.update()
+        rows.append(dict(implementation=name, **row, extended=extended))
+        return row
+
+    with _CudaMemoryCap(device, memory_budget_bytes):
+        for d in d_models:
+            fitting = set(implementations)
+            for n in sorted(seq_lens):
+                for name, fn in implementations.items():
+                    if run(name, fn, d, n, extended=False)["status"] == "OOM":
+                        fitting.discard(name)
+            n = max(seq_lens)
+            while until_oom and fitting and 2 * n <= max_seq_len:
+                n *= 2
+                for name in sorted(fitting, key=list(implementations).index):
+                    if run(name, implementations[name], d, n, extended=True)["status"] == "OOM":
+                        fitting.discard(name)
+    bar.close()
+    return pd.DataFrame(rows)
+
+
+def naive_attention_memory(batch: int, seq_len: int, d_model: int, bytes_per_element: int = 4) -> dict[str, int]:
+    """Bytes of the materialised attention softmax(Q K^T / sqrt(d)) V (no mask), from what it keeps alive.
+
+    Before the backward (what autograd saves, each storage once, plus the output):
+      Q, K, V, O:            4 · B·N·d
+      scores S = QK^T/√d:    B·N²   (kept by the max of the stable softmax)
+      exp(S - max):          B·N²   (kept by exp and by the division)
+      probabilities P:       B·N²   (kept by the product P V)
+      row max and row sum:   2 · B·N
+    The backward adds, at its peak, dP and dS (2 · B·N², the gradients of P and S) on top.
+    """
+    n_sq, n_d = batch * seq_len * seq_len, batch * seq_len * d_model
+    parts = dict(
+        inputs_and_output=4 * n_d,
+        scores=n_sq,
+        exp_scores=n_sq,
+        probabilities=n_sq,
+        row_statistics=2 * batch * seq_len,
+    )
+    out = {name: count * bytes_per_element for name, count in parts.items()}
+    out["before_backward"] = sum(out.values())
+    out["saved_for_backward"] = out["before_backward"] - d_model * batch * seq_len * bytes_per_element  # O is not saved
+    out["backward_extra"] = 2 * n_sq * bytes_per_element
+    return out
+
+
+def quadratic_fit(seq_lens: Sequence[float], values: Sequence[float]) -> np.ndarray:
+    """Least-squares a, b, c of values ≈ a·N² + b·N + c."""
+    if len(seq_lens) < 3:
+        raise ValueError(f"a quadratic fit needs at least 3 sequence lengths, got {len(seq_lens)}")
+    return np.polyfit(np.asarray(seq_lens, dtype=float), np.asarray(values, dtype=float), 2)
+
+
+def merge_compiled(df: pd.DataFrame, eager: str, compiled: str) -> pd.DataFrame:
+    """Eager and compiled rows of one sweep side by side, with speed-ups (eager ms / compiled ms)."""
+    keys = ["d_model", "seq_len"]
+    cols = ["status", "first_call_ms", "forward_ms", "backward_ms", "memory_before_backward_mib", "saved_for_backward_mib"]
+    a = df[df.implementation == eager][keys + cols]
+    b = df[df.implementation == compiled][keys + cols]
+    wide = a.merge(b, on=keys, how="outer", suffixes=(f"_{eager}", f"_{compiled}"))
+    wide["forward_speedup"] = wide[f"forward_ms_{eager}"] / wide[f"forward_ms_{compiled}"]
+    wide["backward_speedup"] = wide[f"backward_ms_{eager}"] / wide[f"backward_ms_{compiled}"]
+    return wide.sort_values(keys, ignore_index=True)
+
+
+def peak_memory_sweep(
+    implementations: Mapping[str, AttentionFn],
+    seq_lens: Sequence[int],
+    *,
+    batch: int = 1,
+    d_model: int = 64,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    is_causal: bool = True,
+    memory_budget_bytes: int | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Memory of one forward+backward per implementation and sequence length, or an OOM row.
+
+    `saved_for_backward_mib` is measured on any device (SavedForBackward); `peak_mib` is the CUDA
+    allocator's peak during forward+backward above what was allocated before (NaN on CPU, which
+    keeps no allocator statistics).
+    """
+    device = torch.device(device)
+    rows = []
+    with _CudaMemoryCap(device, memory_budget_bytes):
+        for n in tqdm(sorted(seq_lens), desc="peak memory", disable=not progress, leave=False):
+            for name, fn in implementations.items():
+                row = dict(implementation=name, batch=batch, seq_len=n, d_model=d_model, dtype=str(dtype).removeprefix("torch."))
+                q = k = v = out = None
+                try:
+                    q, k, v = random_qkv((batch, n, d_model), device=device, dtype=dtype)
+                    if device.type == "cuda":
+                        synchronize(device)
+                        torch.cuda.reset_peak_memory_stats(device)
+                    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+                    budget = memory_budget_bytes if device.type == "cpu" else None
+                    with SavedForBackward(resident=(q, k, v), budget_bytes=budget) as saved:
+                        out = fn(q, k, v, is_causal)
+                    saved.check_budget(out)
+                    out.backward(torch.ones_like(out))
+                    synchronize(device)
+                    peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else float("nan")
+                    row.update(status="ok", saved_for_backward_mib=saved.saved_bytes / MiB, peak_mib=peak / MiB)
+                except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
+                    if not is_out_of_memory(err):
+                        raise
+                    row.update(status="OOM", error=str(err).splitlines()[0][:200])
+                finally:
+                    del q, k, v, out
+                    if device.type == "cuda":
+                        free_device_memory()
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """O and the row logsumexp L in float64, from torch's own softmax and logsumexp."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if is_causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        after = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(diagonal=n_k - n_q + 1)
+        scores = scores.masked_fill(after, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+
+
+TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def saved_logsumexp(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The one tensor of shape q.shape[:-1] among those saved by `out`'s autograd node."""
+    saved = getattr(out.grad_fn, "saved_tensors", ())
+    found = [t for t in saved if t.shape == q.shape[:-1]]
+    if len(found) != 1:
+        raise ValueError(f"expected exactly one saved tensor of shape {tuple(q.shape[:-1])}, found {len(found)}")
+    return found[0]
+
+
+def attention_errors(
+    apply: AttentionFn,
+    shape_q: Sequence[int],
+    shape_kv: Sequence[int],
+    *,
+    dtype: torch.dtype,
+    is_causal: bool,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> list[dict]:
+    """Max absolute and norm-wise relative error ‖x − ref‖ / ‖ref‖ of O, L, dQ, dK, dV against float64.
+
+    The reference runs on the same (rounded) inputs; NaN anywhere makes the error NaN.
+    """
+    q, k, v = random_qkv(shape_q, shape_kv, device=device, dtype=dtype, seed=seed)
+    out = apply(q, k, v, is_causal)
+    lse = saved_logsumexp(out, q)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device=device, dtype=dtype)
+    out.backward(grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_out, ref_lse = reference_attention(q64, k64, v64, is_causal)
+    ref_out.backward(grad.double())
+    pairs = dict(O=(out, ref_out), L=(lse, ref_lse), dQ=(q.grad, q64.grad), dK=(k.grad, k64.grad), dV=(v.grad, v64.grad))
+    rows = []
+    for name, (x, ref) in pairs.items():
+        diff = x.detach().double() - ref.detach()
+        rows.append(dict(tensor=name, max_abs_error=diff.abs().max().item(), relative_error=(diff.norm() / ref.norm()).item()))
+    return rows
+
+
+def accuracy_table(
+    implementations: Mapping[str, AttentionFn],
+    cases: Iterable[dict],
+    *,
+    device: torch.device | str = "cpu",
+) -> pd.DataFrame:
+    """One row per implementation × case × tensor; `cases` hold shape_q, shape_kv, dtype, is_causal.
+
+    `passes` applies the bars of the tests: norm-wise error under 1e-3 in fp32, 1e-2 in fp16/bf16
+    (a NaN never passes).
+    """
+    rows = []
+    for name, apply in implementations.items():
+        for case in cases:
+            dtype = case["dtype"]
+            for err in attention_errors(apply, case["shape_q"], case["shape_kv"], dtype=dtype, is_causal=case["is_causal"], device=device):
+                rows.append(dict(
+                    implementation=name,
+                    shape_q=str(tuple(case["shape_q"])),
+                    shape_kv=str(tuple(case["shape_kv"])),
+                    dtype=str(dtype).removeprefix("torch."),
+                    is_causal=case["is_causal"],
+                    **err,
+                    passes=bool(err["relative_error"] < TOLERANCE[dtype]),
+                ))
+    return pd.DataFrame(rows)
+
+
+def seq_len_axis(ax, seq_lens: Iterable[int], label: str = "sequence length N") -> None:
+    """Log-2 x axis with one plain tick per sequence length measured."""
+    from matplotlib.ticker import NullLocator
+
+    ticks = sorted(set(int(n) for n in seq_lens))
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(ticks, [f"{n:,}" for n in ticks], rotation=45 if len(ticks) > 5 else 0)
+    ax.set_xlabel(label)

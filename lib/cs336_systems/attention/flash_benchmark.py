@@ -1,0 +1,473 @@
+"""FlashAttention-2 against PyTorch attention: latency, achieved TFLOP/s and correctness per configuration.
+
+Implementations (`IMPLEMENTATIONS`), all called as f(q, k, v, is_causal) on (batch, heads, seq, d):
+  triton          ours, `FlashAttentionTriton.apply` (attention/flash_triton.py)
+  pytorch         the materialised softmax(Q Kᵀ/√d) V of attention/naive.py
+  sdpa_flash      torch's scaled_dot_product_attention restricted with `sdpa_kernel` to one backend;
+  sdpa_cudnn      `fastest_sdpa` then keeps, per configuration, the backend with the lowest
+  sdpa_efficient  forward+backward latency ("SDPA with its fastest backend")
+
+Latency of each pass, the median of `triton.testing.do_bench` on CUDA (L2 cleared before every
+run), of `timeit` around synchronized calls on CPU (do_bench needs a GPU):
+  forward            o = f(q, k, v) with autograd recording, as in training
+  backward           o.backward(dO, retain_graph=True) on one recorded forward: measured directly,
+                     not as a difference of two noisy medians
+  forward+backward   f(q, k, v).backward(dO)
+with q, k, v gradients reset to None before every run, so no accumulation kernel is timed.
+
+FLOPs counted as the matmuls of the algorithm (FlashAttention-2 paper convention):
+  forward    4·B·H·N²·d   (S = Q Kᵀ and O = P V, 2·N²·d each), halved with the causal mask
+  backward   2.5 × forward (five matmuls: S recomputed, dV = Pᵀ dO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀ Q)
+  fwd+bwd    3.5 × forward
+
+Every configuration is checked in the same run: O, dQ, dK, dV of each implementation against a
+float64 reference on the same (rounded) inputs, norm-wise relative error ‖x − ref‖ / ‖ref‖; above
+`TOLERANCE` the row's status is "wrong". Other statuses: "ok", "OOM", "no kernel" (an SDPA backend
+that cannot run this dtype or device), "backend error" (an SDPA backend that accepted the inputs
+and then failed), "skipped: memory" (the materialised attention whose predicted peak exceeds the
+memory budget, decided from the shape before anything is allocated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import timeit
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm.auto import tqdm
+
+from cs336_systems.attention import AttentionFn
+from cs336_systems.attention.benchmark import naive_attention_memory, random_qkv
+from cs336_systems.attention.naive import naive_attention
+from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
+
+PASSES = ("forward", "backward", "forward_backward")
+PASS_FLOP_FACTOR = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
+SDPA_BACKENDS = {
+    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+IMPLEMENTATIONS = ("triton", "pytorch", *SDPA_BACKENDS)
+# Loose enough for rounding (the materialised softmax in bf16 reaches ~1e-2 at N = 2048 and grows
+# slowly with N; fp32 under TF32 ~1e-3), tight enough that a wrong kernel (errors of order 1) fails.
+TOLERANCE = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+REFERENCE_CHUNK_ELEMENTS = 2**25  # float64 scores per query chunk of the reference: 256 MiB
+
+
+def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, is_causal: bool = True) -> dict[str, float]:
+    """FLOPs of each pass (see the module docstring): forward 4·B·H·N²·d (/2 causal), ×2.5, ×3.5."""
+    forward = 4 * batch * heads * seq_len**2 * head_dim / (2 if is_causal else 1)
+    return {p: PASS_FLOP_FACTOR[p] * forward for p in PASSES}
+
+
+def attention_min_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+    """Least HBM traffic of each pass: every input read once, every output written once.
+
+    forward   read Q, K, V, write O (input dtype) and L (fp32, B·H·N)
+    backward  read Q, K, V, O, dO, L, write dQ, dK, dV
+    """
+    tensor = batch * heads * seq_len * head_dim * dtype.itemsize
+    lse = batch * heads * seq_len * 4
+    forward, backward = 4 * tensor + lse, 8 * tensor + lse
+    return dict(forward=forward, backward=backward, forward_backward=forward + backward)
+
+
+def naive_peak_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Predicted peak of the materialised attention's forward+backward (attention/benchmark.py's accounting)."""
+    parts = naive_attention_memory(batch * heads, seq_len, head_dim, dtype.itemsize)
+    return parts["before_backward"] + parts["backward_extra"]
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """do_bench's warm-up and measuring time in ms (CUDA); calls timed by timeit on CPU.
+
+    `min_runs`: a configuration slower than rep_ms / min_runs gets its measuring time stretched
+    so that do_bench still takes at least that many runs.
+    """
+
+    warmup_ms: float = 5.0
+    rep_ms: float = 20.0
+    min_runs: int = 3
+    cpu_steps: int = 3
+
+
+def measure_times_ms(
+    fn: Callable[[], object],
+    device: torch.device,
+    settings: TimingSettings = TimingSettings(),
+    grad_to_none: Sequence[torch.Tensor] = (),
+) -> list[float]:
+    """Milliseconds of each measured run of `fn` (its first call, e.g. compilation, is never timed)."""
+
+    def reset_grads() -> None:
+        for t in grad_to_none:
+            t.grad = None
+
+    reset_grads()
+    fn()
+    synchronize(device)
+    if device.type != "cuda":
+        times = []
+        for _ in range(settings.cpu_steps):
+            reset_grads()
+            start = timeit.default_timer()
+            fn()
+            synchronize(device)
+            times.append((timeit.default_timer() - start) * 1e3)
+        return times
+    import triton.testing
+
+    reset_grads()
+    start = timeit.default_timer()
+    fn()
+    synchronize(device)
+    estimate_ms = (timeit.default_timer() - start) * 1e3
+    rep = max(settings.rep_ms, (settings.min_runs + 1) * estimate_ms)
+    return triton.testing.do_bench(
+        fn, warmup=settings.warmup_ms, rep=rep, grad_to_none=list(grad_to_none) or None, return_mode="all"
+    )
+
+
+def measure_matmul_tflops(
+    dtype: torch.dtype = torch.bfloat16,
+    n: int = 8192,
+    device: torch.device | str | None = None,
+    settings: TimingSettings = TimingSettings(warmup_ms=25, rep_ms=100),
+) -> float:
+    """Achieved TFLOP/s of an n×n by n×n matmul (2·n³ FLOPs, median time): the device's practical ceiling."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+    ms = statistics.median(measure_times_ms(lambda: a @ b, device, settings))
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    if q.dim() == 3:  # the fused backends take (batch, heads, seq, d) only
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=is_causal)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+
+    return FlashAttentionTriton.apply(q, k, v, is_causal)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """An attention function and the SDPA backend it is restricted to (None: no restriction)."""
+
+    name: str
+    apply: AttentionFn
+    backend: SDPBackend | None = None
+
+    def context(self) -> contextlib.AbstractContextManager:
+        return sdpa_kernel(self.backend) if self.backend is not None else contextlib.nullcontext()
+
+
+def implementation(name: str) -> Implementation:
+    if name == "triton":
+        return Implementation(name, _triton)
+    if name == "pytorch":
+        return Implementation(name, naive_attention)
+    if name in SDPA_BACKENDS:
+        return Implementation(name, _sdpa, SDPA_BACKENDS[name])
+    raise ValueError(f"unknown implementation {name!r}; choose among {', '.join(IMPLEMENTATIONS)}")
+
+
+def is_no_kernel(err: BaseException) -> bool:
+    """SDPA's refusal when the allowed backends cannot run these inputs (CUDA and CPU wordings)."""
+    msg = str(err).lower()
+    return isinstance(err, RuntimeError) and ("no available kernel" in msg or "no viable backend" in msg)
+
+
+def reference_gradients(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
+    chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
+) -> dict[str, torch.Tensor]:
+    """O, dQ, dK, dV in float64 from SDPA's math backend, over chunks of query rows.
+
+    Query rows are independent, so each chunk's O and dQ rows are exact and its dK, dV terms
+    add up; a chunk holds at most `chunk_elements` scores, so N = 65536 fits in a few GiB.
+    Query i sits at position i + N_k − N_q (as in every implementation here).
+    """
+    k64, v64 = (t.detach().double().requires_grad_() for t in (k, v))
+    q64, g64 = q.detach().double(), grad_out.detach().double()
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    rows = max(1, chunk_elements // (n_k * q[..., 0, 0].numel()))
+    out, grad_q = torch.empty_like(q64), torch.empty_like(q64)
+    with sdpa_kernel(SDPBackend.MATH):
+        for start in range(0, n_q, rows):
+            stop = min(start + rows, n_q)
+            q_chunk = q64[..., start:stop, :].requires_grad_()
+            mask = None
+            if is_causal:
+                mask = torch.ones(stop - start, n_k, dtype=torch.bool, device=q.device).tril(start + n_k - n_q)
+            o = F.scaled_dot_product_attention(q_chunk, k64, v64, attn_mask=mask)
+            o.backward(g64[..., start:stop, :])
+            out[..., start:stop, :] = o.detach()
+            grad_q[..., start:stop, :] = q_chunk.grad
+    return dict(O=out, dQ=grad_q, dK=k64.grad, dV=v64.grad)
+
+
+def relative_errors(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, reference: dict[str, torch.Tensor],
+) -> dict[str, float]:
+    """‖x − ref‖ / ‖ref‖ of O, dQ, dK, dV after one forward and backward of `impl` (NaN stays NaN)."""
+    q.grad = k.grad = v.grad = None
+    with impl.context():
+        out = impl.apply(q, k, v, is_causal)
+        out.backward(grad_out)
+    found = dict(O=out, dQ=q.grad, dK=k.grad, dV=v.grad)
+    errors = {}
+    for name, ref in reference.items():
+        if found[name] is None:  # a gradient that never arrived: as wrong as a NaN
+            errors[name] = float("nan")
+            continue
+        diff = found[name].detach().double() - ref
+        errors[name] = (diff.norm() / ref.norm()).item()
+    q.grad = k.grad = v.grad = None
+    return errors
+
+
+def time_passes(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, settings: TimingSettings,
+) -> dict[str, list[float]]:
+    """Measured run times (ms) of the forward, the backward alone, and the forward+backward."""
+    device, grads = q.device, (q, k, v)
+    times = {}
+    with impl.context():
+        times["forward"] = measure_times_ms(lambda: impl.apply(q, k, v, is_causal), device, settings, grads)
+        out = impl.apply(q, k, v, is_causal)
+        times["backward"] = measure_times_ms(
+            lambda: out.backward(grad_out, retain_graph=True), device, settings, grads
+        )
+        del out
+        times["forward_backward"] = measure_times_ms(
+            lambda: impl.apply(q, k, v, is_causal).backward(grad_out), device, settings, grads
+        )
+    q.grad = k.grad = v.grad = None
+    return times
+
+
+def _first_line(text: str, limit: int = 240) -> str:
+    return text.strip().splitlines()[0][:limit] if text.strip() else ""
+
+
+def failure_row(
+    err: BaseException, impl: Implementation, caught: Iterable[warnings.WarningMessage] = ()
+) -> dict | None:
+    """The row of a failure that the sweep records and survives, or None for one that must stop it.
+
+    OOM; "no kernel" (with the reasons torch warned about); "backend error": an SDPA backend that
+    accepted the inputs and then failed (e.g. a cuDNN graph that does not build) is a finding about
+    that library, while our kernels failing is a bug.
+    """
+    if is_out_of_memory(err):
+        return dict(status="OOM", note=_first_line(str(err)))
+    if is_no_kernel(err):
+        reasons = dict.fromkeys(_first_line(str(w.message)) for w in caught)  # ordered, unique
+        return dict(status="no kernel", note=" | ".join(r for r in reasons if r) or _first_line(str(err)))
+    if impl.backend is not None and isinstance(err, RuntimeError):
+        return dict(status="backend error", note=_first_line(str(err)))
+    return None
+
+
+def benchmark_implementation(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, reference: dict[str, torch.Tensor], settings: TimingSettings,
+) -> dict:
+    """Status, error against the reference and median latencies of one implementation on one input."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            errors = relative_errors(impl, q, k, v, grad_out, is_causal, reference)
+        times = time_passes(impl, q, k, v, grad_out, is_causal, settings)
+    except Exception as err:  # noqa: BLE001 - failure_row decides which failures become rows
+        q.grad = k.grad = v.grad = None
+        failure = failure_row(err, impl, caught)
+        if failure is None:
+            raise
+    else:
+        return _measured_row(errors, times, TOLERANCE[q.dtype])
+    free_device_memory()  # here, once the exception no longer holds the failed call's tensors
+    return failure
+
+
+def _measured_row(errors: dict[str, float], times: dict[str, list[float]], tolerance: float) -> dict:
+    worst = max(errors, key=lambda name: errors[name] if errors[name] == errors[name] else float("inf"))
+    row = dict(max_rel_error=errors[worst], worst_tensor=worst, runs=min(len(t) for t in times.values()))
+    row.update({f"{p}_ms": statistics.median(times[p]) for p in PASSES})
+    ok = all(e <= tolerance for e in errors.values())  # NaN compares False: never ok
+    row["status"] = "ok" if ok else "wrong"
+    return row
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def flash_benchmark(
+    seq_lens: Iterable[int],
+    head_dims: Iterable[int],
+    dtypes: Iterable[torch.dtype],
+    impls: Iterable[str] = IMPLEMENTATIONS,
+    *,
+    batch: int = 1,
+    heads: int = 1,
+    is_causal: bool = True,
+    device: torch.device | str = "cpu",
+    settings: TimingSettings = TimingSettings(),
+    memory_budget_bytes: int | None = None,
+    memory_fraction: float = 0.4,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """One row per implementation × dtype × head dimension × sequence length (see the module docstring).
+
+    The materialised attention is skipped ("skipped: memory") where its predicted peak exceeds
+    `memory_budget_bytes` (default: `memory_fraction` of the GPU's memory; no limit on CPU).
+    """
+    device = torch.device(device)
+    seq_lens, head_dims, dtypes = sorted(seq_lens), list(head_dims), list(dtypes)
+    impls = [implementation(name) for name in impls]
+    if not (seq_lens and head_dims and dtypes and impls):
+        raise ValueError("flash_benchmark needs at least one sequence length, head dimension, dtype and implementation")
+    if memory_budget_bytes is None and device.type == "cuda":
+        memory_budget_bytes = int(memory_fraction * torch.cuda.get_device_properties(device).total_memory)
+    configs = [(dt, d, n) for dt in dtypes for d in head_dims for n in seq_lens]
+    rows = []
+    bar = tqdm(total=len(configs) * len(impls), desc="flash benchmark", disable=not progress, leave=False)
+    for dtype, d, n in configs:
+        flops = attention_flops(batch, heads, n, d, is_causal)
+        q, k, v = random_qkv((batch, heads, n, d), device=device, dtype=dtype, seed=n + d)
+        gen = torch.Generator().manual_seed(n + d + 1)
+        grad_out = torch.randn(batch, heads, n, d, generator=gen).to(device=device, dtype=dtype)
+        reference = reference_gradients(q, k, v, grad_out, is_causal)
+        for impl in impls:
+            bar.set_postfix_str(f"{impl.name} {_dtype_name(dtype)} d={d} N={n}")
+            row = dict(impl=impl.name, batch=batch, heads=heads, seq_len=n, head_dim=d, dtype=_dtype_name(dtype),
+                       is_causal=is_causal)
+            peak = naive_peak_bytes(batch, heads, n, d, dtype)
+            if impl.name == "pytorch" and memory_budget_bytes is not None and peak > memory_budget_bytes:
+                row.update(status="skipped: memory",
+                           note=f"predicted peak {peak / 2**30:.1f} GiB > budget {memory_budget_bytes / 2**30:.1f} GiB")
+            else:
+                row.update(benchmark_implementation(impl, q, k, v, grad_out, is_causal, reference, settings))
+            for p in PASSES:
+                row[f"{p}_tflops"] = flops[p] / (row[f"{p}_ms"] * 1e-3) / 1e12 if f"{p}_ms" in row else float("nan")
+            rows.append(row)
+            bar.update()
+        del q, k, v, grad_out, reference
+        if device.type == "cuda":
+            free_device_memory()
+    bar.close()
+    return _tidy(pd.DataFrame(rows))
+
+
+RESULT_COLUMNS = [
+    "impl", "backend", "batch", "heads", "seq_len", "head_dim", "dtype", "is_causal", "status",
+    *(f"{p}_ms" for p in PASSES), *(f"{p}_tflops" for p in PASSES), "max_rel_error", "worst_tensor", "runs", "note",
+]
+
+
+def _tidy(df: pd.DataFrame) -> pd.DataFrame:
+    for col in RESULT_COLUMNS:
+        if col not in df:
+            df[col] = pd.NA
+    return df[RESULT_COLUMNS]
+
+
+def fastest_sdpa(df: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration, the SDPA backend row with the lowest forward+backward latency, as impl "sdpa".
+
+    Only backends that ran and passed the check compete; where none did, the row says why.
+    """
+    keys = ["batch", "heads", "seq_len", "head_dim", "dtype", "is_causal"]
+    sdpa = df[df.impl.isin(list(SDPA_BACKENDS))]
+    rows = []
+    for _, group in sdpa.groupby(keys, sort=False):
+        ok = group[group.status == "ok"]
+        if len(ok):
+            best = ok.loc[ok.forward_backward_ms.astype(float).idxmin()].copy()
+            best["backend"] = best.impl.removeprefix("sdpa_")
+        else:
+            best = group.iloc[0].copy()
+            best["status"] = "no backend ran"
+            best["note"] = "; ".join(f"{r.impl}: {r.status}" for r in group.itertuples())
+        best["impl"] = "sdpa"
+        rows.append(best)
+    return pd.DataFrame(rows, columns=df.columns)
+
+
+def comparison_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The deliverable: ours, the materialised PyTorch attention and SDPA with its fastest backend."""
+    table = pd.concat([df[df.impl.isin(["triton", "pytorch"])], fastest_sdpa(df)], ignore_index=True)
+    order = {"triton": 0, "pytorch": 1, "sdpa": 2}
+    return table.sort_values(
+        ["dtype", "head_dim", "seq_len", "impl"], key=lambda c: c.map(order) if c.name == "impl" else c, ignore_index=True
+    )
+
+
+def compare_latencies(
+    df: pd.DataFrame, impl: str, baseline: str, factor: float = 1.0, *,
+    min_seq_len: int = 0, dtypes: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """`impl` against `baseline` at every grid point where the baseline ran (status "ok"), per pass.
+
+    One row per (configuration, pass): both latencies, ratio = impl / baseline, and `slower`,
+    true where the ratio exceeds `factor` or `impl` itself did not run correctly (any status but
+    "ok", with the ratio left NaN).
+    """
+    keys = ["dtype", "head_dim", "seq_len"]
+    sel = df[df.seq_len >= min_seq_len]
+    if dtypes is not None:
+        sel = sel[sel.dtype.isin(list(dtypes))]
+    mine, base = sel[sel.impl == impl], sel[(sel.impl == baseline) & (sel.status == "ok")]
+    both = mine.merge(base, on=keys, suffixes=("", "_baseline"))
+    rows = []
+    for r in both.itertuples():
+        for p in PASSES:
+            ms, base_ms = float(getattr(r, f"{p}_ms")), float(getattr(r, f"{p}_ms_baseline"))
+            ratio = ms / base_ms if r.status == "ok" else float("nan")
+            rows.append({"dtype": r.dtype, "head_dim": r.head_dim, "seq_len": r.seq_len, "pass": p,
+                         "status": r.status, "ms": ms, "baseline_ms": base_ms, "ratio": ratio,
+                         "slower": r.status != "ok" or ratio > factor})
+    return pd.DataFrame(rows, columns=[*keys, "pass", "status", "ms", "baseline_ms", "ratio", "slower"])
+
+
+IMPL_LABELS = {"triton": "ours (Triton)", "pytorch": "PyTorch, materialised", "sdpa": "SDPA, fastest backend"}
+
+
+def latency_pivot(table: pd.DataFrame) -> pd.DataFrame:
+    """The comparison table wide: one row per configuration, one column per pass × implementation (ms)."""
+    wide = table.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="impl", aggfunc="first",
+                             values=[f"{p}_ms" for p in PASSES])
+    wide = wide.reindex(columns=[(f"{p}_ms", i) for p in PASSES for i in IMPL_LABELS if (f"{p}_ms", i) in wide])
+    short = {"forward_ms": "fwd", "backward_ms": "bwd", "forward_backward_ms": "fwd+bwd"}
+    wide.columns = [f"{short[p]} {i} (ms)" for p, i in wide.columns]
+    backends = table[table.impl == "sdpa"].set_index(["dtype", "head_dim", "seq_len"]).backend.rename("sdpa backend")
+    return wide.join(backends).reset_index()
+
+
+def latencies_long(table: pd.DataFrame, value: str = "ms") -> pd.DataFrame:
+    """One row per implementation × configuration × pass (`value` "ms" or "tflops"), for plotting."""
+    ok = table[table.status.isin(["ok", "wrong"])]
+    cols = {f"{p}_{value}": p.replace("_", "+") for p in PASSES}
+    long = ok.melt(id_vars=["impl", "backend", "seq_len", "head_dim", "dtype"], value_vars=list(cols),
+                   var_name="pass", value_name=value)
+    long["pass"] = long["pass"].map(cols)
+    long["implementation"] = long.impl.map(IMPL_LABELS).fillna(long.impl)
+    long[value] = long[value].astype(float)
+    return long

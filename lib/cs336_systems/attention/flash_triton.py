@@ -1,0 +1,217 @@
+"""FlashAttention-2 as an autograd Function around the Triton kernels.
+
+Forward: `flash_fwd_kernel` on a grid (ceil(N_q / Q_TILE), batch·heads); saves L (shape
+q.shape[:-1], fp32), Q, K, V, O and the causal flag. Backward: D = rowsum(O * dO), then either
+the two Triton kernels (`backward_impl = "triton"`, the default: dK/dV per key tile, then dQ
+per query tile, no atomics) or the compiled PyTorch equations 13-19 (`backward_impl = "pytorch"`).
+
+Inputs (..., N, d) of any leading shape are flattened to (batch·heads, N, d); N_q and N_k may
+differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
+`torch.set_float32_matmul_precision` (see `input_precision`).
+On CPU tensors the kernels run only under TRITON_INTERPRET=1, set before triton is imported.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch.autograd.function import once_differentiable
+
+from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch, flash_backward
+from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
+from cs336_systems.attention.validation import check_triton_inputs
+
+BACKWARD_IMPLS = ("triton", "pytorch")
+
+
+def kernels_interpreted() -> bool:
+    """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(flash_fwd_kernel, InterpretedFunction)
+
+
+def _repair_interpreter() -> None:
+    """Work around two defects of the Triton 3.6 interpreter (CPU only) that these kernels hit.
+
+    1. It holds a scalar as a 1-element array and makes a loop bound of it with int(array),
+       which NumPy >= 2.4 refuses; our loops run to runtime bounds (N_KEYS, the causal stop).
+    2. Its tl.dot multiplies bfloat16 operands as their raw 16-bit patterns (NumPy has no
+       bfloat16); widening them to float32 first gives the product the GPU computes.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_cs336_repaired", False):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def widen(h):
+        if h.dtype == tl.bfloat16 and h.data.dtype == np.uint16:
+            return interpreter.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+        return h
+
+    def create_dot_widened(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    interpreter.InterpreterBuilder.create_dot = create_dot_widened
+    interpreter._cs336_repaired = True
+
+
+if kernels_interpreted():
+    _repair_interpreter()
+
+
+def head_dim_tile(d: int) -> int:
+    """The on-chip head dimension: the next power of two, at least 16 (tl.dot's smallest)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def launch_config(d_tile: int, element_size: int) -> dict[str, int]:
+    """Tile sizes, warps and pipeline stages per head dimension, small enough for H100 shared memory.
+
+    The backward keeps two (K_TILE, D) tiles resident and streams two (Q_TILE, D) tiles per stage;
+    in fp32 from d = 128 on, a second pipeline stage would not leave room for layout scratch.
+    Untuned defaults: an autotuned choice replaces them when speed matters.
+    """
+    if d_tile <= 64:
+        config = dict(q_tile=64, k_tile=64, num_warps=4)
+    elif d_tile <= 128:
+        config = dict(q_tile=64, k_tile=32, num_warps=4)
+    else:
+        config = dict(q_tile=32, k_tile=32, num_warps=8)
+    config["num_stages"] = 1 if element_size >= 4 and d_tile >= 128 else 2
+    return config
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    """How tl.dot multiplies fp32 tiles, following torch.get_float32_matmul_precision().
+
+    "highest": IEEE fp32 (no tensor cores), as torch's default. "high": tf32x3, three TF32
+    tensor-core products that recover fp32 accuracy (the split-precision schemes torch's "high"
+    allows). "medium": one TF32 product, 10 mantissa bits, about 1e-3 relative error.
+    16-bit inputs always use tensor cores; the setting does not apply to them.
+    """
+    if dtype != torch.float32:
+        return "tf32"
+    return {"highest": "ieee", "high": "tf32x3"}.get(torch.get_float32_matmul_precision(), "tf32")
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """O = softmax(Q K^T / sqrt(d) [+ causal mask]) V with Triton kernels; saves L, Q, K, V, O.
+
+    `apply(q, k, v, is_causal=False, backward_impl=None)`. Class-level switches:
+    `backward_impl` ("triton" | "pytorch"), the default when the call names none (read when the
+    forward runs), and `tiles`, a (Q_TILE, K_TILE) pair of powers of two >= 16 that overrides
+    `launch_config` (the interpreter tests use 16).
+    """
+
+    backward_impl: str = "triton"
+    tiles: tuple[int, int] | None = None
+
+    @staticmethod
+    def _config(d: int, dtype: torch.dtype) -> dict[str, int]:
+        config = launch_config(head_dim_tile(d), dtype.itemsize)
+        tiles = FlashAttentionTriton.tiles
+        if tiles is not None:
+            if any(t < 16 or t & (t - 1) for t in tiles):
+                raise ValueError(f"FlashAttentionTriton.tiles must be powers of two >= 16, got {tiles}")
+            config.update(q_tile=tiles[0], k_tile=tiles[1])
+        return config
+
+    @staticmethod
+    def forward(
+        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, backward_impl: str | None = None
+    ) -> torch.Tensor:
+        backward_impl = backward_impl or FlashAttentionTriton.backward_impl
+        if backward_impl not in BACKWARD_IMPLS:
+            raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
+        check_triton_inputs(q, k, v, is_causal, kernels_interpreted())
+        lead, (n_q, d), n_k = q.shape[:-2], q.shape[-2:], k.shape[-2]
+        q3, k3, v3 = q.reshape(-1, n_q, d), k.reshape(-1, n_k, d), v.reshape(-1, n_k, d)
+        batch = q3.shape[0]
+        out = torch.empty((batch, n_q, d), dtype=q.dtype, device=q.device)
+        lse = torch.empty((batch, n_q), dtype=torch.float32, device=q.device)
+        cfg = FlashAttentionTriton._config(d, q.dtype)
+        grid = (triton.cdiv(n_q, cfg["q_tile"]), batch)
+        flash_fwd_kernel[grid](
+            q3, k3, v3, out, lse,
+            *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(), *lse.stride(),
+            n_q, n_k, d**-0.5,
+            D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=cfg["q_tile"], K_TILE_SIZE=cfg["k_tile"],
+            is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+        out = out.view(q.shape)
+        ctx.save_for_backward(lse.view(*lead, n_q), q, k, v, out)
+        ctx.is_causal = bool(is_causal)
+        ctx.backward_impl = backward_impl
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        lse, q, k, v, out = ctx.saved_tensors
+        if ctx.backward_impl == "pytorch":
+            grads = flash_backward(
+                q, k, v, out, grad_out, lse, ctx.is_causal, compiled=FlashAttentionPytorch.compile_backward
+            )
+        else:
+            grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal)
+        return (*grads, None, None)
+
+
+def flash_attention_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, backward_impl: str | None = None
+) -> torch.Tensor:
+    """`FlashAttentionTriton.apply` with the backward chosen per call (None: the class default)."""
+    return FlashAttentionTriton.apply(q, k, v, is_causal, backward_impl)
+
+
+def flash_backward_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    grad_out: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (shapes and dtypes of q, k, v) from the two backward kernels."""
+    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
+    q3, k3, v3 = q.reshape(-1, n_q, d), k.reshape(-1, n_k, d), v.reshape(-1, n_k, d)
+    # An upstream gradient can be a broadcast (o.sum() gives stride-0 ones): make it dense.
+    do3 = grad_out.reshape(-1, n_q, d).contiguous()
+    lse2 = lse.reshape(-1, n_q).contiguous()
+    delta = (out.reshape(-1, n_q, d).float() * do3.float()).sum(dim=-1)  # same (batch, N_q) layout as lse2
+    batch = q3.shape[0]
+    grad_q = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
+    grad_k = torch.empty(k3.shape, dtype=k.dtype, device=k.device)
+    grad_v = torch.empty(v3.shape, dtype=v.dtype, device=v.device)
+    cfg = FlashAttentionTriton._config(d, q.dtype)
+    meta = dict(
+        D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=cfg["q_tile"], K_TILE_SIZE=cfg["k_tile"],
+        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    common = (*q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride())
+    flash_bwd_dkdv_kernel[(triton.cdiv(n_k, cfg["k_tile"]), batch)](
+        q3, k3, v3, do3, lse2, delta, grad_k, grad_v,
+        *common, *grad_k.stride(), *grad_v.stride(),
+        n_q, n_k, d**-0.5, **meta,
+    )
+    flash_bwd_dq_kernel[(triton.cdiv(n_q, cfg["q_tile"]), batch)](
+        q3, k3, v3, do3, lse2, delta, grad_q,
+        *common, *grad_q.stride(),
+        n_q, n_k, d**-0.5, **meta,
+    )
+    return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape)

@@ -1,0 +1,29 @@
+"""Materialised scaled dot-product attention: softmax(Q K^T / sqrt(d) + mask) V.
+
+Every intermediate (scores, probabilities) is an (..., N_q, N_k) tensor kept for the backward,
+which is why its memory grows quadratically with sequence length. The named ranges let a
+profile separate the two matmuls from the softmax.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cs336_systems.nn_utils import softmax
+from cs336_systems.profiling.ranges import annotated
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    with annotated("computing attention scores"):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if is_causal:
+            n_q, n_k = q.shape[-2], k.shape[-2]
+            # Query i sits at absolute position i + (n_k - n_q), as when q is the tail of k.
+            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(diagonal=n_k - n_q)
+            scores = scores.masked_fill(~mask, float("-inf"))
+    with annotated("computing softmax"):
+        probs = softmax(scores, dim=-1)
+    with annotated("final matmul"):
+        return probs @ v

@@ -1,0 +1,72 @@
+"""Input checks shared by the FlashAttention-2 implementations.
+
+Both take q of shape (..., N_q, d) and k, v of shape (..., N_k, d) with the same leading
+dimensions, device and dtype. A bad input raises a ValueError that names what is wrong, before
+any kernel runs (a Triton kernel fed a wrong shape fails far less legibly, or silently).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TRITON_MAX_HEAD_DIM = 256
+
+
+def _describe(name: str, t: torch.Tensor) -> str:
+    return f"{name} {tuple(t.shape)} {t.dtype} on {t.device}"
+
+
+def check_attention_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
+) -> None:
+    """Shapes (..., N_q, d) / (..., N_k, d) / (..., N_k, d), one device, one dtype among `dtypes`."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., seq, d), got {tuple(t.shape)}")
+        if t.shape[-2] == 0 or t.shape[-1] == 0:
+            raise ValueError(f"{name} has an empty sequence or head dimension: {tuple(t.shape)}")
+    described = ", ".join(_describe(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+        raise ValueError(f"q, k and v must share the last (head) dimension; got {described}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must share the leading (batch, head) dimensions; got {described}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same sequence length; got {described}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {described}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k and v must have one dtype; got {described}")
+    if q.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"dtype {q.dtype} is not supported here (supported: {names})")
+    if is_causal and q.shape[-2] > k.shape[-2]:
+        # Query i sits at position i + N_k - N_q: with N_q > N_k the first queries see no key at all.
+        raise ValueError(
+            f"causal attention needs N_q <= N_k (query i sits at position i + N_k - N_q), "
+            f"got N_q={q.shape[-2]} and N_k={k.shape[-2]}"
+        )
+
+
+def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, interpreted: bool) -> None:
+    """The general checks, plus what the Triton kernels need: head dim <= 256, a GPU or the interpreter."""
+    check_attention_inputs(q, k, v, is_causal)
+    d = q.shape[-1]
+    if d > TRITON_MAX_HEAD_DIM:
+        raise ValueError(
+            f"head dimension {d} is not supported by the Triton kernels: any d <= {TRITON_MAX_HEAD_DIM} works "
+            f"(padded on chip to the next power of two, at least 16)"
+        )
+    if q.device.type == "cpu" and not interpreted:
+        raise ValueError(
+            "the Triton kernels got CPU tensors: move q, k, v to a CUDA device, or set TRITON_INTERPRET=1 "
+            "before triton is first imported to run them in the (slow) Triton interpreter"
+        )
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the Triton kernels run on CUDA devices (or the CPU interpreter), got {q.device}")

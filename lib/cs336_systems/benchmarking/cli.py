@@ -1,0 +1,50 @@
+"""Command line: `python -m cs336_systems.benchmarking --size xl --context-length 512 ...` prints one row."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cs336_systems.benchmarking.harness import MODES, PRECISIONS, BenchmarkConfig, run_benchmark
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m cs336_systems.benchmarking", description=__doc__)
+    p.add_argument("--size", default="small", help="model size name (small, medium, large, xl, 2.7B, nano, tiny, mini)")
+    p.add_argument("--context-length", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--mode", choices=MODES, default="forward-backward")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    p.add_argument("--attention", default="naive", help="naive, sdpa, flash_pytorch or flash_triton")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="recompute activations in groups of k blocks")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--json", action="store_true", help="print the row as JSON instead of a table")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = BenchmarkConfig(
+        size=args.size, context_length=args.context_length, batch_size=args.batch_size, mode=args.mode,
+        precision=args.precision, warmup=args.warmup, steps=args.steps, compile=args.compile,
+        attention=args.attention, checkpoint_every=args.checkpoint_every, device=args.device,
+    )
+    try:
+        row = run_benchmark(config)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(row, default=str))
+        return 0
+    keys = ["size", "context_length", "batch_size", "mode", "precision", "compile", "attention", "parameters",
+            "status", "mean_ms", "std_ms", "median_ms", "peak_memory_mib"]
+    width = max(map(len, keys))
+    for k in keys:
+        v = row.get(k, "")
+        print(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    return 0 if row["status"] == "ok" else 1

@@ -1,0 +1,202 @@
+"""End-to-end timing of the Transformer LM: forward, forward+backward, or a full AdamW step.
+
+The rules of the handout, made habits: `warmup` untimed steps, then `steps` timed ones, each
+followed by a device synchronize and timed with `timeit.default_timer`; mean and standard
+deviation reported; every step wrapped in named ranges (warm-up vs measured, forward, backward,
+optimizer step) that torch.profiler and `nsys profile` both see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import timeit
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from cs336_systems.model import MODEL_SIZES, ModelConfig, TransformerLM, count_parameters
+from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.optim import AdamW
+from cs336_systems.profiling.ranges import annotated
+
+MODES = ("forward", "forward-backward", "train-step")
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass
+class BenchmarkConfig:
+    """One benchmark: a model (a size name, or hyperparameters in `model`), a batch, a mode."""
+
+    size: str | None = "small"
+    context_length: int = 256
+    batch_size: int = 4
+    mode: str = "forward-backward"
+    precision: str = "fp32"
+    warmup: int = 5
+    steps: int = 10
+    compile: bool = False
+    attention: str = "naive"
+    checkpoint_every: int | None = None
+    model_context_length: int | None = None  # the model's maximum; defaults to context_length
+    model: dict = field(default_factory=dict)  # d_model, d_ff, num_layers, num_heads, vocab_size overrides
+    device: str | None = None  # None: cuda if available, else cpu
+    seed: int = 0
+
+    def resolved_device(self) -> torch.device:
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    def model_config(self) -> ModelConfig:
+        ctx = self.model_context_length or self.context_length
+        if self.size is None:
+            return ModelConfig(context_length=ctx, **self.model)
+        return ModelConfig.from_size(self.size, context_length=ctx, **self.model)
+
+    def validate(self) -> None:
+        if self.size is not None and self.size not in MODEL_SIZES:
+            raise ValueError(f"unknown model size {self.size!r}; known sizes: {', '.join(MODEL_SIZES)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        model_ctx = self.model_context_length or self.context_length
+        if self.context_length > model_ctx:
+            raise ValueError(
+                f"context length {self.context_length} is above the model's context_length {model_ctx}"
+            )
+        if self.warmup < 0 or self.steps < 1:
+            raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={self.warmup}, steps={self.steps}")
+        if self.precision == "bf16" and not bf16_supported(self.resolved_device()):
+            raise ValueError(f"bf16 was requested but device {self.resolved_device()} does not support bfloat16")
+
+    def label(self) -> dict:
+        d = asdict(self)
+        d.pop("model")
+        d.update({f"model_{k}": v for k, v in self.model.items()})
+        return d
+
+
+def bf16_supported(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cpu"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast_context(precision: str, device: torch.device):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class TrainingSetup:
+    """The objects one benchmark steps through; `step()` runs one step of `config.mode`."""
+
+    config: BenchmarkConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    device: torch.device
+    num_parameters: int
+
+    def step(self) -> None:
+        mode = self.config.mode
+        with autocast_context(self.config.precision, self.device):
+            if mode == "forward":
+                with torch.no_grad(), annotated("forward"):
+                    self.model(self.inputs)
+                return
+            with annotated("forward"):
+                loss = cross_entropy(self.model(self.inputs), self.targets)
+        with annotated("backward"):
+            loss.backward()
+        if mode == "train-step":
+            with annotated("optimizer step"):
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.model.zero_grad(set_to_none=True)
+
+
+def build(config: BenchmarkConfig) -> TrainingSetup:
+    """Model (random init) on the device, a random batch of token ids, AdamW for train steps."""
+    config.validate()
+    device = config.resolved_device()
+    torch.manual_seed(config.seed)
+    mcfg = config.model_config()
+    model = TransformerLM.from_config(
+        mcfg, attention=config.attention, checkpoint_every=config.checkpoint_every, device=device
+    )
+    num_parameters = count_parameters(model)
+    optimizer = AdamW(model.parameters(), lr=1e-4) if config.mode == "train-step" else None
+    if config.compile:
+        model = torch.compile(model)
+    tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)
+    return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, num_parameters)
+
+
+def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device) -> tuple[list[float], list[float]]:
+    """Seconds per step for the warm-up steps and the measured steps, synchronizing after each."""
+    warm, measured = [], []
+    for i in range(warmup + steps):
+        phase = "warmup" if i < warmup else "measured"
+        start = timeit.default_timer()
+        with annotated(f"{phase} step"):
+            step()
+            synchronize(device)
+        (warm if i < warmup else measured).append(timeit.default_timer() - start)
+    return warm, measured
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and ("out of memory" in str(err).lower() or "can't allocate memory" in str(err).lower())
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_benchmark(config: BenchmarkConfig) -> dict:
+    """One tidy row: the configuration, status ("ok" or "OOM"), statistics in ms, peak memory."""
+    row = config.label()
+    device = config.resolved_device()
+    setup = None
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        setup = build(config)
+        row["parameters"] = setup.num_parameters
+        warm, measured = time_steps(setup.step, config.warmup, config.steps, device)
+    except Exception as err:  # noqa: BLE001 - only out-of-memory is turned into a row
+        if not is_out_of_memory(err):
+            raise
+        row.update(status="OOM", error=str(err).splitlines()[0][:200])
+        return row
+    finally:
+        del setup
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else float("nan")
+        free_device_memory()
+    ms = [t * 1e3 for t in measured]
+    row.update(
+        status="ok",
+        mean_ms=statistics.fmean(ms),
+        std_ms=statistics.stdev(ms) if len(ms) > 1 else 0.0,
+        median_ms=statistics.median(ms),
+        min_ms=min(ms),
+        peak_memory_mib=peak / 2**20,
+        warmup_times_ms=[t * 1e3 for t in warm],
+        step_times_ms=ms,
+    )
+    return row

@@ -1,0 +1,108 @@
+"""The production reference: Hugging Face `LlamaForCausalLM` with our model's architecture.
+
+Same shapes as TransformerLM: vocabulary 10,000, d_model, d_ff as the SwiGLU intermediate size,
+layers, heads (no grouped-query attention), RMSNorm eps 1e-5, RoPE theta 10,000, no biases,
+untied output head, SDPA attention. (Llama rotates the two halves of each head, ours rotates
+interleaved pairs: the same cost.) The parameter count is checked against ours, so a mismatch
+in architecture fails loudly instead of skewing the comparison.
+
+It is stepped by the harness's own TrainingSetup (same batch, autocast, cross-entropy, AdamW and
+ranges) through a thin module that returns the logits, so only the model differs.
+`transformers` is optional: `transformers_available()` says whether it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import statistics
+
+import torch
+import torch.nn as nn
+
+from cs336_systems.benchmarking.harness import (
+    BenchmarkConfig, TrainingSetup, free_device_memory, is_out_of_memory, time_steps,
+)
+from cs336_systems.model import ModelConfig, TransformerLM, count_parameters
+from cs336_systems.optim import AdamW
+
+
+def transformers_available() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
+def llama_config(config: ModelConfig, attention: str = "sdpa"):
+    """A transformers.LlamaConfig with the shapes of `config` (rope given the way the installed version takes it)."""
+    from transformers import LlamaConfig
+
+    kwargs = dict(
+        vocab_size=config.vocab_size, hidden_size=config.d_model, intermediate_size=config.d_ff,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads, num_key_value_heads=config.num_heads,
+        head_dim=config.d_model // config.num_heads, hidden_act="silu", max_position_embeddings=config.context_length,
+        rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False, tie_word_embeddings=False, use_cache=False,
+        attention_dropout=0.0,
+    )
+    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
+        kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    else:
+        kwargs["rope_theta"] = config.rope_theta
+    llama = LlamaConfig(**kwargs)
+    llama._attn_implementation = attention
+    return llama
+
+
+class LlamaLogits(nn.Module):
+    """token ids (batch, seq) -> logits (batch, seq, vocab), like TransformerLM."""
+
+    def __init__(self, llama: nn.Module):
+        super().__init__()
+        self.llama = llama
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.llama(input_ids=token_ids, use_cache=False).logits
+
+
+def build_llama(config: BenchmarkConfig, attention: str = "sdpa") -> TrainingSetup:
+    """The harness's TrainingSetup around a LlamaForCausalLM of the same architecture as `config`'s model."""
+    if not transformers_available():
+        raise ValueError("the Llama reference needs the 'transformers' package, which is not installed")
+    from transformers import LlamaForCausalLM
+
+    config.validate()
+    device = config.resolved_device()
+    torch.manual_seed(config.seed)
+    mcfg = config.model_config()
+    llama = LlamaForCausalLM(llama_config(mcfg, attention)).to(device)
+    ours = count_parameters(TransformerLM.from_config(mcfg, device="meta"))
+    theirs = count_parameters(llama)
+    if ours != theirs:
+        raise ValueError(f"Llama reference has {theirs:,} parameters, TransformerLM {ours:,}: the architectures differ")
+    model: nn.Module = LlamaLogits(llama)
+    optimizer = AdamW(model.parameters(), lr=1e-4) if config.mode == "train-step" else None
+    if config.compile:
+        model = torch.compile(model)
+    tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)
+    return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, theirs)
+
+
+def run_llama_benchmark(config: BenchmarkConfig, attention: str = "sdpa") -> dict:
+    """One row like harness.run_benchmark's, for the Llama reference (model="llama")."""
+    row = {**config.label(), "model": "llama", "attention": attention}
+    device = config.resolved_device()
+    setup = None
+    try:
+        setup = build_llama(config, attention)
+        row["parameters"] = setup.num_parameters
+        _, measured = time_steps(setup.step, config.warmup, config.steps, device)
+    except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
+        if not is_out_of_memory(err):
+            raise
+        row.update(status="OOM", error=str(err).splitlines()[0][:200])
+        return row
+    finally:
+        del setup
+        free_device_memory()
+    ms = [t * 1e3 for t in measured]
+    row.update(status="ok", mean_ms=statistics.fmean(ms), std_ms=statistics.stdev(ms) if len(ms) > 1 else 0.0,
+               median_ms=statistics.median(ms), step_times_ms=ms)
+    return row

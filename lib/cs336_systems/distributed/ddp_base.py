@@ -1,0 +1,78 @@
+"""What every data-parallel wrapper here shares.
+
+A wrapper takes an unchanged `nn.Module`, copies rank 0's parameters and buffers to every rank
+at construction (so all replicas start equal), runs `forward` on the module, and after the
+backward pass makes every rank's gradients the average over the n ranks,
+
+    g  <-  (1/n) * sum_r g_r        (one all-reduce per tensor or bucket)
+
+so that the optimizer steps of all ranks apply the same update and the replicas stay equal.
+`finish_gradient_synchronization()` must be called between `loss.backward()` and
+`optimizer.step()`; how much of the communication it still has to do is what distinguishes the
+flavours. Only parameters with `requires_grad` are communicated, and only those that received a
+gradient in this step: every rank must agree on which ones did (as with torch DDP's default
+`find_unused_parameters=False`), because collectives are matched by the order they are issued in.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def require_process_group() -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("data-parallel wrappers need an initialized process group (torch.distributed.init_process_group)")
+
+
+def all_reduce_mean(tensor: torch.Tensor, async_op: bool = False) -> dist.Work | None:
+    """`tensor <- mean over ranks`, in place; with `async_op` returns the handle to wait on.
+
+    NCCL averages in the collective (ReduceOp.AVG). Gloo has no AVG, so each rank divides its
+    contribution by n first: sum_r (g_r / n) is the mean, exactly so when n is a power of two.
+    """
+    if dist.get_backend() == dist.Backend.NCCL:
+        return dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=async_op)
+    tensor.div_(dist.get_world_size())
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=async_op)
+
+
+@torch.no_grad()
+def broadcast_module_state(module: nn.Module, src: int = 0) -> None:
+    """Overwrite every parameter (trainable or frozen) and buffer with rank `src`'s values."""
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor, src=src)
+
+
+def check_module_devices(module: nn.Module) -> None:
+    if dist.get_backend() != dist.Backend.NCCL:
+        return
+    on_cpu = [name for name, p in module.named_parameters() if p.device.type != "cuda"]
+    if on_cpu:
+        raise ValueError(f"NCCL needs the module on this rank's GPU; parameters not on CUDA: {', '.join(on_cpu[:5])}")
+
+
+class DataParallel(nn.Module, abc.ABC):
+    """Base of the DDP flavours: broadcast at construction, forward delegated to `self.module`."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        require_process_group()
+        check_module_devices(module)
+        self.module = module
+        self.world_size = dist.get_world_size()
+        broadcast_module_state(module)
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters that get gradients, each once even when shared (`parameters()` dedups)."""
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    @abc.abstractmethod
+    def finish_gradient_synchronization(self) -> None:
+        """Return once every gradient holds the average over ranks (queued, on a GPU)."""

@@ -1,0 +1,492 @@
+"""FSDP in a training step: equality with one process, memory and time next to FSDP2, gather timing.
+
+One distributed run does everything, so start-up is paid once and every number shares a machine:
+
+1. Equality. A small TransformerLM trains `equality_steps` AdamW steps with FSDP (each rank on
+   its slice of the global batch) and, on every rank, without any parallelism on the whole
+   batch. fp32: plain training. A low compute dtype: the reference is ordinary mixed precision
+   (Linear/Embedding weights cast to that dtype for forward and backward, fp32 gradients and
+   update). With a low dtype AdamW uses eps = 1e-5: at eps = 1e-8 the update lr·m/(√v+eps) turns
+   a gradient component near zero into ±lr whatever its size, so one-ulp differences between a
+   split and a whole batch (two rounded halves summed vs one rounding) would move isolated
+   weights by up to 2·lr.
+2. Strategies, each on a fresh model (same seed), the same local batch and the project's AdamW:
+       replicated  DDPIndividualParameters (fp32 only): the memory baseline of the analysis
+       fsdp        this repository's FSDP(model, compute_dtype)
+       fsdp2       torch.distributed.fsdp.fully_shard on every TransformerBlock, then the root,
+                   MixedPrecisionPolicy(param_dtype=reduce_dtype=compute dtype) for a low dtype
+   Time per step in phases (ddp_benchmark.timed_step), the allocator's peak over the measured
+   steps, and the bytes of the live parameters, gradients and optimizer state (local shards).
+   FSDP2's parameters are DTensors, so the per-tensor AdamW dispatches through DTensor; the
+   optimizer phase is reported separately so that cost can be told apart.
+3. One profiled step of `profile_run` (rank 0's trace): every all-gather of the forward pass
+   against the moment its module's forward needed the weight (`forward_gather_timing`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn as nn
+
+from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
+from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
+from cs336_systems.distributed.ddp_benchmark import timed_step
+from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
+from cs336_systems.distributed.fsdp import FSDP, SHARDED_MODULES
+from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
+from cs336_systems.distributed.sharding_benchmark import PHASES, local_batch, reset_peak
+from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM
+from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.optim import AdamW
+from cs336_systems.profiling.trace import GPU_KINDS, load_trace
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+STRATEGIES = ("replicated", "fsdp", "fsdp2")
+EQUALITY_TOLERANCE = {"fp32": 1e-6, "fp16": 1e-4, "bf16": 1e-3}
+EQUALITY_ADAM_EPS = {"fp32": 1e-8, "fp16": 1e-5, "bf16": 1e-5}
+
+
+@dataclass(frozen=True)
+class FSDPBenchmarkConfig:
+    size: str = "xl"
+    global_batch_size: int = 4
+    context_length: int = 512
+    runs: tuple[tuple[str, str], ...] = (
+        ("replicated", "fp32"), ("fsdp", "fp32"), ("fsdp2", "fp32"), ("fsdp", "bf16"), ("fsdp2", "bf16"),
+    )
+    profile_run: tuple[str, str] | None = ("fsdp", "bf16")
+    warmup: int = 3
+    steps: int = 10
+    world_size: int = 2
+    backend: str | None = "auto"
+    vocab_size: int = VOCAB_SIZE
+    lr: float = 1e-4
+    seed: int = 0
+    equality_size: str = "nano"
+    equality_context_length: int = 32
+    equality_steps: int = 3
+    equality_dtypes: tuple[str, ...] = ("fp32", "fp16")
+
+    def __post_init__(self):
+        if self.world_size < 1 or self.global_batch_size % self.world_size:
+            raise ValueError(f"global batch size {self.global_batch_size} must split evenly over world size {self.world_size}")
+        for strategy, dtype in self.runs:
+            if strategy not in STRATEGIES or dtype not in DTYPES:
+                raise ValueError(f"unknown run ({strategy!r}, {dtype!r}); strategies {STRATEGIES}, dtypes {tuple(DTYPES)}")
+            if strategy == "replicated" and dtype != "fp32":
+                raise ValueError("the replicated baseline runs in fp32 only")
+        if self.profile_run is not None and (self.profile_run[0] != "fsdp" or tuple(self.profile_run) not in set(self.runs)):
+            raise ValueError(f"profile_run {self.profile_run} must be one of the runs {self.runs} with strategy 'fsdp'")
+        if self.warmup < 1 or self.steps < 1:
+            raise ValueError(f"need warmup >= 1 and steps >= 1, got warmup={self.warmup}, steps={self.steps}")
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.from_size(self.size, context_length=self.context_length, vocab_size=self.vocab_size)
+
+
+# ---- 1. equality -----------------------------------------------------------------------------
+def mixed_precision_step(master: nn.Module, optimizer: torch.optim.Optimizer, inputs, targets, dtype: torch.dtype) -> None:
+    """One non-parallel step: Linear/Embedding weights cast to `dtype` for compute, fp32 gradients and update."""
+    working = master
+    if dtype != torch.float32:
+        working = copy.deepcopy(master)
+        for m in working.modules():
+            if isinstance(m, SHARDED_MODULES):
+                m.weight.data = m.weight.data.to(dtype)
+    cross_entropy(working(inputs), targets).backward()
+    if working is not master:
+        for p, q in zip(master.parameters(), working.parameters()):
+            p.grad = q.grad.to(p.dtype)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _equality(ctx: DistContext, config: FSDPBenchmarkConfig, dtype_name: str) -> dict:
+    dtype = DTYPES[dtype_name]
+    mcfg = ModelConfig.from_size(config.equality_size, context_length=config.equality_context_length, vocab_size=config.vocab_size)
+    torch.manual_seed(config.seed)
+    reference = TransformerLM.from_config(mcfg, device=ctx.device)
+    start = copy.deepcopy(reference)
+    fsdp = FSDP(copy.deepcopy(reference), compute_dtype=None if dtype == torch.float32 else dtype)
+    eps = EQUALITY_ADAM_EPS[dtype_name]
+    opt_ref, opt = AdamW(reference.parameters(), lr=1e-3, eps=eps), AdamW(fsdp.parameters(), lr=1e-3, eps=eps)
+    per_rank = config.global_batch_size // ctx.world_size
+    for step in range(config.equality_steps):
+        generator = torch.Generator().manual_seed(config.seed + 1 + step)
+        tokens = torch.randint(0, mcfg.vocab_size, (config.global_batch_size, mcfg.context_length + 1), generator=generator).to(ctx.device)
+        mixed_precision_step(reference, opt_ref, tokens[:, :-1], tokens[:, 1:], dtype)
+        mine = tokens[ctx.rank * per_rank : (ctx.rank + 1) * per_rank]
+        cross_entropy(fsdp(mine[:, :-1]), mine[:, 1:]).backward()
+        fsdp.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    full, expected = fsdp.gather_full_params(), dict(reference.named_parameters())
+    return dict(
+        compute_dtype=dtype_name, rank=ctx.rank, size=config.equality_size, steps=config.equality_steps, adam_eps=eps,
+        max_abs_diff=max((full[n] - p).abs().max().item() for n, p in expected.items()),
+        max_update=max((p - q).abs().max().item() for p, q in zip(reference.parameters(), start.parameters())),
+        tolerance=EQUALITY_TOLERANCE[dtype_name],
+    )
+
+
+# ---- 2. strategies ---------------------------------------------------------------------------
+class FullyShardedModel(nn.Module):
+    """FSDP2 behind the interface of the other wrappers: its reduce-scatters finish inside backward()."""
+
+    def __init__(self, module: nn.Module, ctx: DistContext, compute_dtype: torch.dtype | None):
+        super().__init__()
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=compute_dtype)
+        for block in module.layers:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        self.module = fully_shard(module, mesh=mesh, mp_policy=policy)
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def finish_gradient_synchronization(self) -> None:
+        """Nothing left to wait for: FSDP2 waits for its reduce-scatters at the end of backward()."""
+
+
+def wrap(strategy: str, model: nn.Module, ctx: DistContext, dtype_name: str) -> nn.Module:
+    compute_dtype = None if dtype_name == "fp32" else DTYPES[dtype_name]
+    if strategy == "replicated":
+        return DDPIndividualParameters(model)
+    if strategy == "fsdp":
+        return FSDP(model, compute_dtype=compute_dtype)
+    if strategy == "fsdp2":
+        return FullyShardedModel(model, ctx, compute_dtype)
+    raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # FSDP2's DTensors: this rank's shard
+
+
+def local_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of this rank's parameters, gradients and optimizer state (shards where sharded)."""
+    def nbytes(t):
+        t = _local(t)
+        return t.numel() * t.element_size()
+
+    params = list(model.parameters())
+    return dict(
+        parameters=sum(nbytes(p) for p in params),
+        gradients=sum(nbytes(p.grad) for p in params if p.grad is not None),
+        optimizer_state=sum(nbytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)),
+    )
+
+
+def _profile_step(step) -> pd.DataFrame:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return load_trace(json.loads(path.read_text()))
+
+
+def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_name: str, inputs, targets) -> tuple[dict, list, pd.DataFrame | None]:
+    reset_peak(ctx.device)
+    torch.manual_seed(config.seed)
+    model = TransformerLM.from_config(config.model_config(), device=ctx.device)
+    wrapped = wrap(strategy, model, ctx, dtype_name)
+    optimizer = AdamW(wrapped.parameters(), lr=config.lr)
+    synchronize(ctx.device)
+    info = dict(after_init_allocated=torch.cuda.memory_allocated(ctx.device) if ctx.device.type == "cuda" else math.nan)
+
+    def step():
+        return timed_step(wrapped, optimizer, inputs, targets)
+
+    for _ in range(config.warmup):
+        step()
+    reset_peak(ctx.device)
+    times = [step() for _ in range(config.steps)]
+    info["peak"] = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else math.nan
+    # Live state after a step, gradients still present: what the analysis counts.
+    cross_entropy(wrapped(inputs), targets).backward()
+    wrapped.finish_gradient_synchronization()
+    optimizer.step()
+    info.update(local_tensor_bytes(wrapped, optimizer))
+    optimizer.zero_grad(set_to_none=True)
+    events = None
+    if (strategy, dtype_name) == tuple(config.profile_run or ()):
+        if ctx.rank == 0:
+            events = _profile_step(step)
+        else:
+            step()  # the collectives of rank 0's profiled step need a partner
+    return info, times, events
+
+
+def _worker(ctx: DistContext, config: FSDPBenchmarkConfig) -> dict:
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
+    equality = [row for d in config.equality_dtypes for rows in gather_timings([_equality(ctx, config, d)]) for row in rows]
+    inputs, targets = local_batch(ctx, config.vocab_size, config.global_batch_size, config.context_length, config.seed)
+    rows, events = [], None
+    for strategy, dtype_name in config.runs:
+        try:
+            info, times, run_events = _run(ctx, config, strategy, dtype_name, inputs, targets)
+            status = "ok"
+        except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
+            if not is_out_of_memory(err):
+                raise
+            info, times, run_events, status = {}, [], None, "OOM"
+        free_device_memory()
+        events = run_events if run_events is not None else events
+        infos = gather_timings([info])
+        per_rank = gather_timings([sum(t) for t in times] + [t[i] for i in range(len(PHASES)) for t in times])
+        statuses = gather_timings([status])
+        row = dict(strategy=strategy, compute_dtype=dtype_name, status="ok" if all(s == ["ok"] for s in statuses) else "OOM")
+        if row["status"] == "ok":
+            row.update(_summarize(per_rank, config.steps))
+            for key in infos[0][0]:
+                row[key] = max(i[0][key] for i in infos)  # the most loaded rank
+        rows.append(row)
+    common = dict(size=config.size, world_size=ctx.world_size, backend=ctx.backend,
+                  global_batch_size=config.global_batch_size, context_length=config.context_length,
+                  warmup=config.warmup, steps=config.steps)
+    return dict(equality=pd.DataFrame(equality), runs=pd.DataFrame(rows).assign(**common), events=events, config=asdict(config))
+
+
+def _summarize(per_rank: list[list[float]], steps: int) -> dict:
+    step_ms = [t * 1e3 for r in per_rank for t in r[:steps]]
+    row = dict(step_ms=statistics.fmean(step_ms), step_std_ms=statistics.stdev(step_ms) if len(step_ms) > 1 else 0.0)
+    for i, phase in enumerate(PHASES):
+        row[f"{phase}_ms"] = statistics.fmean(t * 1e3 for r in per_rank for t in r[steps * (i + 1) : steps * (i + 2)])
+    return row
+
+
+def run_fsdp_benchmark(config: FSDPBenchmarkConfig) -> dict:
+    """Keys: equality (DataFrame), runs (DataFrame), events (rank 0's profiled step, or None), config."""
+    return spawn(_worker, config.world_size, args=(config,), backend=config.backend, timeout_s=1800)[0]
+
+
+# ---- analysis --------------------------------------------------------------------------------
+def expected_saving(config: FSDPBenchmarkConfig) -> pd.DataFrame:
+    """The analysis (accounting.sharding) for this model: per-rank GB of DDP and FSDP, and the saving."""
+    setup = setup_for_model(config.model_config(), config.world_size)
+    rows = []
+    for strategy, label in (("ddp", "replicated"), ("fsdp", "fsdp")):
+        parts = memory_per_rank(strategy, setup)
+        rows.append(dict(strategy=label, **{f"{k}_GB": v / 1e9 for k, v in parts.items()}, total_GB=sum(parts.values()) / 1e9))
+    df = pd.DataFrame(rows)
+    df["saving_GB"] = df["total_GB"].iloc[0] - df["total_GB"]
+    return df
+
+
+def measured_saving(runs: pd.DataFrame) -> dict[str, float]:
+    """Replicated − FSDP (fp32), for the live parameters+gradients+optimizer state and for the peak, in GB."""
+    fp32 = runs[(runs["compute_dtype"] == "fp32") & (runs["status"] == "ok")].set_index("strategy")
+    if not {"replicated", "fsdp"} <= set(fp32.index):
+        return dict(state_GB=math.nan, peak_GB=math.nan)
+    state = fp32[["parameters", "gradients", "optimizer_state"]].sum(axis=1)
+    return dict(
+        state_GB=(state["replicated"] - state["fsdp"]) / 1e9,
+        peak_GB=(fp32.loc["replicated", "peak"] - fp32.loc["fsdp", "peak"]) / 1e9,
+    )
+
+
+def _first_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """For each CPU range: GPU start/end of the kernels launched inside it (NaN if none)."""
+    kernels = kernels.sort_values("launch_ts_us")
+    launch = kernels["launch_ts_us"].to_numpy()
+    lo = np.searchsorted(launch, ranges["ts_us"].to_numpy(), side="left")
+    hi = np.searchsorted(launch, ranges["end_us"].to_numpy(), side="left")
+    starts, ends, lanes = [], [], []
+    for a, b in zip(lo, hi):
+        inside = kernels.iloc[a:b]
+        starts.append(inside["ts_us"].min() if b > a else math.nan)
+        ends.append(inside["end_us"].max() if b > a else math.nan)
+        lanes.append(inside["lane"].iloc[0] if b > a else None)
+    return pd.DataFrame({"start": starts, "end": ends, "lane": lanes}, index=ranges.index)
+
+
+def _match_gathers_by_order(spans: pd.DataFrame, range_rows: pd.Series, gathers: pd.DataFrame, nccl: pd.DataFrame) -> None:
+    """Fill spans a launch did not match (a trace without the NCCL launches' correlation) by order:
+    the NCCL stream runs the all-gathers in the order the "fsdp all-gather" ranges issued them."""
+    missing = spans["start"].isna() & range_rows.notna()
+    all_gathers = nccl[nccl["name"].str.lower().str.contains("allgather")].sort_values("ts_us")
+    if not missing.any() or len(all_gathers) != len(gathers):
+        return
+    order = {row: k for k, row in enumerate(gathers.sort_values("ts_us").index)}
+    for i in spans.index[missing]:
+        k = order[range_rows[i]]
+        spans.loc[i, ["start", "end"]] = all_gathers["ts_us"].iloc[k], all_gathers["end_us"].iloc[k]
+
+
+def forward_gather_timing(events: pd.DataFrame, tolerance_us: float | None = None) -> pd.DataFrame:
+    """Per module, in forward order: did its all-gather finish before its forward needed the weight?
+
+    The gather of module X is the last "fsdp all-gather X" range that starts before the
+    "fsdp forward X" range (the prefetch issued at the previous module's start).
+    GPU trace: gather = the NCCL kernels launched inside that range; the forward could start
+    when the compute stream finished its previous kernel (`ready`); `exposed` = the part of the
+    stream's idle gap before X's first kernel that the gather still occupied,
+    clip(min(gather end, first kernel) − ready, 0); `gather_found` is False (and `in_time` too)
+    where no NCCL kernel could be tied to the gather. CPU trace (gloo): `exposed` = the time the
+    "fsdp wait X" range blocked. In time ⇔ exposed ≤ `tolerance_us`, by default 1 µs on the GPU
+    clock and 100 µs for a CPU wait, which costs tens of µs under the profiler even when the
+    gather is long done. Times in ms from the first gather or forward (trace time `origin_us`).
+    """
+    ranges = events[events["kind"] == "range"]
+    forwards = ranges[ranges["name"].str.startswith("fsdp forward ")].copy()
+    if forwards.empty:
+        raise ValueError("no 'fsdp forward' ranges in the trace: was the profiled model wrapped in FSDP?")
+    forwards["module"] = forwards["name"].str.removeprefix("fsdp forward ")
+    gathers = ranges[ranges["name"].str.startswith("fsdp all-gather ")].assign(module=lambda d: d["name"].str.removeprefix("fsdp all-gather "))
+    waits = ranges[ranges["name"].str.startswith("fsdp wait ")].assign(module=lambda d: d["name"].str.removeprefix("fsdp wait "))
+    kernels = events[events["kind"].isin(GPU_KINDS)]
+    gpu = not kernels.empty
+    rows = []
+    for _, f in forwards.sort_values("ts_us").iterrows():
+        g = gathers[(gathers["module"] == f["module"]) & (gathers["ts_us"] <= f["ts_us"])].tail(1)
+        w = waits[(waits["module"] == f["module"]) & (waits["ts_us"] <= f["ts_us"])].tail(1)
+        rows.append(dict(module=f["module"], forward_cpu_start=f["ts_us"], forward_cpu_end=f["end_us"],
+                         gather_range=g.index[0] if len(g) else None,
+                         gather_cpu_start=g["ts_us"].iloc[0] if len(g) else math.nan,
+                         gather_cpu_end=g["end_us"].iloc[0] if len(g) else math.nan,
+                         wait_cpu_start=w["ts_us"].iloc[0] if len(w) else math.nan,
+                         wait_cpu_end=w["end_us"].iloc[0] if len(w) else math.nan))
+    df = pd.DataFrame(rows)
+    if gpu:
+        nccl = kernels[kernels["name"].str.lower().str.contains("nccl")]
+        compute = kernels[~kernels.index.isin(nccl.index)]
+        gather_spans = _first_kernels(nccl, df.rename(columns={"gather_cpu_start": "ts_us", "gather_cpu_end": "end_us"}))
+        _match_gathers_by_order(gather_spans, df["gather_range"], gathers, nccl)
+        forward_spans = _first_kernels(compute, df.rename(columns={"forward_cpu_start": "ts_us", "forward_cpu_end": "end_us"}))
+        df["gather_start"], df["gather_end"] = gather_spans["start"], gather_spans["end"]
+        df["compute_start"], df["compute_end"] = forward_spans["start"], forward_spans["end"]
+        ready = []
+        for start, lane in zip(df["compute_start"], forward_spans["lane"]):
+            before = compute[(compute["lane"] == lane) & (compute["ts_us"] < start)]
+            ready.append(before["end_us"].max() if len(before) else math.nan)
+        df["ready"] = ready
+        df["exposed"] = (np.minimum(df["gather_end"], df["compute_start"]) - df["ready"]).clip(lower=0)
+    else:
+        df["gather_start"], df["gather_end"] = df["gather_cpu_start"], df["wait_cpu_end"].fillna(df["gather_cpu_end"])
+        df["compute_start"], df["compute_end"] = df["forward_cpu_start"], df["forward_cpu_end"]
+        df["ready"] = df["wait_cpu_start"].fillna(df["forward_cpu_start"])
+        df["exposed"] = (df["wait_cpu_end"] - df["wait_cpu_start"]).fillna(0.0)
+    t0 = df["forward_cpu_start"].min() if not gpu else np.nanmin(df[["gather_start", "compute_start"]].to_numpy())
+    out = pd.DataFrame({"module": df["module"], "position": range(len(df))})
+    for col in ("gather_start", "gather_end", "ready", "compute_start", "compute_end"):
+        out[f"{col}_ms"] = (df[col] - t0) / 1e3
+    out["exposed_ms"] = df["exposed"] / 1e3
+    out["gather_found"] = df["gather_end"].notna()
+    if tolerance_us is None:
+        tolerance_us = 1.0 if gpu else 100.0
+    out["in_time"] = df["exposed"] <= tolerance_us
+    out["clock"] = "GPU kernels" if gpu else "CPU ranges (gloo)"
+    out["origin_us"] = t0  # trace time of 0 ms, to find a window in the trace again
+    return out
+
+
+def plot_gather_schedule(timing: pd.DataFrame, first: int = 16, title: str = ""):
+    """One row per module (forward order): its all-gather, its forward, and any exposed wait in red."""
+    import matplotlib.pyplot as plt
+
+    df = timing.head(first).reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.32 * len(df)))
+    for i, r in df.iterrows():
+        y = len(df) - 1 - i
+        if not math.isnan(r["gather_start_ms"]):
+            ax.broken_barh([(r["gather_start_ms"], r["gather_end_ms"] - r["gather_start_ms"])], (y - 0.35, 0.3), facecolor="#de8f05")
+        ax.broken_barh([(r["compute_start_ms"], r["compute_end_ms"] - r["compute_start_ms"])], (y + 0.02, 0.33), facecolor="#0173b2")
+        if r["exposed_ms"] > 0:
+            ax.broken_barh([(r["compute_start_ms"] - r["exposed_ms"], r["exposed_ms"])], (y + 0.02, 0.33), facecolor="#d55e00", hatch="//")
+    ax.set_yticks(range(len(df)), list(df["module"])[::-1], fontsize=7)
+    ax.set_xlabel(f"time (ms, {df['clock'].iloc[0]})")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color="#de8f05", label="all-gather of the module's weight"),
+                       Patch(color="#0173b2", label="the module's forward"),
+                       Patch(color="#d55e00", label="waiting for the gather (exposed)")],
+              fontsize=8, loc="lower right")
+    ax.set_title(title)
+    ax.grid(axis="y", visible=False)
+    fig.tight_layout()
+    return fig
+
+
+@dataclass(frozen=True)
+class FSDPBars:
+    """The issue's bars: step time ≤ 1.15 × FSDP2's, peak memory ≤ FSDP2's + 10%, per compute dtype."""
+
+    compute_dtype: str
+    fsdp_step_ms: float
+    fsdp2_step_ms: float
+    fsdp_peak_gb: float
+    fsdp2_peak_gb: float
+    memory_measure: str
+    time_pass: bool
+    memory_pass: bool
+
+
+def evaluate_bars(runs: pd.DataFrame) -> list[FSDPBars]:
+    """One FSDPBars per compute dtype that has both fsdp and fsdp2 rows. Without an allocator peak
+    (CPU) the live parameters + gradients + optimizer state stand in for memory."""
+    out = []
+    ok = runs[runs["status"] == "ok"]
+    for dtype, group in ok.groupby("compute_dtype", sort=False):
+        g = group.set_index("strategy")
+        if not {"fsdp", "fsdp2"} <= set(g.index):
+            continue
+        measure = "peak" if g["peak"].notna().all() else "live tensors"
+        mem = g["peak"] if measure == "peak" else g[["parameters", "gradients", "optimizer_state"]].sum(axis=1)
+        out.append(FSDPBars(
+            compute_dtype=dtype, fsdp_step_ms=g.loc["fsdp", "step_ms"], fsdp2_step_ms=g.loc["fsdp2", "step_ms"],
+            fsdp_peak_gb=mem["fsdp"] / 1e9, fsdp2_peak_gb=mem["fsdp2"] / 1e9, memory_measure=measure,
+            time_pass=bool(g.loc["fsdp", "step_ms"] <= 1.15 * g.loc["fsdp2", "step_ms"]),
+            memory_pass=bool(mem["fsdp"] <= 1.10 * mem["fsdp2"]),
+        ))
+    return out
+
+
+def plot_runs(runs: pd.DataFrame, title: str = ""):
+    """Left: time per step in phases per run; right: peak memory (or, without one, the live state) per run."""
+    import matplotlib.pyplot as plt
+
+    ok = runs[runs["status"] == "ok"].reset_index(drop=True)
+    labels = [f"{s}\n{d}" for s, d in zip(ok["strategy"], ok["compute_dtype"])]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    bottom = pd.Series(0.0, index=ok.index)
+    for phase, label in zip(PHASES, ("forward+backward", "gradient sync (exposed)", "optimizer step")):
+        left.bar(labels, ok[f"{phase}_ms"], bottom=bottom, label=label)
+        bottom += ok[f"{phase}_ms"]
+    left.errorbar(labels, ok["step_ms"], yerr=ok["step_std_ms"], fmt="none", ecolor="black", capsize=3)
+    left.set(ylabel="ms", title="time per step")
+    left.legend(fontsize=8)
+    if ok["peak"].notna().all():
+        right.bar(labels, ok["peak"] / 1e9, color="#949494")
+        right.set(ylabel="GB", title="peak allocated over the measured steps")
+    else:
+        state = ok[["parameters", "gradients", "optimizer_state"]]
+        bottom = pd.Series(0.0, index=ok.index)
+        for part in state:
+            right.bar(labels, state[part] / 1e6, bottom=bottom, label=part.replace("_", " "))
+            bottom += state[part] / 1e6
+        right.set(ylabel="MB", title="live tensors, most loaded rank (no allocator peak on a CPU)")
+        right.legend(fontsize=8)
+    for ax in (left, right):
+        plt.setp(ax.get_xticklabels(), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig

@@ -1,0 +1,142 @@
+"""One process per rank, the same worker code under `torch.multiprocessing.spawn` and `torchrun`.
+
+A worker is a module-level function `worker(dist: DistContext, *args) -> result`. `spawn(worker,
+world_size, args)` starts the ranks on this machine (free port chosen automatically) and
+returns every rank's result; `launch_from_env(worker, args)` is the entry point under torchrun,
+which sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (multi-node included).
+
+NCCL with one GPU per rank (`torch.cuda.set_device(local_rank)`), gloo on CPU. Every process
+group has a timeout, and an exception in one rank ends all ranks with that rank's traceback:
+`torch.multiprocessing` terminates the survivors, and the wall-clock `timeout_s` bounds the rest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.local_rank) if self.backend == "nccl" else torch.device("cpu")
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.local_rank])
+        else:
+            dist.barrier()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve_backend(backend: str | None, world_size: int) -> str:
+    """`None`/"auto": NCCL when every rank can have its own GPU, else gloo."""
+    if backend in (None, "auto"):
+        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
+    if backend == "nccl":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < world_size:
+            raise ValueError(f"NCCL with world size {world_size} needs {world_size} GPUs, this machine has {have}")
+    return backend
+
+
+def init_process_group(rank: int, world_size: int, local_rank: int, backend: str, timeout_s: float) -> DistContext:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    kwargs = dict(backend=backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    if backend == "nccl":
+        kwargs["device_id"] = torch.device("cuda", local_rank)
+    dist.init_process_group(**kwargs)
+    return DistContext(rank, world_size, local_rank, backend)
+
+
+def _spawned_entry(local_rank, worker, world_size, backend, port, timeout_s, result_dir, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "gloo":
+        # ranks share the CPU: more intra-op threads than cores makes OpenMP spin and slows all ranks
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    ctx = init_process_group(local_rank, world_size, local_rank, backend, timeout_s)
+    try:
+        result = worker(ctx, *args)
+        torch.save(result, Path(result_dir) / f"rank{local_rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(
+    worker: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    backend: str | None = "auto",
+    timeout_s: float = 300.0,
+) -> list[Any]:
+    """Run `worker(ctx, *args)` on `world_size` local processes; return the per-rank results."""
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    backend = resolve_backend(backend, world_size)
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="cs336_spawn_") as result_dir:
+        context = mp.start_processes(
+            _spawned_entry,
+            args=(worker, world_size, backend, port, timeout_s, result_dir, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in context.processes:
+                    if p.is_alive():
+                        p.terminate()
+                raise TimeoutError(f"distributed job {worker.__name__} (world size {world_size}) exceeded {timeout_s:.0f} s")
+        return [torch.load(Path(result_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def launch_from_env(worker: Callable[..., Any], args: tuple = (), backend: str | None = "auto", timeout_s: float = 600.0) -> Any:
+    """Entry point under torchrun: rank and world size come from the environment torchrun sets."""
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except KeyError as err:
+        raise ValueError(f"launch_from_env needs torchrun's environment; {err.args[0]} is not set") from None
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if backend in (None, "auto"):
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    ctx = init_process_group(rank, world_size, local_rank, backend, timeout_s)
+    try:
+        return worker(ctx, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def gather_timings(values: list[float]) -> list[list[float]]:
+    """Every rank's list of timings, on every rank (all_gather_object)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, values)
+    return out

@@ -1,0 +1,249 @@
+"""The Transformer language model of CS336 assignment 1, kept plain.
+
+Pre-norm blocks  x + Attn(RMSNorm(x)),  h + SwiGLU(RMSNorm(h)),  RoPE on queries and keys,
+untied output head after a final RMSNorm. The attention kernel is a constructor argument
+(`attention="naive" | "sdpa" | "flash_pytorch" | "flash_triton"` or any callable
+`f(q, k, v, is_causal) -> out`), so the benchmarks swap kernels without touching the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from cs336_systems.attention import AttentionFn, get_attention
+
+# Table 1 of the handout; the tiny ones make the CPU profile fast.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "medium": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
+    "large": dict(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
+    "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
+    "2.7B": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    # CPU profile sizes
+    "nano": dict(d_model=32, d_ff=128, num_layers=1, num_heads=2),
+    "tiny": dict(d_model=64, d_ff=256, num_layers=2, num_heads=4),
+    "mini": dict(d_model=128, d_ff=512, num_layers=4, num_heads=4),
+}
+HANDOUT_SIZES = ["small", "medium", "large", "xl", "2.7B"]
+CPU_SIZES = ["nano", "tiny", "mini"]
+VOCAB_SIZE = 10_000
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = VOCAB_SIZE
+    context_length: int = 256
+    d_model: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    d_ff: int = 3072
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def from_size(cls, size: str, **overrides) -> "ModelConfig":
+        if size not in MODEL_SIZES:
+            raise ValueError(f"unknown model size {size!r}; known sizes: {', '.join(MODEL_SIZES)}")
+        return cls(**{**MODEL_SIZES[size], **overrides})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Linear(nn.Module):
+    """y = x W^T, W of shape (d_out, d_in), no bias, W ~ N(0, 2/(d_in+d_out)) truncated at 3 sigma."""
+
+    def __init__(self, d_in: int, d_out: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in, device=device, dtype=dtype))
+        std = math.sqrt(2.0 / (d_in + d_out))
+        nn.init.trunc_normal_(self.weight, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.weight.shape[1]}, d_out={self.weight.shape[0]}"
+
+
+class Embedding(nn.Module):
+    """Row lookup in a (vocab_size, d_model) table initialised N(0, 1) truncated at 3."""
+
+    def __init__(self, vocab_size: int, d_model: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model, device=device, dtype=dtype))
+        nn.init.trunc_normal_(self.weight, std=1.0, a=-3.0, b=3.0)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[token_ids]
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * g, computed in fp32 and cast back to the input dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        in_dtype = x.dtype
+        x = x.float()
+        rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x * rms * self.weight.float()).to(in_dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates each pair (x_{2k}, x_{2k+1}) at position i by angle i * theta^(-2k/d)."""
+
+    def __init__(self, d_head: int, context_length: int, theta: float = 10000.0, device=None):
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got {d_head}")
+        inv_freq = theta ** (-torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
+        angles = torch.outer(torch.arange(context_length, device=device, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+        x_even, x_odd = x[..., 0::2], x[..., 1::2]
+        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+        return rotated.flatten(-2)
+
+
+class SwiGLU(nn.Module):
+    """W2 (SiLU(W1 x) * W3 x)."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+        self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.w1(x)
+        return self.w2(a * torch.sigmoid(a) * self.w3(x))
+
+
+class CausalMultiHeadSelfAttention(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        context_length: int,
+        rope_theta: float = 10000.0,
+        attention: str | AttentionFn = "naive",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.rope = RotaryEmbedding(d_model // num_heads, context_length, rope_theta, device=device)
+        self.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "custom")
+        self.attention: AttentionFn = get_attention(attention)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, self.num_heads, -1).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        positions = torch.arange(s, device=x.device)
+        q = self.rope(self._split_heads(self.q_proj(x)), positions)
+        k = self.rope(self._split_heads(self.k_proj(x)), positions)
+        v = self._split_heads(self.v_proj(x))
+        out = self.attention(q, k, v, True)
+        return self.output_proj(out.transpose(1, 2).reshape(b, s, d))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, context_length, rope_theta=10000.0, attention="naive", device=None, dtype=None):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.attn = CausalMultiHeadSelfAttention(d_model, num_heads, context_length, rope_theta, attention, device, dtype)
+        self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab).
+
+    `checkpoint_every=k` recomputes activations in the backward pass: the blocks are run in
+    groups of k under `torch.utils.checkpoint`, so only each group's input is kept.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        context_length: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        d_ff: int,
+        rope_theta: float = 10000.0,
+        attention: str | AttentionFn = "naive",
+        checkpoint_every: int | None = None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be a positive number of blocks, got {checkpoint_every}")
+        self.config = ModelConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.checkpoint_every = checkpoint_every
+        self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, d_ff, context_length, rope_theta, attention, device, dtype)
+            for _ in range(num_layers)
+        )
+        self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, **kwargs) -> "TransformerLM":
+        return cls(**config.to_dict(), **kwargs)
+
+    @classmethod
+    def from_size(cls, size: str, context_length: int = 256, vocab_size: int = VOCAB_SIZE, **kwargs) -> "TransformerLM":
+        return cls.from_config(ModelConfig.from_size(size, context_length=context_length, vocab_size=vocab_size), **kwargs)
+
+    def _run_blocks(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        for layer in self.layers[start:stop]:
+            x = layer(x)
+        return x
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if token_ids.dim() != 2:
+            raise ValueError(f"TransformerLM expects token ids of shape (batch, seq), got {tuple(token_ids.shape)}")
+        if token_ids.shape[1] > self.config.context_length:
+            raise ValueError(
+                f"sequence length {token_ids.shape[1]} exceeds the model's context_length {self.config.context_length}"
+            )
+        x = self.token_embeddings(token_ids)
+        k = self.checkpoint_every
+        if k and torch.is_grad_enabled():
+            for start in range(0, len(self.layers), k):
+                x = checkpoint(self._run_blocks, x, start, start + k, use_reentrant=False)
+        else:
+            x = self._run_blocks(x, 0, len(self.layers))
+        return self.lm_head(self.ln_final(x))
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

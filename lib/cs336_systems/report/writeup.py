@@ -1,0 +1,100 @@
+"""The writeup: every executed notebook of a report folder, in assignment order, as one document.
+
+A title page (hardware, software, profile, commit, date), the headline numbers the notebooks
+recorded with `ctx.headline`, the deliverables that could not run here (`ctx.not_run`), then each
+problem's prose, tables and figures with the code hidden, each section linking to its notebook.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+
+PRINT_CSS = """
+<style>
+@page { size: A4; margin: 14mm 12mm; }
+body { max-width: 60rem; margin: 0 auto; }
+.jp-OutputArea-output img, img { max-width: 100% !important; height: auto; page-break-inside: avoid; break-inside: avoid; }
+.jp-RenderedHTMLCommon table, table { font-size: 0.78em; max-width: 100%; }
+.jp-OutputArea-output { overflow-x: visible !important; }
+.jp-RenderedHTMLCommon pre, pre { white-space: pre-wrap; word-break: break-word; }
+h1.writeup-section { page-break-before: always; break-before: page; }
+.writeup-title { page-break-after: always; break-after: page; }
+@media print { .jp-Cell { break-inside: auto; } .jp-OutputArea-output { break-inside: avoid; } }
+</style>
+"""
+
+
+def _load_json(path: Path) -> list[dict]:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    if not rows:
+        return "_none_\n"
+    head = "| " + " | ".join(title for _, title in columns) + " |\n|" + "---|" * len(columns) + "\n"
+    body = "".join("| " + " | ".join(_fmt(r.get(key, "")) for key, _ in columns) + " |\n" for r in rows)
+    return head + body
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v).replace("|", "\\|")
+
+
+def title_cells(env: dict[str, str], headlines: list[dict], not_run: list[dict], sections: list[str]) -> list:
+    env_table = "\n".join(f"| {k} | {v} |" for k, v in env.items())
+    title = (
+        "<div class='writeup-title'>\n\n"
+        f"# CS336 Assignment 2 — Systems and Parallelism: report ({env.get('profile', '?')} profile)\n\n"
+        "Regenerated from measurements on the machine below by `make report`.\n\n"
+        f"| environment | |\n|---|---|\n{env_table}\n\n</div>"
+    )
+    summary = "## Summary of headline numbers\n\n" + _markdown_table(
+        headlines, [("notebook", "problem"), ("key", "quantity"), ("value", "value"), ("unit", "unit"), ("note", "note")]
+    )
+    missing = "## Not run on this machine\n\n" + _markdown_table(
+        not_run, [("notebook", "problem"), ("key", "deliverable"), ("reason", "reason")]
+    )
+    contents = "## Contents\n\n" + "\n".join(f"1. [{s}](#{s})" for s in sections)
+    return [nbformat.v4.new_markdown_cell(t) for t in (title, summary, missing, contents)]
+
+
+def _is_setup_cell(cell) -> bool:
+    return cell.cell_type == "code" and "setup_notebook(" in cell.source
+
+
+def build_writeup(report_dir: Path, env: dict[str, str]) -> Path:
+    report_dir = Path(report_dir)
+    executed = sorted(p for p in report_dir.glob("[0-9][0-9]_*.ipynb"))
+    results = report_dir / "results"
+    headlines = _load_json(results / "headlines.json")
+    not_run = _load_json(results / "not_run.json")
+    doc = nbformat.v4.new_notebook()
+    doc.cells.extend(title_cells(env, headlines, not_run, [p.stem for p in executed]))
+    for path in executed:
+        nb = nbformat.read(path, as_version=4)
+        doc.cells.append(nbformat.v4.new_markdown_cell(
+            f"<h1 class='writeup-section' id='{path.stem}'>{path.stem}</h1>\n\n"
+            f"From the executed notebook [{path.name}]({path.stem}.html) (code hidden here)."
+        ))
+        for cell in nb.cells:
+            tags = cell.get("metadata", {}).get("tags", [])
+            if "parameters" in tags or "injected-parameters" in tags or _is_setup_cell(cell):
+                continue
+            if cell.cell_type == "code" and not cell.get("outputs"):
+                continue
+            doc.cells.append(cell)
+    for i, cell in enumerate(doc.cells):  # ids must be unique in the merged document
+        cell["id"] = f"w{i:04d}"
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab", exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(doc)
+    body = body.replace("</head>", PRINT_CSS + "</head>", 1)
+    out = report_dir / "writeup.html"
+    out.write_text(body, encoding="utf-8")
+    return out

@@ -1,0 +1,90 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cs336_systems.benchmarking.harness as harness
+from cs336_systems.benchmarking import BenchmarkConfig, grid, run_benchmark, save_results, sweep
+
+TINY = dict(size="nano", context_length=16, batch_size=2, warmup=1, steps=3, device="cpu")
+
+
+@pytest.mark.parametrize("mode", ["forward", "forward-backward", "train-step"])
+def test_run_benchmark_row_has_statistics(mode):
+    row = run_benchmark(BenchmarkConfig(**TINY, mode=mode))
+    assert row["status"] == "ok"
+    assert len(row["step_times_ms"]) == 3 and len(row["warmup_times_ms"]) == 1
+    times = row["step_times_ms"]
+    assert row["mean_ms"] == pytest.approx(sum(times) / 3)
+    mean = sum(times) / 3
+    assert row["std_ms"] == pytest.approx((sum((t - mean) ** 2 for t in times) / 2) ** 0.5)
+    assert row["parameters"] > 0
+
+
+def test_train_step_changes_the_weights():
+    setup = harness.build(BenchmarkConfig(**TINY, mode="train-step"))
+    before = [p.detach().clone() for p in setup.model.parameters()]
+    setup.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, setup.model.parameters()))
+
+
+def test_time_steps_synchronizes_after_every_step(monkeypatch):
+    calls = []
+    monkeypatch.setattr(harness, "synchronize", lambda device: calls.append(device))
+    harness.time_steps(lambda: None, warmup=2, steps=3, device=torch.device("cpu"))
+    assert len(calls) == 5
+
+
+def test_out_of_memory_becomes_a_row_and_the_sweep_goes_on(monkeypatch):
+    real_build = harness.build
+
+    def build_that_runs_out_of_memory(config):
+        if config.context_length == 32:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real_build(config)
+
+    monkeypatch.setattr(harness, "build", build_that_runs_out_of_memory)
+    df = sweep(grid(BenchmarkConfig(**TINY), context_length=[16, 32]), progress=False)
+    assert df.status.tolist() == ["ok", "OOM"]
+    assert df.mean_ms.notna().tolist() == [True, False]
+
+
+def test_other_errors_are_not_swallowed(monkeypatch):
+    monkeypatch.setattr(harness, "build", lambda config: (_ for _ in ()).throw(KeyError("bug")))
+    with pytest.raises(KeyError):
+        run_benchmark(BenchmarkConfig(**TINY))
+
+
+def test_bad_configurations_raise_clear_errors(monkeypatch):
+    with pytest.raises(ValueError, match="unknown model size 'gigantic'"):
+        run_benchmark(BenchmarkConfig(**{**TINY, "size": "gigantic"}))
+    with pytest.raises(ValueError, match="context length 64 is above the model's context_length 32"):
+        run_benchmark(BenchmarkConfig(**{**TINY, "context_length": 64}, model_context_length=32))
+    monkeypatch.setattr(harness, "bf16_supported", lambda device: False)
+    with pytest.raises(ValueError, match="bf16 was requested but device cpu does not support bfloat16"):
+        run_benchmark(BenchmarkConfig(**TINY, precision="bf16"))
+
+
+def test_results_are_saved_with_their_configuration(tmp_path):
+    df = sweep([BenchmarkConfig(**TINY)], progress=False)
+    csv = save_results(df, tmp_path / "run", machine="test")
+    payload = json.loads((tmp_path / "run.json").read_text())
+    assert csv.exists() and payload["metadata"]["machine"] == "test"
+    assert payload["rows"][0]["size"] == "nano" and payload["rows"][0]["context_length"] == 16
+
+
+def test_cli_prints_the_row():
+    cmd = [sys.executable, "-m", "cs336_systems.benchmarking", "--size", "nano", "--context-length", "16",
+           "--batch-size", "2", "--warmup", "1", "--steps", "2", "--device", "cpu", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["status"] == "ok" and row["size"] == "nano" and row["mean_ms"] > 0
+
+
+def test_cli_reports_bad_input():
+    cmd = [sys.executable, "-m", "cs336_systems.benchmarking", "--size", "nope", "--device", "cpu"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "unknown model size 'nope'" in out.stderr

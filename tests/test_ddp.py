@@ -1,0 +1,244 @@
+"""DDP flavours against single-process training (gloo, 2 processes, CPU), bucketing, failure, overhead model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import sympy as sp
+import torch
+import torch.nn as nn
+
+from cs336_systems.distributed import adapters_ddp
+from cs336_systems.distributed.ddp_base import DataParallel
+from cs336_systems.distributed.ddp_bucketed import BYTES_PER_MB, DDPBucketed, assign_buckets
+from cs336_systems.distributed.ddp_equivalence import MODELS, train_and_compare
+from cs336_systems.distributed.ddp_flavours import DDPFlavour, expand_flavours
+from cs336_systems.distributed.ddp_overhead_model import derive, fit_overhead
+from cs336_systems.distributed.ddp_timeline import communication_after, overlap_fraction, timeline_events
+from cs336_systems.distributed.launch import DistContext, spawn
+from cs336_systems.distributed.toy_models import ToyModel, ToyModelWithTiedWeights
+
+TOLERANCE = 1e-5
+
+
+def _trainable_bytes(model: nn.Module) -> list[int]:
+    return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+
+
+def _equivalence_cases(ctx: DistContext) -> list[dict]:
+    """Every flavour on every model; bucket caps chosen per model to give 1, 2 and n buckets."""
+    torch.set_num_threads(1)
+    rows = []
+    for model_name, build in MODELS.items():
+        sizes = _trainable_bytes(build())
+        # Reverse order puts the first-registered parameter last: a cap of everything but it
+        # leaves it alone in a second bucket (also when it is larger than the cap).
+        two_buckets_mb = (sum(sizes) - sizes[0]) / BYTES_PER_MB
+        cases = [(f, None) for f in expand_flavours(["no-communication", "naive", "flat", "individual", "torch-ddp"])]
+        cases += [(DDPFlavour("bucketed", None), 1), (DDPFlavour("bucketed", two_buckets_mb), 2), (DDPFlavour("bucketed", 1e-9), len(sizes))]
+        for flavour, expected_buckets in cases:
+            row = train_and_compare(ctx, flavour, model_name, steps=5)
+            rows.append({**row, "kind": flavour.name, "expected_buckets": expected_buckets})
+    return rows
+
+
+def _adapters_step(ctx: DistContext) -> list[bool]:
+    """One step through the course adapters; afterwards every rank must hold the same gradients."""
+    same = []
+    for ddp, before, after in (
+        (adapters_ddp.get_ddp_individual_parameters(ToyModelWithTiedWeights()), None, adapters_ddp.ddp_individual_parameters_on_after_backward),
+        (adapters_ddp.get_ddp_bucketed(ToyModelWithTiedWeights(), 1e-9), adapters_ddp.ddp_bucketed_on_train_batch_start, adapters_ddp.ddp_bucketed_on_after_backward),
+    ):
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for _ in range(2):
+            if before:
+                before(ddp, optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            ddp(torch.randn(4, 10)).pow(2).mean().backward()  # a different batch on each rank
+            after(ddp, optimizer)
+            grads = torch.cat([p.grad.flatten() for p in ddp.parameters() if p.grad is not None])
+            gathered = [torch.empty_like(grads) for _ in range(ctx.world_size)]
+            torch.distributed.all_gather(gathered, grads)
+            same.append(all(torch.equal(g, gathered[0]) for g in gathered))
+            optimizer.step()
+    return same
+
+
+def _correctness_checks(ctx: DistContext) -> tuple[list[dict], list[bool]]:
+    return _equivalence_cases(ctx), _adapters_step(ctx)
+
+
+@pytest.fixture(scope="module")
+def correctness():
+    """One 2-process gloo run for all correctness checks: process start-up is the expensive part."""
+    results = spawn(_correctness_checks, 2, backend="gloo", timeout_s=240)
+    return pd.DataFrame([row for rows, _ in results for row in rows]), [same for _, same in results]
+
+
+def test_course_adapters_synchronize_gradients(correctness):
+    _, same = correctness
+    assert all(all(r) for r in same) and len(same[0]) == 4
+
+
+def test_every_flavour_matches_single_process_training(correctness):
+    df, _ = correctness
+    ddp = df[df.kind != "no-communication"]
+    bad = ddp[ddp.max_abs_diff > TOLERANCE]
+    assert bad.empty, f"DDP weights differ from single-process training:\n{bad[['model', 'flavour', 'rank', 'max_abs_diff']]}"
+    assert (ddp.max_update > 1e-3).all(), "training must move the weights far more than the tolerance"
+    assert (df.diff_after_wrap == 0).all(), "construction must broadcast rank 0's parameters and buffers"
+    assert (df[df["rank"] == 1].diff_before_wrap > 0).all(), "rank 1 must start from different weights"
+    bucketed = df[df.kind == "bucketed"]
+    assert (bucketed.buckets == bucketed.expected_buckets).all(), bucketed[["model", "flavour", "buckets", "expected_buckets"]]
+    # The negative control shows the comparison can fail: without averaging, ranks drift apart.
+    assert (df[df.kind == "no-communication"].max_abs_diff > 1e-4).all()
+    assert set(df["rank"]) == {0, 1} and len(ddp) == 2 * 3 * 7
+
+
+def _rank_one_raises(ctx: DistContext) -> None:
+    ddp = DDPBucketed(ToyModel(), bucket_size_mb=None)
+    loss = ddp(torch.randn(4, 10)).sum()
+    if ctx.rank == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    loss.backward()
+    ddp.finish_gradient_synchronization()  # rank 0 waits here for a peer that is gone
+
+
+def test_a_rank_that_raises_fails_the_job_instead_of_hanging():
+    start = time.monotonic()
+    with pytest.raises(Exception, match="deliberate failure on rank 1"):
+        spawn(_rank_one_raises, 2, backend="gloo", timeout_s=60)
+    assert time.monotonic() - start < 60
+
+
+def test_ddp_benchmark_runs_under_torchrun(tmp_path):
+    out = tmp_path / "ddp.csv"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "cs336_systems.distributed.ddp_benchmark", "--size", "nano", "--context-length", "16",
+           "--bucket-sizes-mb", "0.01", "--warmup", "0", "--steps", "2", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    df = pd.read_csv(out)
+    assert list(df.flavour) == ["no-communication", "naive", "flat", "individual", "bucketed 0.01 MB", "torch-ddp"]
+    assert (df.status == "ok").all() and (df.step_ms > 0).all()
+    assert df.loc[df.flavour == "no-communication", "overhead_ms"].item() == 0
+    assert df.loc[df.flavour == "naive", "all_reduce_calls"].item() == df.loc[df.flavour == "individual", "all_reduce_calls"].item()
+    assert df.loc[df.flavour == "flat", "all_reduce_calls"].item() == 1
+
+
+# --- no process group needed below ---------------------------------------------------------------
+
+
+def test_buckets_follow_reverse_order_and_respect_the_cap():
+    params = [nn.Parameter(torch.zeros(n)) for n in (10, 3, 4, 20, 1)]  # 40, 12, 16, 80, 4 bytes
+    buckets = assign_buckets(params, bucket_size_bytes=32)
+    assert [[p.numel() for p in b] for b in buckets] == [[1], [20], [4, 3], [10]]
+    assert [p for b in buckets for p in b] == params[::-1]
+    assert len(assign_buckets(params, None)) == 1
+    assert len(assign_buckets(params, 1)) == len(params)
+
+
+def test_buckets_never_mix_dtypes():
+    params = [nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2, dtype=torch.float64)), nn.Parameter(torch.zeros(2))]
+    assert [len(b) for b in assign_buckets(params, None)] == [1, 1, 1]
+
+
+def test_tied_and_frozen_parameters_are_communicated_once_and_never():
+    model = ToyModelWithTiedWeights()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert sum(p is model.fc2.weight for p in trainable) == 1
+    assert all(p is not model.no_grad_fixed_param for p in trainable)
+    assert len(assign_buckets(trainable, None)[0]) == len(trainable)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="bucket_size_mb"):
+        DDPBucketed(ToyModel(), bucket_size_mb=0)
+    with pytest.raises(ValueError, match="process group"):
+        DDPFlavour("naive").wrap(ToyModel())
+    with pytest.raises(ValueError, match="unknown DDP flavour"):
+        DDPFlavour("zero")
+    with pytest.raises(ValueError, match="only applies to the bucketed"):
+        DDPFlavour("flat", 10)
+    assert issubclass(DDPBucketed, DataParallel)
+
+
+def test_overhead_model_optimum_matches_brute_force():
+    e = derive()
+    s, w, o, n_b = sp.symbols("s w o n_b", positive=True)
+    assert sp.simplify(e["optimal_buckets"] - sp.sqrt(s / (w * o))) == 0
+    assert sp.simplify(e["optimal_bucket_bytes"] - sp.sqrt(s * w * o)) == 0
+    values = {s: 8e9, w: 2e11, o: 5e-4}
+    grid = np.linspace(0.5, 200, 400_000)
+    overhead = values[s] / (grid * values[w]) + grid * values[o]
+    assert float(e["optimal_buckets"].subs(values)) == pytest.approx(grid[np.argmin(overhead)], rel=1e-3)
+    assert float(e["least_overhead"].subs(values)) == pytest.approx(overhead.min(), rel=1e-6)
+    # One bucket: nothing overlaps, all bytes plus one call are exposed.
+    assert float(e["overhead"].subs({**values, n_b: 1})) == pytest.approx(8e9 / 2e11 + 5e-4)
+
+
+def test_overhead_fit_recovers_known_parameters():
+    nb = np.array([1, 4, 16, 64, 300])
+    s, w, o = 8e9, 1.5e11, 2e-4
+    fit = fit_overhead(nb, s / (nb * w) + nb * o, s)
+    assert fit.per_call_s == pytest.approx(o, rel=1e-9)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(w, rel=1e-9)
+    assert fit.optimal_buckets == pytest.approx(np.sqrt(s / (w * o)), rel=1e-9)
+    # Overhead falling with n_b everywhere has no per-call cost: clamped to zero, not negative.
+    clamped = fit_overhead(nb, s / (nb * w) - nb * 1e-6, s)
+    assert clamped.per_call_s == 0 and np.isinf(clamped.optimal_buckets)
+    with pytest.raises(ValueError, match="at least two"):
+        fit_overhead([4], [0.1], s)
+
+
+def test_timeline_lanes_and_overlap_from_a_gpu_chrome_trace():
+    def launch(ts, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": ts, "dur": 1, "args": {"correlation": corr}}
+
+    def kernel(name, stream, ts, dur, corr):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    trace = {"traceEvents": [
+        # The CPU range ends long before its kernels run; one kernel is launched from another thread.
+        {"ph": "X", "cat": "user_annotation", "name": "backward", "pid": 1, "tid": 1, "ts": 10, "dur": 20},
+        launch(12, 1), {**launch(20, 2), "tid": 3}, launch(25, 3), launch(40, 4),
+        kernel("sgemm", 7, 100, 50, 1), kernel("sgemm", 7, 150, 50, 2),
+        kernel("ncclDevKernel_AllReduce_Sum_f32", 21, 150, 100, 3),  # launched in backward, must not stretch it
+        kernel("adam", 7, 260, 10, 4),  # launched after the backward range
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 11, "dur": 5},
+    ]}
+    ev = timeline_events(trace)
+    assert set(ev.lane) == {"step phases", "GPU 0 stream 7", "GPU 0 stream 21"}
+    phase = ev[ev.kind == "phase"].iloc[0]
+    assert (phase["name"], phase.start_us, phase.dur_us) == ("backward", 0.0, 100.0)  # its kernels, 100..200 (the origin)
+    assert ev.set_index("name").loc["ncclDevKernel_AllReduce_Sum_f32", "kind"] == "communication"
+    assert overlap_fraction(ev) == pytest.approx(0.5)  # NCCL 150..250 against backward 100..200
+    assert communication_after(ev) == pytest.approx(0.05)  # ends 50 us after the backward kernels
+
+
+def test_timeline_of_a_cpu_trace_uses_gloo_threads():
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "backward", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 9, "ts": 80, "dur": 40},
+        {"ph": "X", "cat": "user_annotation", "name": "computing softmax", "pid": 1, "tid": 1, "ts": 5, "dur": 5},
+    ]}
+    ev = timeline_events(trace)
+    assert sorted(ev.lane) == ["step phases", "thread 9"]
+    assert overlap_fraction(ev) == pytest.approx(0.5) and communication_after(ev) == pytest.approx(0.02)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_every_flavour_matches_single_process_training_on_nccl():
+    from cs336_systems.distributed.ddp_equivalence import check_equivalence, summarize_equivalence
+
+    flavours = expand_flavours(["naive", "flat", "individual", "bucketed", "torch-ddp"], [None, 1e-9])
+    checks = summarize_equivalence(check_equivalence(flavours, backend="nccl"), TOLERANCE)
+    assert checks.matches.all(), checks

@@ -1,0 +1,324 @@
+"""FlashAttention-2 (PyTorch and Triton) against a float64 reference built from torch built-ins.
+
+Without CUDA the Triton kernels run in the Triton interpreter: TRITON_INTERPRET must be set
+before the kernels are first imported, hence at the top of this file. Shapes are kept tiny and
+tiles 16x16 there; the `gpu` tests run the real kernels with the default tiles.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton  # noqa: E402
+from cs336_systems.attention.flash_triton import kernels_interpreted  # noqa: E402
+from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
+from cs336_systems.model import TransformerLM  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+# (shape of q, shape of k and v): 3-D and 4-D, lengths on and off the 16-tile, N_q != N_k
+SHAPES = {
+    "3d_tiled": ((2, 32, 16), (2, 32, 16)),
+    "3d_ragged": ((2, 37, 16), (2, 37, 16)),
+    "4d_ragged_d24": ((1, 2, 23, 24), (1, 2, 23, 24)),
+    "q_shorter_than_k": ((2, 20, 32), (2, 45, 32)),
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors gain nothing from two threads, and on a busy 2-core machine threads wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """16x16 tiles everywhere (several tiles even on tiny shapes), the PyTorch backward uncompiled."""
+    monkeypatch.setattr(FlashAttentionPytorch, "q_tile", 16)
+    monkeypatch.setattr(FlashAttentionPytorch, "k_tile", 16)
+    monkeypatch.setattr(FlashAttentionPytorch, "compile_backward", False)
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16))
+
+
+@pytest.fixture
+def triton_device():
+    if HAS_CUDA:
+        return "cuda"
+    if not kernels_interpreted():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set, and there is no GPU")
+    return "cpu"
+
+
+def reference(q, k, v, is_causal):
+    """float64 O and logsumexp from torch's softmax and logsumexp, and the float64 leaves (for their .grad)."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if is_causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        query_pos = torch.arange(n_q, device=q.device)[:, None] + (n_k - n_q)
+        scores = scores.masked_fill(torch.arange(n_k, device=q.device)[None, :] > query_pos, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1), (q, k, v)
+
+
+def rel_error(x, ref):
+    return ((x.detach().double() - ref.detach()).norm() / ref.detach().norm()).item()
+
+
+def check_against_reference(apply, shape_q, shape_kv, dtype, is_causal, device, tol=None):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(shape_q, generator=gen).to(device, dtype).requires_grad_()
+    k, v = (torch.randn(shape_kv, generator=gen).to(device, dtype).requires_grad_() for _ in range(2))
+    grad = torch.randn(shape_q[:-1] + shape_kv[-1:], generator=gen).to(device, dtype)
+
+    out = apply(q, k, v, is_causal)
+    saved = out.grad_fn.saved_tensors
+    lse = [t for t in saved if t.shape == q.shape[:-1]]
+    assert len(lse) == 1, f"expected one saved tensor of shape {tuple(q.shape[:-1])}, got {[tuple(t.shape) for t in saved]}"
+    n_q, n_k = shape_q[-2], shape_kv[-2]
+    assert not any(tuple(t.shape[-2:]) in {(n_q, n_k), (n_k, n_q)} for t in saved), "a seq x seq tensor was saved"
+    assert out.grad_fn.is_causal == is_causal
+    out.backward(grad)
+
+    ref_out, ref_lse, (q64, k64, v64) = reference(q, k, v, is_causal)
+    ref_out.backward(grad.double())
+    errors = {
+        "O": rel_error(out, ref_out),
+        "L": rel_error(lse[0], ref_lse),
+        "dQ": rel_error(q.grad, q64.grad),
+        "dK": rel_error(k.grad, k64.grad),
+        "dV": rel_error(v.grad, v64.grad),
+    }
+    tol = tol or TOL[dtype]
+    bad = {name: e for name, e in errors.items() if not e < tol}  # NaN fails here too
+    assert not bad, f"errors above {tol}: {bad} (all: {errors})"
+    assert out.dtype == dtype and out.shape == q.shape
+    assert q.grad.dtype == dtype and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+# ---------------------------------------------------------------- PyTorch implementation (CPU)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_pytorch_matches_float64(small_tiles, shape, is_causal, dtype):
+    check_against_reference(FlashAttentionPytorch.apply, *shape, dtype, is_causal, "cpu")
+
+
+def test_pytorch_compiled_backward_matches_float64(monkeypatch):
+    monkeypatch.setattr(FlashAttentionPytorch, "compile_backward", True)
+    check_against_reference(FlashAttentionPytorch.apply, (2, 40, 16), (2, 40, 16), torch.float32, True, "cpu")
+
+
+def test_pytorch_rejects_tiles_under_16(monkeypatch):
+    monkeypatch.setattr(FlashAttentionPytorch, "q_tile", 8)
+    with pytest.raises(ValueError, match="at least 16"):
+        FlashAttentionPytorch.apply(*(torch.randn(1, 32, 16) for _ in range(3)))
+
+
+@pytest.mark.parametrize("flash", [FlashAttentionPytorch, FlashAttentionTriton], ids=["pytorch", "triton"])
+def test_large_scores_do_not_overflow(small_tiles, triton_device, flash):
+    # Online softmax: scores of ~1e4 would overflow exp() without the running max.
+    device = "cpu" if flash is FlashAttentionPytorch else triton_device
+    q = torch.full((1, 20, 16), 30.0, device=device)
+    k = torch.randn(1, 40, 16, device=device) * 30
+    v = torch.randn(1, 40, 16, device=device)
+    out = flash.apply(q, k, v)
+    ref, _, _ = reference(q, k, v, False)
+    assert torch.isfinite(out).all() and rel_error(out, ref) < 1e-4
+
+
+# ---------------------------------------------------------------- Triton (interpreter on CPU, real on GPU)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_triton_matches_float64(small_tiles, triton_device, shape, is_causal, dtype):
+    check_against_reference(FlashAttentionTriton.apply, *shape, dtype, is_causal, triton_device)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_triton_with_pytorch_backward(small_tiles, triton_device, monkeypatch, is_causal):
+    monkeypatch.setattr(FlashAttentionTriton, "backward_impl", "pytorch")
+    check_against_reference(FlashAttentionTriton.apply, *SHAPES["q_shorter_than_k"], torch.float32, is_causal, triton_device)
+
+
+@pytest.mark.parametrize("flash", [FlashAttentionPytorch, FlashAttentionTriton], ids=["pytorch", "triton"])
+def test_two_dimensional_inputs(small_tiles, triton_device, flash):
+    device = "cpu" if flash is FlashAttentionPytorch else triton_device
+    check_against_reference(flash.apply, (37, 16), (40, 16), torch.float32, True, device)
+
+
+def test_triton_and_pytorch_forward_agree(small_tiles, triton_device):
+    q, k, v = (torch.randn(3, 2, 29, 16, device=triton_device) for _ in range(3))
+    torch.testing.assert_close(
+        FlashAttentionTriton.apply(q, k, v, True), FlashAttentionPytorch.apply(q, k, v, True), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_triton_accepts_strided_inputs(small_tiles, triton_device):
+    # As in the model: (batch, seq, heads, d) viewed as (batch, heads, seq, d), not contiguous.
+    q, k, v = (torch.randn(2, 33, 2, 16, device=triton_device).transpose(1, 2) for _ in range(3))
+    ref, _, _ = reference(q, k, v, True)
+    assert rel_error(FlashAttentionTriton.apply(q, k, v, True), ref) < 1e-3
+
+
+def test_triton_backward_impl_is_chosen_per_call(small_tiles, triton_device):
+    q = torch.randn(1, 20, 16, device=triton_device, requires_grad=True)
+    grads = []
+    for impl in ("triton", "pytorch"):
+        out = FlashAttentionTriton.apply(q, q, q, True, impl)
+        assert out.grad_fn.backward_impl == impl
+        (grad,) = torch.autograd.grad(out.square().sum(), q)
+        grads.append(grad)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="backward_impl 'cuda'"):
+        FlashAttentionTriton.apply(q, q, q, False, "cuda")
+
+
+def test_triton_rejects_bad_tiles(triton_device, monkeypatch):
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 24))
+    with pytest.raises(ValueError, match="powers of two"):
+        FlashAttentionTriton.apply(*(torch.randn(1, 16, 16, device=triton_device) for _ in range(3)))
+
+
+@pytest.mark.parametrize("attention", ["flash_pytorch", "flash_triton"])
+def test_model_with_flash_attention_matches_naive(small_tiles, triton_device, attention):
+    """TransformerLM hands (batch, heads, seq, d) q, k, v to the attention; logits and grads match naive."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 24), device=triton_device)
+    results = []
+    for name in ("naive", attention):
+        torch.manual_seed(1)
+        model = TransformerLM(100, 32, d_model=32, num_layers=1, num_heads=2, d_ff=64, attention=name).to(triton_device)
+        logits = model(ids)
+        logits.square().mean().backward()
+        results.append((logits, model.layers[0].attn.q_proj.weight.grad))
+    (ref_logits, ref_grad), (logits, grad) = results
+    assert rel_error(logits, ref_logits.double()) < 1e-4
+    assert rel_error(grad, ref_grad.double()) < 1e-3
+
+
+# ---------------------------------------------------------------- input validation
+
+def _qkv(q_shape=(2, 16, 16), kv_shape=None, **kw):
+    return torch.randn(q_shape, **kw), torch.randn(kv_shape or q_shape, **kw), torch.randn(kv_shape or q_shape, **kw)
+
+
+@pytest.mark.parametrize("apply", [FlashAttentionPytorch.apply, FlashAttentionTriton.apply], ids=["pytorch", "triton"])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: _qkv((2, 16, 16), (2, 16, 32)), "last \\(head\\) dimension"),
+        (lambda: _qkv((2, 16, 16), (3, 16, 16)), "leading"),
+        (lambda: (torch.randn(2, 16, 16), torch.randn(2, 16, 16), torch.randn(2, 8, 16)), "same sequence length"),
+        (lambda: (torch.randn(2, 16, 16), torch.randn(2, 16, 16).half(), torch.randn(2, 16, 16)), "one dtype"),
+        (lambda: (torch.randn(2, 16, 16), torch.randn(2, 16, 16, device="meta"), torch.randn(2, 16, 16)), "one device"),
+        (lambda: tuple(t.int() for t in _qkv()), "not supported"),
+        (lambda: (torch.randn(16), torch.randn(16), torch.randn(16)), "shape \\(..., seq, d\\)"),
+        (lambda: _qkv((2, 0, 16)), "empty"),
+    ],
+    ids=["head-dim", "leading-dims", "kv-lengths", "dtypes", "devices", "int-dtype", "1-d", "empty"],
+)
+def test_bad_inputs_raise_value_error(apply, make, message):
+    with pytest.raises(ValueError, match=message):
+        apply(*make())
+
+
+@pytest.mark.parametrize("apply", [FlashAttentionPytorch.apply, FlashAttentionTriton.apply], ids=["pytorch", "triton"])
+def test_causal_with_more_queries_than_keys_is_rejected(apply):
+    with pytest.raises(ValueError, match="N_q <= N_k"):
+        apply(*_qkv((1, 32, 16), (1, 16, 16)), True)
+
+
+def test_triton_rejects_head_dim_over_256():
+    with pytest.raises(ValueError, match="head dimension 320"):
+        FlashAttentionTriton.apply(*_qkv((1, 16, 320)))
+
+
+def test_triton_rejects_float64():
+    with pytest.raises(ValueError, match="float64 is not supported"):
+        FlashAttentionTriton.apply(*_qkv(dtype=torch.float64))
+
+
+def test_triton_rejects_cpu_tensors_without_interpreter():
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        check_triton_inputs(*_qkv(), False, interpreted=False)
+
+
+# ---------------------------------------------------------------- GPU (real kernels, default tiles)
+
+GPU_CASES = [
+    ((4, 1024, 64), (4, 1024, 64), torch.float32, True),
+    ((2, 4, 1000, 64), (2, 4, 1000, 64), torch.bfloat16, True),
+    ((2, 4, 777, 128), (2, 4, 1500, 128), torch.float16, True),
+    ((2, 513, 16), (2, 513, 16), torch.bfloat16, False),
+    ((1, 2, 300, 80), (1, 2, 300, 80), torch.float32, True),
+    ((1, 2, 256, 256), (1, 2, 256, 256), torch.bfloat16, True),
+    ((1, 2, 256, 256), (1, 2, 256, 256), torch.float32, False),
+]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("backward_impl", ["triton", "pytorch"])
+@pytest.mark.parametrize("shape_q, shape_kv, dtype, is_causal", GPU_CASES)
+def test_triton_on_gpu(monkeypatch, backward_impl, shape_q, shape_kv, dtype, is_causal):
+    monkeypatch.setattr(FlashAttentionTriton, "backward_impl", backward_impl)
+    check_against_reference(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, is_causal, "cuda")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_triton_fp32_on_tensor_cores_on_gpu(is_causal):
+    """Under torch's "high" fp32 precision the kernels use TF32 tensor cores (tf32x3): still under 1e-3."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        check_against_reference(FlashAttentionTriton.apply, (2, 4, 1024, 64), (2, 4, 1024, 64), torch.float32, is_causal, "cuda")
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@gpu
+@needs_cuda
+def test_triton_fp32_single_tf32_on_gpu():
+    """torch's "medium": one TF32 product (10 mantissa bits), so the bar is that of 16-bit inputs."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        check_against_reference(FlashAttentionTriton.apply, (2, 4, 1024, 64), (2, 4, 1024, 64), torch.float32, True, "cuda",
+                                tol=1e-2)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_fp32_input_precision_follows_torch():
+    from cs336_systems.attention.flash_triton import input_precision
+
+    previous = torch.get_float32_matmul_precision()
+    try:
+        seen = {}
+        for level in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(level)
+            seen[level] = (input_precision(torch.float32), input_precision(torch.bfloat16))
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert seen == {"highest": ("ieee", "tf32"), "high": ("tf32x3", "tf32"), "medium": ("tf32", "tf32")}
+
+
+@gpu
+@needs_cuda
+def test_pytorch_on_gpu():
+    check_against_reference(FlashAttentionPytorch.apply, (2, 2, 300, 64), (2, 2, 300, 64), torch.bfloat16, True, "cuda")

@@ -1,0 +1,279 @@
+"""The FlashAttention-2 benchmark and leaderboard harness: formulas, statuses, the correctness check.
+
+CPU only and tiny: our Triton kernels run in the Triton interpreter, so TRITON_INTERPRET is set
+before anything imports triton (hence at the top of this file).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from cs336_systems.attention import flash_benchmark as fb  # noqa: E402
+from cs336_systems.attention import leaderboard as lb  # noqa: E402
+from cs336_systems.attention.benchmark import SavedForBackward  # noqa: E402
+from cs336_systems.attention.flash_triton import kernels_interpreted  # noqa: E402
+from cs336_systems.report.environment import repo_root  # noqa: E402
+
+FAST = fb.TimingSettings(cpu_steps=1)
+
+
+@pytest.fixture
+def triton_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("these tests run the CPU path; the GPU path is covered by the notebooks")
+    if not kernels_interpreted():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set")
+
+
+def tiny_sweep(impls, **kwargs):
+    return fb.flash_benchmark([32], [16], [torch.float32], impls, device="cpu", settings=FAST, progress=False, **kwargs)
+
+
+# --- formulas -----------------------------------------------------------------------------------
+
+
+def counted_flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def test_forward_flops_match_torch_flop_counter_of_the_two_matmuls():
+    b, h, n, d = 2, 3, 64, 16
+    q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
+    counted = counted_flops(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    assert fb.attention_flops(b, h, n, d, is_causal=False)["forward"] == counted == 4 * b * h * n * n * d
+    assert fb.attention_flops(b, h, n, d, is_causal=True)["forward"] == counted / 2
+
+
+def test_backward_flops_are_the_materialised_backward_plus_the_recomputed_scores():
+    b, h, n, d = 1, 2, 32, 16
+    q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
+    out = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    backward = counted_flops(lambda: out.backward(torch.ones_like(out)))  # dP, dV, dQ, dK: 4 matmuls
+    recompute_scores = counted_flops(lambda: q.detach() @ k.detach().transpose(-1, -2))
+    flops = fb.attention_flops(b, h, n, d, is_causal=False)
+    assert flops["backward"] == backward + recompute_scores
+    assert flops["forward_backward"] == flops["forward"] + flops["backward"]
+
+
+def test_leaderboard_floors_by_hand():
+    # causal forward 4 * 16 * 16384^2 * 64 / 2; fwd+bwd 3.5x that
+    assert lb.LEADERBOARD.flops()["forward"] == 549_755_813_888
+    assert lb.LEADERBOARD.flops()["forward_backward"] == 1_924_145_348_608
+    # bf16 tensor 16*16384*64*2 = 33,554,432 B; L fp32 16*16384*4 = 1,048,576 B
+    assert lb.LEADERBOARD.min_bytes() == dict(
+        forward=4 * 33_554_432 + 1_048_576, backward=8 * 33_554_432 + 1_048_576,
+        forward_backward=12 * 33_554_432 + 2 * 1_048_576,
+    )
+    table = lb.floors(lb.LEADERBOARD, peak_tflops=1000.0, bandwidth_gb_s=2000.0).set_index("pass")
+    assert table.loc["forward_backward", "FLOP floor (ms)"] == pytest.approx(1.924145348608)
+    assert table.loc["forward", "byte floor (ms)"] == pytest.approx((4 * 33_554_432 + 1_048_576) / 2e12 * 1e3)
+
+
+def test_naive_peak_is_five_score_matrices_plus_the_linear_terms():
+    b, h, n, d = 1, 2, 1024, 64
+    peak = fb.naive_peak_bytes(b, h, n, d, torch.bfloat16)
+    assert peak == 2 * (5 * b * h * n * n + 4 * b * h * n * d + 2 * b * h * n)
+
+
+# --- timing ---------------------------------------------------------------------------------------
+
+
+def test_cpu_timing_skips_the_first_call_and_resets_gradients():
+    x = torch.ones(3, requires_grad=True)
+    calls, grads_seen = [], []
+
+    def step():
+        grads_seen.append(x.grad)
+        calls.append(1)
+        (2 * x).sum().backward()
+
+    times = fb.measure_times_ms(step, torch.device("cpu"), fb.TimingSettings(cpu_steps=4), grad_to_none=[x])
+    assert len(times) == 4 and len(calls) == 5 and all(t >= 0 for t in times)
+    assert all(g is None for g in grads_seen)
+
+
+def test_matmul_ceiling_is_a_positive_rate():
+    assert fb.measure_matmul_tflops(torch.float32, n=64, device="cpu", settings=FAST) > 0
+
+
+# --- the float64 reference --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_chunked_reference_matches_a_direct_float64_autograd(is_causal):
+    n_q, n_k, d = 13, 21, 8
+    q, k, v, g = torch.randn(2, n_q, d), torch.randn(2, n_k, d), torch.randn(2, n_k, d), torch.randn(2, n_q, d)
+    ref = fb.reference_gradients(q, k, v, g, is_causal, chunk_elements=2 * 2 * n_k)  # 2 query rows per chunk
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    scores = q64 @ k64.transpose(-1, -2) / d**0.5
+    if is_causal:  # query i sits at position i + n_k - n_q
+        allowed = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(scores, -1) @ v64
+    out.backward(g.double())
+    for name, expected in dict(O=out, dQ=q64.grad, dK=k64.grad, dV=v64.grad).items():
+        torch.testing.assert_close(ref[name], expected.detach(), rtol=1e-10, atol=1e-12, msg=name)
+
+
+# --- statuses ---------------------------------------------------------------------------------------
+
+
+def test_every_implementation_runs_and_passes_the_check_on_cpu(triton_on_cpu):
+    df = tiny_sweep(["triton", "pytorch", "sdpa_flash"])
+    assert list(df.status) == ["ok", "ok", "ok"], df[["impl", "status", "max_rel_error", "note"]]
+    assert (df.max_rel_error < 1e-5).all()
+    assert (df[[f"{p}_ms" for p in fb.PASSES]].astype(float) > 0).all().all()
+    flops = fb.attention_flops(1, 1, 32, 16)["forward_backward"]
+    row = df.iloc[0]
+    assert row.forward_backward_tflops == pytest.approx(flops / (row.forward_backward_ms * 1e-3) / 1e12)
+
+
+def test_a_wrong_kernel_is_caught(monkeypatch):
+    monkeypatch.setattr(fb, "naive_attention", lambda q, k, v, is_causal: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    df = tiny_sweep(["pytorch", "sdpa_flash"])  # the first ignores the causal mask and the 1/sqrt(d) scale
+    wrong, right = df.iloc[0], df.iloc[1]
+    assert wrong.status == "wrong" and wrong.max_rel_error > 0.05 and wrong.forward_ms > 0
+    assert right.status == "ok"
+
+
+def test_nan_output_is_wrong(monkeypatch):
+    monkeypatch.setattr(fb, "naive_attention", lambda q, k, v, is_causal: q * float("nan"))
+    assert tiny_sweep(["pytorch"]).status.item() == "wrong"
+
+
+def test_an_out_of_memory_becomes_a_row_and_the_sweep_goes_on(monkeypatch):
+    real = fb.naive_attention
+
+    def under_a_tiny_budget(q, k, v, is_causal):
+        with SavedForBackward(resident=(q, k, v), budget_bytes=q.nbytes * 3 + 1024):  # no room for the scores
+            return real(q, k, v, is_causal)
+
+    monkeypatch.setattr(fb, "naive_attention", under_a_tiny_budget)
+    df = tiny_sweep(["pytorch", "sdpa_flash"])
+    assert list(df.status) == ["OOM", "ok"]
+    assert "out of memory" in df.note.iloc[0] and pd.isna(df.forward_ms.iloc[0])
+
+
+def test_the_memory_budget_skips_the_materialised_attention_from_its_shape():
+    peak = fb.naive_peak_bytes(1, 1, 32, 16, torch.float32)
+    df = tiny_sweep(["pytorch", "sdpa_flash"], memory_budget_bytes=peak - 1)
+    assert list(df.status) == ["skipped: memory", "ok"]
+    assert tiny_sweep(["pytorch"], memory_budget_bytes=peak).status.item() == "ok"
+
+
+def test_no_kernel_becomes_a_row_with_torchs_reason(monkeypatch):
+    def refuses(q, k, v, is_causal):
+        warnings.warn("Flash attention kernel not used because: dtype float32 is not supported")
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    monkeypatch.setattr(fb, "_sdpa", refuses)
+    row = tiny_sweep(["sdpa_flash"]).iloc[0]
+    assert row.status == "no kernel" and "dtype float32 is not supported" in row.note
+
+
+def test_a_real_cpu_no_kernel_row():
+    assert tiny_sweep(["sdpa_cudnn"]).status.item() == "no kernel"
+
+
+def test_a_failing_library_backend_is_a_row_but_our_failure_stops_the_sweep(monkeypatch, triton_on_cpu):
+    def broken(*args):
+        raise RuntimeError("cuDNN Frontend error: graph did not build")
+
+    monkeypatch.setattr(fb, "_sdpa", broken)
+    assert tiny_sweep(["sdpa_cudnn"]).status.item() == "backend error"
+    monkeypatch.setattr(fb, "_triton", broken)
+    with pytest.raises(RuntimeError, match="graph did not build"):
+        tiny_sweep(["triton"])
+
+
+def test_unknown_implementation_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown implementation 'flash3'"):
+        tiny_sweep(["flash3"])
+
+
+# --- tables -----------------------------------------------------------------------------------------
+
+
+def result_row(impl, status="ok", seq_len=1024, fwd=1.0, bwd=2.0, dtype="bfloat16"):
+    return dict(impl=impl, batch=1, heads=1, seq_len=seq_len, head_dim=64, dtype=dtype, is_causal=True, status=status,
+                forward_ms=fwd, backward_ms=bwd, forward_backward_ms=fwd + bwd)
+
+
+def test_fastest_sdpa_keeps_the_lowest_forward_backward_that_passed():
+    df = fb._tidy(pd.DataFrame([
+        result_row("triton"), result_row("sdpa_flash", fwd=1.0, bwd=2.0), result_row("sdpa_cudnn", fwd=1.5, bwd=1.0),
+        result_row("sdpa_efficient", status="wrong", fwd=0.1, bwd=0.1),
+        result_row("sdpa_flash", status="no kernel", seq_len=2048), result_row("sdpa_cudnn", status="OOM", seq_len=2048),
+    ]))
+    best = fb.fastest_sdpa(df).set_index("seq_len")
+    assert best.loc[1024, "backend"] == "cudnn" and best.loc[1024, "forward_backward_ms"] == 2.5
+    assert best.loc[2048, "status"] == "no backend ran" and "sdpa_cudnn: OOM" in best.loc[2048, "note"]
+    table = fb.comparison_table(df)
+    assert list(table.impl) == ["triton", "sdpa", "sdpa"]
+
+
+def test_compare_latencies_flags_slow_points_and_failures():
+    df = fb._tidy(pd.DataFrame([
+        result_row("triton", seq_len=512, fwd=5.0), result_row("sdpa_flash", seq_len=512),  # below min_seq_len
+        result_row("triton", seq_len=1024, fwd=1.05, bwd=2.5), result_row("sdpa_flash", seq_len=1024),
+        result_row("triton", seq_len=2048, status="wrong"), result_row("sdpa_flash", seq_len=2048),
+        result_row("triton", seq_len=4096), result_row("sdpa_flash", seq_len=4096, status="no kernel"),
+    ]))
+    cmp = fb.compare_latencies(df, "triton", "sdpa_flash", 1.10, min_seq_len=1024, dtypes=["bfloat16"])
+    assert sorted(cmp.seq_len.unique()) == [1024, 2048]  # 4096: the baseline did not run
+    slow = cmp[cmp.slower]
+    assert set(zip(slow.seq_len, slow["pass"])) == {
+        (1024, "backward"), (1024, "forward_backward"), (2048, "forward"), (2048, "backward"), (2048, "forward_backward"),
+    }
+    assert cmp.set_index(["seq_len", "pass"]).loc[(1024, "backward"), "ratio"] == pytest.approx(1.25)
+
+
+# --- leaderboard ------------------------------------------------------------------------------------
+
+
+def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton_on_cpu):
+    config = lb.LeaderboardConfig(heads=1, seq_len=32, head_dim=16)
+    df = lb.leaderboard_table(lb.LEADERBOARD_IMPLS, config, device="cpu", compile=False,
+                              settings=FAST, fwd_settings=FAST, ceiling_tflops=1.0)
+    assert list(df.columns[:6]) == lb.LEADERBOARD_COLUMNS
+    assert list(df.impl) == ["triton", "sdpa_flash", "sdpa_cudnn"]
+    assert list(df.status) == ["ok", "ok", "no kernel"]
+    ours = df.iloc[0]
+    assert ours.bwd_ms == pytest.approx(ours.fwd_bwd_ms - ours.fwd_ms)
+    assert ours.tflops == pytest.approx(config.flops()["forward_backward"] / (ours.fwd_bwd_ms * 1e-3) / 1e12)
+    assert ours.ceiling_fraction == pytest.approx(ours.tflops) and ours.device == "cpu"
+
+
+def test_leaderboard_bars():
+    df = pd.DataFrame([
+        dict(impl="triton", status="ok", fwd_ms=1.0, fwd_bwd_ms=3.0),
+        dict(impl="sdpa_cudnn", status="ok", fwd_ms=0.9, fwd_bwd_ms=4.0),
+        dict(impl="sdpa_flash", status="no kernel", fwd_ms=float("nan"), fwd_bwd_ms=float("nan")),
+    ])
+    bars = lb.leaderboard_bars(df)
+    assert list(bars.verdict) == ["pass", "not measured (sdpa_flash: no kernel)", "fail"]
+    assert bars.ratio.iloc[0] == pytest.approx(0.75) and bars.ratio.iloc[2] == pytest.approx(1 / 0.9)
+    df.loc[0, "status"] = "wrong"
+    assert set(lb.leaderboard_bars(df).verdict) == {"fail (ours: wrong)"}
+
+
+def test_the_tuning_record_parses(tmp_path):
+    record = lb.read_tuning_record(repo_root() / "docs" / "flash_attention_tuning.md")
+    assert list(record.columns) == ["version", "change", "predicted", "measured"] and len(record) >= 1
+    p = tmp_path / "r.md"
+    p.write_text("# notes\n\n| a | b |\n|:--|--:|\n| 1 | x \\| y |\n| 2 | z |\n\nafter\n")
+    assert lb.read_tuning_record(p).to_dict("list") == {"a": ["1", "2"], "b": ["x \\| y", "z"]}
+    p.write_text("no table here\n")
+    with pytest.raises(ValueError, match="no Markdown table"):
+        lb.read_tuning_record(p)

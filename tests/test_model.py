@@ -1,0 +1,119 @@
+import pytest
+import torch
+
+from cs336_systems.model import (
+    MODEL_SIZES, Embedding, Linear, ModelConfig, RMSNorm, RotaryEmbedding, TransformerLM, count_parameters,
+)
+from cs336_systems.nn_utils import cross_entropy, softmax
+
+EXPECTED_PARAMETERS = {
+    "small": 128_625_408,
+    "medium": 423_183_360,
+    "large": 969_411_840,
+    "xl": 1_998_235_200,
+    "2.7B": 3_406_809_600,
+}
+
+
+@pytest.mark.parametrize("size", EXPECTED_PARAMETERS)
+def test_parameter_counts_match_the_handout(size):
+    model = TransformerLM.from_size(size, context_length=256, device="meta")
+    assert count_parameters(model) == EXPECTED_PARAMETERS[size]
+
+
+def tiny_model(**kwargs):
+    torch.manual_seed(0)
+    return TransformerLM(vocab_size=50, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64, **kwargs)
+
+
+def test_forward_backward_of_a_tiny_model():
+    model = tiny_model()
+    x = torch.randint(0, 50, (3, 16))
+    logits = model(x)
+    assert logits.shape == (3, 16, 50)
+    loss = cross_entropy(logits[:, :-1], x[:, 1:])
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    # an untrained model predicts close to uniformly
+    assert abs(loss.item() - torch.log(torch.tensor(50.0)).item()) < 1.0
+
+
+def test_changing_a_later_token_does_not_change_earlier_logits():
+    model = tiny_model()
+    x = torch.randint(0, 50, (2, 16))
+    y = x.clone()
+    y[:, 10] = (y[:, 10] + 1) % 50
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    torch.testing.assert_close(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+@pytest.mark.parametrize("attention", ["sdpa"])
+def test_attention_implementations_agree_with_naive(attention):
+    x = torch.randint(0, 50, (2, 16))
+    naive, other = tiny_model(), tiny_model(attention=attention)
+    with torch.no_grad():
+        torch.testing.assert_close(other(x), naive(x), rtol=1e-4, atol=1e-4)
+
+
+def test_checkpointing_gives_the_same_gradients():
+    x = torch.randint(0, 50, (2, 16))
+    grads = []
+    for every in (None, 1, 2):
+        model = tiny_model(checkpoint_every=every)
+        cross_entropy(model(x)[:, :-1], x[:, 1:]).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for g in grads[1:]:
+        for a, b in zip(grads[0], g):
+            torch.testing.assert_close(a, b)
+
+
+def test_components_against_references():
+    lin = Linear(8, 4)
+    assert lin.weight.shape == (4, 8)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight))
+    emb = Embedding(10, 4)
+    torch.testing.assert_close(emb(torch.tensor([3, 1])), emb.weight[[3, 1]])
+    norm = RMSNorm(8)
+    xb = torch.randn(2, 8, dtype=torch.bfloat16)
+    out = norm(xb)
+    assert out.dtype == torch.bfloat16
+    ref = torch.nn.functional.rms_norm(xb.float(), (8,), eps=1e-5)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    s = torch.randn(4, 7) * 30
+    torch.testing.assert_close(softmax(s), torch.softmax(s, dim=-1))
+    logits, targets = torch.randn(5, 11), torch.randint(0, 11, (5,))
+    torch.testing.assert_close(cross_entropy(logits, targets), torch.nn.functional.cross_entropy(logits, targets))
+
+
+def test_rope_rotates_pairs_and_preserves_norm():
+    rope = RotaryEmbedding(8, context_length=16)
+    x = torch.randn(2, 16, 8)
+    pos = torch.arange(16)
+    y = rope(x, pos)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(y[:, 0], x[:, 0])  # position 0 is not rotated
+    # relative property: <R_m q, R_n k> depends only on m - n
+    q, k = torch.randn(8), torch.randn(8)
+    def dot(m, n):
+        return (rope(q.expand(16, 8), pos)[m] * rope(k.expand(16, 8), pos)[n]).sum()
+    torch.testing.assert_close(dot(5, 3), dot(9, 7), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="unknown model size 'huge'"):
+        ModelConfig.from_size("huge")
+    model = tiny_model()
+    with pytest.raises(ValueError, match="exceeds the model's context_length 16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="unknown attention"):
+        tiny_model(attention="magic")
+    with pytest.raises(ValueError, match="not divisible by num_heads"):
+        TransformerLM(50, 16, 30, 1, 4, 64)
+
+
+def test_model_sizes_table_has_the_handout_sizes():
+    assert {"small", "medium", "large", "xl", "2.7B"} <= set(MODEL_SIZES)
+    assert MODEL_SIZES["xl"] == dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25)
