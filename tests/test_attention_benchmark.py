@@ -18,6 +18,8 @@ from cs336_systems.attention.benchmark import (
     naive_attention_memory,
     peak_memory_sweep,
     quadratic_fit,
+    resolve_implementation,
+    run_in_subprocess,
     saved_logsumexp,
 )
 from cs336_systems.attention.naive import naive_attention
@@ -110,6 +112,38 @@ def test_sweep_extension_stops_at_first_oom():
     assert df.seq_len.tolist() == [64, 128, 256, 512]
     assert df.status.tolist() == ["ok", "ok", "ok", "OOM"]
     assert df.extended.tolist() == [False, False, True, True]
+
+
+def test_isolated_sweep_restarts_after_oom_and_matches_in_process():
+    """Isolated: (64, naive), (64, sdpa), (128, naive) OOM end the first process; (128, sdpa) runs in a second."""
+    budget = (naive_attention_memory(2, 64, 16)["before_backward"] + naive_attention_memory(2, 128, 16)["before_backward"]) // 2
+    specs = {"naive": "naive", "sdpa": "sdpa"}  # sdpa saves O(N) on CPU, and unlike flash_pytorch compiles nothing
+    kwargs = dict(batch=2, warmup=0, steps=1, memory_budget_bytes=budget, max_seq_len=128, progress=False)
+    isolated = attention_sweep(specs, [16], [64, 128], isolate=True, **kwargs)
+    in_process = attention_sweep(specs, [16], [64, 128], isolate=False, **kwargs)
+    keys = ["implementation", "seq_len", "status", "memory_before_backward_mib", "saved_for_backward_mib"]
+    pd.testing.assert_frame_equal(isolated[keys], in_process[keys])
+    assert isolated.status.tolist() == ["ok", "ok", "OOM", "ok"]
+
+
+def test_isolated_sweep_needs_specs():
+    with pytest.raises(ValueError, match="specs"):
+        attention_sweep({"naive": naive_attention}, [16], [64], isolate=True)
+
+
+def test_resolve_implementation():
+    assert resolve_implementation("naive") is naive_attention
+    assert resolve_implementation(flash_pytorch) is flash_pytorch
+    compiled = resolve_implementation("compiled:naive")  # not called: compiling costs seconds
+    assert callable(compiled) and compiled is not naive_attention
+    with pytest.raises(ValueError, match="unknown attention 'nope'"):
+        resolve_implementation("compiled:nope")
+
+
+def test_failing_worker_raises_with_its_error():
+    settings = dict(batch=1, device="cpu", dtype=torch.float32, is_causal=False, warmup=0, steps=1, memory_budget_bytes=None)
+    with pytest.raises(RuntimeError, match="unknown attention 'nope'"):
+        list(run_in_subprocess({"x": "nope"}, 16, [(32, "x")], settings))
 
 
 def test_sweep_rejects_empty_grid():

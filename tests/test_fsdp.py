@@ -26,7 +26,7 @@ import torch.nn as nn
 from cs336_systems.accounting.sharding import is_sharded_by_fsdp, setup_for_model, transformer_parameter_shapes
 from cs336_systems.distributed.adapters_sharding import fsdp_gather_full_params, fsdp_on_after_backward, get_fsdp
 from cs336_systems.distributed.fsdp import FSDP, SHARDED_MODULES, ShardedWeight
-from cs336_systems.distributed.fsdp_benchmark import forward_gather_timing
+from cs336_systems.distributed.fsdp_timeline import forward_gather_timing
 from cs336_systems.distributed.launch import spawn
 from cs336_systems.distributed.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel
 from cs336_systems.model import ModelConfig, TransformerLM

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Run a part of the gpu report on an offline GPU node whose python3 has torch and triton, from a
-# checkout that carries wheelhouse/ (make wheelhouse). Packs reports/gpu into one archive at the end,
-# also when the time limit cut the run short.
-#   tools/gpu_node_report.sh NOTEBOOKS SECONDS ARCHIVE
+# Run parts of the gpu report on an offline GPU node whose python3 has torch and triton, from a
+# checkout that carries wheelhouse/ (make wheelhouse). Notebooks run one by one in the order given
+# until SECONDS have passed; reports/gpu is packed into ARCHIVE at the end, also after a cut-off.
+#   tools/gpu_node_report.sh "09 11 10" SECONDS ARCHIVE
 set -u
 notebooks=$1; seconds=$2; archive=$3
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/lib
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/lib NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 python3 -m pip install -q --no-index --find-links wheelhouse papermill nbconvert nbformat ipykernel 2>&1 | grep -v WARNING | tail -3
-nvidia-smi -L
-timeout "$seconds" python3 -m cs336_systems.report.run --profile gpu --notebooks "$notebooks" --cell-timeout 400
-echo "report exit: $?"
+deadline=$(( $(date +%s) + seconds ))
+for nb in $notebooks; do
+  left=$(( deadline - $(date +%s) ))
+  [ "$left" -lt 20 ] && { echo "[gpu] no time left for $nb"; continue; }
+  timeout "$left" python3 -m cs336_systems.report.run --profile gpu --notebooks "$nb" --cell-timeout 400 --no-html 2>&1 \
+    | grep -v -e "Kernel is running over TCP" -e "Unable to parse line"
+done
+python3 -m cs336_systems.report.run --profile gpu --out reports/gpu --index-only >/dev/null 2>&1
+for f in reports/gpu/*.ipynb; do python3 -c "import sys; from cs336_systems.report.run import to_html; to_html(__import__('pathlib').Path(sys.argv[1]))" "$f"; done
 tar czf "$archive" reports/gpu
 ls -la "$archive"

@@ -4,11 +4,16 @@ A checkpointed function keeps only its input during the forward and recomputes i
 before that body's backward (torch.utils.checkpoint, non-reentrant, which may be nested). With
 a = one block's saved activations and c = one checkpoint (the residual stream, B x S x d):
 
-    strategy   arrangement                                          peak activations   forward compute
+    strategy   arrangement                                          peak activations   block forwards
     none       plain forward                                        N a                N
-    every k    groups of k blocks, each one checkpoint              (N/k) c + k a      2N   (best k = sqrt(N a / c))
-    binary     checkpoint each half, recursively (log2 N levels)    a + 2 log2(N) c    N log2 N
+    every k    groups of k blocks, each one checkpoint              (N/k) c + k a      2N   (best k = sqrt(N c / a))
+    binary     checkpoint each half, recursively (log2 N levels)    a + 2 log2(N) c    2N + (N/2)(log2 N - 1)
     chain      prefix(j) = block_j(checkpoint(prefix(j-1), x))       a + c              N (N + 1) / 2
+
+The blocks are deterministic (no dropout), so checkpoints do not save the RNG state, which
+would otherwise be a few KB of bookkeeping per checkpoint.
+(Block forwards with PyTorch's early stopping: a recomputation stops once the tensors its
+backward needs exist, so re-running a region split in two halves only re-runs the first half.)
 
 "chain" is the memory-optimal arrangement when compute is free: every backward step re-runs the
 stack from the input, so besides one block's activations only the input is kept; "binary"
@@ -43,7 +48,7 @@ def run_every(layers: Sequence[Layer], x: torch.Tensor, k: int) -> torch.Tensor:
     if k < 1:
         raise ValueError(f"checkpoint group size must be positive, got {k}")
     for start in range(0, len(layers), k):
-        x = checkpoint(run_plain, layers[start : start + k], x, use_reentrant=False)
+        x = checkpoint(run_plain, layers[start : start + k], x, use_reentrant=False, preserve_rng_state=False)
     return x
 
 
@@ -52,15 +57,15 @@ def run_binary(layers: Sequence[Layer], x: torch.Tensor) -> torch.Tensor:
     if len(layers) == 1:
         return layers[0](x)
     mid = len(layers) // 2
-    y = checkpoint(run_binary, layers[:mid], x, use_reentrant=False)
-    return checkpoint(run_binary, layers[mid:], y, use_reentrant=False)
+    y = checkpoint(run_binary, layers[:mid], x, use_reentrant=False, preserve_rng_state=False)
+    return checkpoint(run_binary, layers[mid:], y, use_reentrant=False, preserve_rng_state=False)
 
 
 def run_chain(layers: Sequence[Layer], x: torch.Tensor) -> torch.Tensor:
     """prefix(j) = layer_j(checkpoint(prefix(j-1), x)): only x and one layer's activations stay alive."""
     if len(layers) == 1:
         return layers[0](x)
-    y = checkpoint(run_chain, layers[:-1], x, use_reentrant=False)
+    y = checkpoint(run_chain, layers[:-1], x, use_reentrant=False, preserve_rng_state=False)
     return layers[-1](y)
 
 

@@ -330,3 +330,30 @@ def memory_table(config: ModelConfig, rows: list[dict], **common) -> pd.DataFram
         est = memory_estimate(config, **args)
         records.append({**args, **{k: (v / MIB if isinstance(v, int) else v) for k, v in est.items()}})
     return pd.DataFrame(records)
+
+
+def tensor_shapes(config: ModelConfig, batch: int, context: int) -> dict[str, int]:
+    """Element counts of the model's recurring tensors, to name an allocation by its size."""
+    n = Dims.of(config, batch, context)
+    return {
+        "B×H×S×S (attention scores / probabilities)": n.B * n.H * n.S * n.S,
+        "B×S×V (logits)": n.B * n.S * n.V,
+        "B×S×F (SwiGLU hidden)": n.B * n.S * n.F,
+        "B×S×d (residual stream)": n.B * n.S * n.d,
+        "V×d (embedding / LM head weight)": n.V * n.d,
+        "d×F (SwiGLU weight)": n.d * n.F,
+        "d×d (attention projection weight)": n.d * n.d,
+    }
+
+
+def describe_size(size_bytes: int, config: ModelConfig, batch: int, context: int) -> str:
+    """Which recurring tensor (and dtype) an allocation of `size_bytes` is, or "" if none fits.
+
+    The CUDA caching allocator rounds requests up to a multiple of 512 bytes, so a size matches a
+    tensor of e elements and b bytes per element when e*b <= size < e*b + 512.
+    """
+    for name, elements in tensor_shapes(config, batch, context).items():
+        for dtype, width in (("fp32", 4), ("bf16", 2)):
+            if elements * width <= size_bytes < elements * width + 512:
+                return f"{name}, {dtype}"
+    return ""

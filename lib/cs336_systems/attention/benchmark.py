@@ -10,12 +10,14 @@ One configuration (`benchmark_attention`) is a batch of random Q, K, V of shape
   2. `warmup` + `steps` forwards, then `warmup` + `steps` backwards (each after an untimed
      forward), synchronizing after every step, timed with timeit.default_timer.
 
+The memory before the backward is counted from the allocator's state before Q, K, V exist.
 A configuration that runs out of memory becomes a row with status "OOM" and the phase it failed
 in. A memory budget can be imposed: on CUDA through the allocator's per-process memory fraction
 (a real OOM), on CPU by `SavedForBackward` raising the same torch.OutOfMemoryError once the inputs
 plus the saved tensors pass the budget, so the OOM path runs in the CPU profile too.
 
-Around it: `attention_sweep` (the grid, then doubling the sequence length until OOM),
+Around it: `attention_sweep` (the grid, then doubling the sequence length until OOM; on CUDA each
+d_model's grid in a fresh process and a fresh process after every OOM, see `benchmark_worker`),
 `naive_attention_memory` (the analytic accounting) and `quadratic_fit` for notebook 07,
 `merge_compiled` for notebook 08, `peak_memory_sweep` and `accuracy_table` (errors of O, L,
 dQ, dK, dV against float64) for notebook 09.
@@ -23,17 +25,22 @@ dQ, dK, dV against float64) for notebook 09.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import timeit
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from cs336_systems.attention import AttentionFn
+from cs336_systems.attention import AttentionFn, get_attention
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
 from cs336_systems.profiling.ranges import annotated
 
@@ -160,6 +167,7 @@ def benchmark_attention(
     row = dict(batch=batch, seq_len=seq_len, d_model=d_model, dtype=str(dtype).removeprefix("torch."), is_causal=is_causal)
     phase = "inputs"
     q = k = v = out = grad = None
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     try:
         q, k, v = random_qkv((batch, seq_len, d_model), device=device, dtype=dtype)
         phase = "forward"
@@ -171,7 +179,7 @@ def benchmark_attention(
         saved.check_budget(out)
         synchronize(device)
         first_call = timeit.default_timer() - start
-        in_use = torch.cuda.memory_allocated(device) if device.type == "cuda" else saved.live_bytes(out)
+        in_use = torch.cuda.memory_allocated(device) - baseline if device.type == "cuda" else saved.live_bytes(out)
         phase = "backward"
         grad = torch.randn_like(out)
         out.backward(grad)
@@ -204,8 +212,8 @@ def benchmark_attention(
     return row
 
 
-class _CudaMemoryCap:
-    """Caps this process's share of CUDA memory for the duration of a sweep (then restores it)."""
+class CudaMemoryCap:
+    """Caps this process's share of CUDA memory while active (then restores it); a no-op elsewhere."""
 
     def __init__(self, device: torch.device, budget_bytes: int | None):
         self.device, self.budget_bytes = device, budget_bytes
@@ -220,8 +228,74 @@ class _CudaMemoryCap:
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
 
 
+def allocate_library_workspaces(device: torch.device) -> None:
+    """One tiny matmul forward and backward, so that cuBLAS's per-thread workspaces (tens of MiB,
+    from the caching allocator, one for the main thread and one for autograd's) exist before a
+    configuration's memory is read instead of being counted in the first one."""
+    if device.type != "cuda":
+        return
+    x = torch.ones(16, 16, device=device, requires_grad=True)
+    (x @ x).sum().backward()
+    synchronize(device)
+
+
+def resolve_implementation(spec: str | AttentionFn) -> AttentionFn:
+    """A callable as is; a registry name of `get_attention`; "compiled:NAME" for
+    torch.compile(NAME, dynamic=True), one symbolic-shape graph for every sequence length and head
+    dimension, so a sweep compiles once and never reaches the recompilation limit."""
+    if callable(spec):
+        return spec
+    name = spec.removeprefix("compiled:")
+    fn = get_attention(name)
+    return torch.compile(fn, dynamic=True) if name != spec else fn
+
+
+Run = tuple[int, str]  # (seq_len, implementation label)
+
+
+def run_in_process(
+    implementations: Mapping[str, AttentionFn], d_model: int, runs: Sequence[Run], settings: dict
+) -> Iterator[dict]:
+    """Rows of `runs` in order, stopping after the first out-of-memory row."""
+    for n, label in runs:
+        row = dict(implementation=label, **benchmark_attention(implementations[label], seq_len=n, d_model=d_model, **settings))
+        yield row
+        if row["status"] == "OOM":
+            return
+
+
+def run_in_subprocess(specs: Mapping[str, str], d_model: int, runs: Sequence[Run], settings: dict) -> Iterator[dict]:
+    """`run_in_process` in a fresh Python process (`benchmark_worker`), rows streamed back as JSON lines.
+
+    Whatever an out-of-memory leaves behind on the device (the worker stops at the first) dies with
+    the process, so it cannot change the memory or the threshold of the next configuration.
+    """
+    job = dict(
+        implementations=dict(specs), d_model=d_model, runs=[list(r) for r in runs],
+        settings={**settings, "device": str(settings["device"]), "dtype": str(settings["dtype"]).removeprefix("torch.")},
+    )
+    env = os.environ.copy()
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "cs336_systems.attention.benchmark_worker", json.dumps(job)]
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+        received = 0
+        for line in proc.stdout:
+            if line.startswith("{"):
+                received += 1
+                yield json.loads(line)
+        proc.wait()
+        if proc.returncode != 0 or received == 0:
+            stderr.seek(0)
+            raise RuntimeError(
+                f"attention benchmark subprocess (d_model={d_model}, runs={runs}) failed with exit code "
+                f"{proc.returncode} after {received} rows: {stderr.read().strip()[-2000:]}"
+            )
+
+
 def attention_sweep(
-    implementations: Mapping[str, AttentionFn],
+    implementations: Mapping[str, AttentionFn | str],
     d_models: Sequence[int],
     seq_lens: Sequence[int],
     *,
@@ -234,46 +308,64 @@ def attention_sweep(
     memory_budget_bytes: int | None = None,
     until_oom: bool = True,
     max_seq_len: int = 2**18,
+    isolate: bool | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Every implementation at every (d_model, seq_len); OOM rows; then, per d_model, sequence
     lengths keep doubling past the grid (`extended` rows) until each implementation has run out
     of memory (or `max_seq_len`), so "at what size" has a measured answer.
 
-    torch.compiler.reset() runs before each configuration: a compiled implementation then
-    compiles once for that shape (in its first call) and never hits the recompilation limit.
+    `implementations` maps a label to a callable or to a spec of `resolve_implementation`
+    ("naive", "compiled:naive"). With `isolate` (default: on CUDA) the configurations run in fresh
+    processes: the grid of one d_model in one, and after every out-of-memory the remaining ones in
+    a new one, so one configuration's OOM cannot change the next one's memory. Isolation needs
+    specs (a process cannot receive a callable). In one process, resolved specs are shared by all
+    configurations (a compiled one compiles in its first call).
     """
     device = torch.device(device)
     if not implementations or not d_models or not seq_lens:
         raise ValueError("attention_sweep needs at least one implementation, one d_model and one seq_len")
+    isolate = device.type == "cuda" if isolate is None else isolate
+    if isolate and not all(isinstance(spec, str) for spec in implementations.values()):
+        raise ValueError("isolated sweeps need implementation specs (names such as 'naive' or 'compiled:naive'), not callables")
+    settings = dict(
+        batch=batch, device=device, dtype=dtype, is_causal=is_causal, warmup=warmup, steps=steps,
+        memory_budget_bytes=memory_budget_bytes,
+    )
+    if isolate:
+        def run(d: int, runs: Sequence[Run]) -> Iterator[dict]:
+            return run_in_subprocess(implementations, d, runs, settings)
+    else:
+        resolved = {label: resolve_implementation(spec) for label, spec in implementations.items()}
+        allocate_library_workspaces(device)
+
+        def run(d: int, runs: Sequence[Run]) -> Iterator[dict]:
+            with CudaMemoryCap(device, memory_budget_bytes):
+                yield from run_in_process(resolved, d, runs, settings)
+
     rows = []
     bar = tqdm(desc="attention", disable=not progress, leave=False)
+    fitting: set[str] = set()
 
-    def run(name: str, fn: AttentionFn, d: int, n: int, extended: bool) -> dict:
-        if "torch._dynamo" in sys.modules:  # else nothing was compiled, and importing it costs seconds
-            torch.compiler.reset()
-        bar.set_postfix_str(f"{name} d={d} seq={n}")
-        row = benchmark_attention(
-            fn, batch, n, d, device=device, dtype=dtype, is_causal=is_causal,
-            warmup=warmup, steps=steps, memory_budget_bytes=memory_budget_bytes,
-        )
-        bar.update()
-        rows.append(dict(implementation=name, **row, extended=extended))
-        return row
+    def run_all(d: int, runs: list[Run], extended: bool) -> None:
+        while runs:  # a batch of runs ends early at an OOM: the rest go to a fresh run
+            bar.set_postfix_str(f"d={d} seq={runs[0][0]}")
+            done = 0
+            for row in run(d, runs):
+                rows.append(dict(row, extended=extended))
+                done += 1
+                bar.update()
+                if row["status"] == "OOM":
+                    fitting.discard(row["implementation"])
+            runs = runs[done:]
 
-    with _CudaMemoryCap(device, memory_budget_bytes):
-        for d in d_models:
-            fitting = set(implementations)
-            for n in sorted(seq_lens):
-                for name, fn in implementations.items():
-                    if run(name, fn, d, n, extended=False)["status"] == "OOM":
-                        fitting.discard(name)
-            n = max(seq_lens)
-            while until_oom and fitting and 2 * n <= max_seq_len:
-                n *= 2
-                for name in sorted(fitting, key=list(implementations).index):
-                    if run(name, implementations[name], d, n, extended=True)["status"] == "OOM":
-                        fitting.discard(name)
+    for d in d_models:
+        fitting = set(implementations)
+        run_all(d, [(n, label) for n in sorted(seq_lens) for label in implementations], extended=False)
+        n = max(seq_lens)
+        while until_oom and fitting and 2 * n <= max_seq_len:
+            n *= 2
+            run_all(d, [(n, label) for label in implementations if label in fitting], extended=True)
     bar.close()
     return pd.DataFrame(rows)
 
@@ -343,7 +435,7 @@ def peak_memory_sweep(
     """
     device = torch.device(device)
     rows = []
-    with _CudaMemoryCap(device, memory_budget_bytes):
+    with CudaMemoryCap(device, memory_budget_bytes):
         for n in tqdm(sorted(seq_lens), desc="peak memory", disable=not progress, leave=False):
             for name, fn in implementations.items():
                 row = dict(implementation=name, batch=batch, seq_len=n, d_model=d_model, dtype=str(dtype).removeprefix("torch."))
@@ -432,17 +524,26 @@ def accuracy_table(
     cases: Iterable[dict],
     *,
     device: torch.device | str = "cpu",
+    progress: bool = False,
 ) -> pd.DataFrame:
     """One row per implementation × case × tensor; `cases` hold shape_q, shape_kv, dtype, is_causal.
 
     `passes` applies the bars of the tests: norm-wise error under 1e-3 in fp32, 1e-2 in fp16/bf16
-    (a NaN never passes).
+    (a NaN never passes). `progress` prints a line per case (with its seconds, kernel compilation
+    included), so a run cut off by a time limit shows how far it got.
     """
     rows = []
+    cases = list(cases)
     for name, apply in implementations.items():
         for case in cases:
             dtype = case["dtype"]
-            for err in attention_errors(apply, case["shape_q"], case["shape_kv"], dtype=dtype, is_causal=case["is_causal"], device=device):
+            start = timeit.default_timer()
+            errors = attention_errors(apply, case["shape_q"], case["shape_kv"], dtype=dtype, is_causal=case["is_causal"], device=device)
+            if progress:
+                worst = max(e["relative_error"] for e in errors)
+                print(f"{name}: q {tuple(case['shape_q'])}, k/v {tuple(case['shape_kv'])}, {str(dtype).removeprefix('torch.')}, "
+                      f"causal={case['is_causal']}: worst relative error {worst:.1e}, {timeit.default_timer() - start:.1f} s", flush=True)
+            for err in errors:
                 rows.append(dict(
                     implementation=name,
                     shape_q=str(tuple(case["shape_q"])),

@@ -37,7 +37,7 @@ def flash_bwd_dkdv_kernel(
     stride_dkb, stride_dkk, stride_dkd,
     stride_dvb, stride_dvk, stride_dvd,
     N_QUERIES, N_KEYS,
-    scale,
+    scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
     Q_TILE_SIZE: tl.constexpr,
@@ -133,7 +133,7 @@ def flash_bwd_dq_kernel(
     stride_lb, stride_lq,
     stride_dqb, stride_dqq, stride_dqd,
     N_QUERIES, N_KEYS,
-    scale,
+    scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
     Q_TILE_SIZE: tl.constexpr,

@@ -38,7 +38,7 @@ def flash_fwd_kernel(
     stride_ob, stride_oq, stride_od,
     stride_lb, stride_lq,
     N_QUERIES, N_KEYS,
-    scale,
+    scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
     Q_TILE_SIZE: tl.constexpr,

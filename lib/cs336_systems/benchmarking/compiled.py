@@ -53,15 +53,17 @@ def best_versus_llama(
     attentions: Sequence[str] = ("sdpa", "flash_triton"),
     ceiling_tflops: float | None = None,
     bar: float = 0.8,
+    compile: bool = True,
     progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(summary, candidates): per (size, context), our best compiled bf16 train step vs Llama's.
+    """(summary, candidates): per (size, context), our best bf16 train step (compiled unless
+    `compile=False`) vs Llama's (eager, as shipped).
 
     summary columns: size, context_length, best_attention, ours_ms, llama_ms, ratio, passes
     (ratio <= bar), and MFU of both when `ceiling_tflops` is given. `candidates` has every timed
     configuration, Llama included, with its status.
     """
-    base = replace(base, mode="train-step", precision="bf16", compile=True)
+    base = replace(base, mode="train-step", precision="bf16", compile=compile)
     rows, summary = [], []
     pairs = [(s, c) for s in sizes for c in contexts]
     for size, context in tqdm(pairs, desc="best vs Llama", disable=not progress, leave=False):

@@ -19,6 +19,13 @@ CATEGORIES = ("matmul", "attention", "softmax", "reduction", "elementwise", "cop
 
 # Patterns are tried in order; the first that matches names the category.
 _CATEGORY_PATTERNS: list[tuple[str, re.Pattern]] = [
+    # Autograd nodes on a CPU trace ("autograd::engine::evaluate_function: MmBackward0") are
+    # sorted by the operation they differentiate; view nodes move no data.
+    ("other", re.compile(r"(^|: )(View|UnsafeView|Permute|Transpose|Squeeze|Unsqueeze|Expand|Reshape|Alias|T|Slice|Select|AsStrided)Backward\d*$")),
+    ("matmul", re.compile(r"(^|: )(Mm|Bmm|Addmm|Baddbmm|Matmul|Linear)Backward\d*$")),
+    ("reduction", re.compile(r"(^|: )(Sum|Mean|Amax|Max|Min|Logsumexp|Norm)Backward\d*$")),
+    ("copy", re.compile(r"(^|: )(Gather|Index|Embedding|Cat|Stack|Copy|ToCopy|Clone)Backward\d*$")),
+    ("elementwise", re.compile(r"(^|: )\w+Backward\d*$")),
     ("communication", re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter|broadcast|c10d::|gloo", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|sdpa|_efficient_attention|_attn_fwd|_attn_bwd", re.I)),
     (

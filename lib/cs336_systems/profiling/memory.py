@@ -291,3 +291,19 @@ def _phase_x(phase: dict, times: np.ndarray, x: str) -> tuple[float, float]:
         return (phase["start_us"] - t0) / 1e3, (phase["end_us"] - t0) / 1e3
     # First event at or after the phase's start, and the last event before its end.
     return float(np.searchsorted(times, phase["start_us"])), float(np.searchsorted(times, phase["end_us"]) - 1)
+
+
+def phase_peaks(allocations: pd.DataFrame, phases: Sequence[dict]) -> pd.DataFrame:
+    """Active bytes at the start, the peak and the end of each recorded phase."""
+    total = active_memory(allocations, pd.Series("all", index=allocations.index))["all"].to_numpy()
+    times = allocations.attrs["event_times_us"]
+    rows = []
+    for p in phases:
+        first = int(np.searchsorted(times, p["start_us"]))           # first event in the phase
+        last = int(np.searchsorted(times, p["end_us"], side="right"))  # one past its last event
+        # total[i + 1] is the active memory after event i; total[0] is before the first event.
+        at_start = total[first]
+        inside = total[first + 1 : last + 1]
+        rows.append(dict(phase=p["name"], start_bytes=int(at_start), peak_bytes=int(max(inside.max(initial=0), at_start)),
+                         end_bytes=int(total[last]), events=last - first))
+    return pd.DataFrame(rows)

@@ -16,12 +16,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from cs336_systems.benchmarking.harness import BenchmarkConfig, TrainingSetup, build, free_device_memory, is_out_of_memory
 from cs336_systems.profiling.trace import load_trace
@@ -102,17 +104,20 @@ def live_training_bytes(setup: TrainingSetup) -> int:
     return sum(storages.values())
 
 
-def measure_peak_memory(config: BenchmarkConfig) -> dict:
+def measure_peak_memory(config: BenchmarkConfig, wrap: Callable[[nn.Module], nn.Module] | None = None) -> dict:
     """One row: the configuration, status, bytes live before the measured step, and the step's peak.
 
     `peak_bytes` = live-before + the peak allocated above it during one step, after `config.warmup`
     warm-up steps (so AdamW's state exists, as in steady training). OOM becomes status "OOM".
+    `wrap` replaces the built model by a wrapper around it (same parameters), e.g. a checkpointing one.
     """
     row = config.label()
     device = config.resolved_device()
     setup = None
     try:
         setup = build(config)
+        if wrap is not None:
+            setup = dataclasses.replace(setup, model=wrap(setup.model))
         for _ in range(config.warmup):
             setup.step()
         if device.type == "cuda":

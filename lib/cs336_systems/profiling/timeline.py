@@ -21,7 +21,7 @@ import pandas as pd
 from cs336_systems.profiling.kernel_names import CATEGORIES, kernel_category
 from cs336_systems.profiling.trace import GPU_KINDS, load_trace, range_instances
 
-__all__ = ["CATEGORY_COLORS", "lane_events", "load_trace", "plot_timeline", "timeline_window"]
+__all__ = ["CATEGORY_COLORS", "lane_events", "load_trace", "plot_timeline", "range_span", "timeline_window"]
 
 CATEGORY_COLORS = dict(zip(CATEGORIES, [
     "#0173b2", "#56b4e9", "#cc78bc", "#029e73", "#de8f05", "#949494", "#d55e00", "#ece133", "#ca9161",
@@ -54,6 +54,21 @@ def timeline_window(events: pd.DataFrame, window: str | tuple[float, float] | No
     if end <= start:
         raise ValueError(f"timeline window must have end > start, got {window}")
     return float(start), float(end)
+
+
+def range_span(events: pd.DataFrame, first: str, last: str, after_us: float = float("-inf"), gpu: bool = True) -> tuple[float, float]:
+    """(start_us, end_us) from the first `first` range that starts after `after_us` (CPU time) to the
+    end of the first `last` range after that; on the GPU copies of the ranges when the trace has one
+    per CPU range (they line up with the kernels), else on the CPU ranges."""
+    starts, ends = range_instances(events, first), range_instances(events, last)
+    i, j = int((starts["ts_us"] < after_us).sum()), int((ends["ts_us"] < after_us).sum())
+    if i >= len(starts) or j >= len(ends):
+        raise ValueError(f"no {first!r} ... {last!r} ranges after t = {after_us} us")
+    if gpu:
+        gpu_starts, gpu_ends = range_instances(events, first, gpu=True), range_instances(events, last, gpu=True)
+        if len(gpu_starts) == len(starts) and len(gpu_ends) == len(ends):
+            starts, ends = gpu_starts, gpu_ends
+    return float(starts.iloc[i]["ts_us"]), float(ends.iloc[j]["end_us"])
 
 
 def plot_timeline(

@@ -103,14 +103,20 @@ def profile_benchmark(
     return ProfiledRun(config, "ok", events, path if keep else None, [t * 1e3 for t in measured])
 
 
-def compute_events(events: pd.DataFrame, within: Sequence[str] | str | None = None) -> pd.DataFrame:
-    """Kernels (GPU trace) or CPU operators with their self time (CPU trace) inside the ranges.
+def compute_events(
+    events: pd.DataFrame, within: Sequence[str] | str | None = None, exclude: Sequence[str] | str | None = None,
+) -> pd.DataFrame:
+    """Kernels (GPU trace) or CPU operators with their self time (CPU trace) inside every `within`
+    range and outside every `exclude` range.
 
     Columns: name, kernel (short name), category, time_us, plus the trace columns.
     """
     gpu = events["kind"].isin(GPU_KINDS).any()
     kinds = GPU_KINDS if gpu else ("cpu_op",)
-    selected = events_in_ranges(events, within, kinds=kinds).copy()
+    selected = events_in_ranges(events, within, kinds=kinds)
+    for name in [exclude] if isinstance(exclude, str) else exclude or []:
+        selected = selected[~selected.index.isin(events_in_ranges(events, name, kinds=kinds).index)]
+    selected = selected.copy()
     selected["time_us"] = selected["dur_us"] if gpu else selected["self_us"]
     names = selected["name"].unique()
     selected["kernel"] = selected["name"].map({n: short_kernel_name(n) for n in names})
@@ -123,14 +129,16 @@ def kernel_summary(
     within: Sequence[str] | str | None = MEASURED,
     per: str | None = None,
     top: int | None = None,
+    exclude: Sequence[str] | str | None = None,
 ) -> pd.DataFrame:
     """Per kernel (or CPU operator): total time, instances, average, share of the selection's time.
 
-    `within` restricts to launches inside every named range (e.g. ["measured step", "forward"]);
-    `per="forward"` adds `instances_per_range`: instances divided by how many such ranges the
-    selection holds (e.g. invocations per forward pass). Sorted by total time, largest first.
+    `within` restricts to launches inside every named range (e.g. ["measured step", "forward"]),
+    `exclude` drops launches inside any of its ranges (e.g. "optimizer step"). `per="forward"`
+    adds `instances_per_range`: instances divided by how many such ranges `within` holds (e.g.
+    invocations per forward pass). Sorted by total time, largest first.
     """
-    compute = compute_events(events, within)
+    compute = compute_events(events, within, exclude)
     total = compute["time_us"].sum()
     summary = (
         compute.groupby("name")
@@ -152,9 +160,11 @@ def kernel_summary(
     return summary.head(top) if top else summary
 
 
-def category_summary(events: pd.DataFrame, within: Sequence[str] | str | None = MEASURED) -> pd.DataFrame:
+def category_summary(
+    events: pd.DataFrame, within: Sequence[str] | str | None = MEASURED, exclude: Sequence[str] | str | None = None,
+) -> pd.DataFrame:
     """Total time and share per kernel category (matmul, elementwise, ...) inside the ranges."""
-    compute = compute_events(events, within)
+    compute = compute_events(events, within, exclude)
     total = compute["time_us"].sum()
     summary = compute.groupby("category")["time_us"].agg(total_us="sum", instances="size").reset_index()
     summary["total_ms"] = summary["total_us"] / 1e3
