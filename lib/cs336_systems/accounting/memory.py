@@ -24,13 +24,18 @@ element instead of 12 (6 with CPU autocast, which keeps exp/sum in bf16).
 Flash-style attention (sdpa, flash_pytorch, flash_triton) saves q, k, v, the output and the
 logsumexp (B H S, fp32) instead of the S^2 tensors.
 
-Peak of a step (steady state, after the first optimizer step):
+Peak of a step (steady state, after the first optimizer step; P parameters, O AdamW state):
     forward (no_grad)   P + batch + the largest set of temporaries alive inside one layer
-    with backward       P + O + max(A + T_start, G + T_end), T_end = AdamW's largest temporary
-activations A shrink and gradients G grow layer by layer during the backward, so the peak sits at
-one end: its start (all activations, the loss's (B, S, V) gradient, the first layer's backward
-temporaries) or its end (all gradients). With `checkpoint_every=k` only each group's input
-(B S d, fp32) is saved per group, and recomputing one group adds k blocks' activations.
+    with backward       P + batch + O + the largest of
+                          - the start of the backward: all saved activations + the loss's four
+                            (B, S, V) fp32 gradient temporaries,
+                          - each sublayer's backward, walking down the stack: the activations
+                            still saved + the gradients already made + that sublayer's temporaries
+                            (for naive attention, five score-sized tensors in the softmax's backward),
+                          - the end: all gradients + AdamW's one parameter-sized temporary.
+With recomputation (`checkpoint_every=k` blocks, or `checkpoint_sublayers=s` halves of blocks)
+only each segment's input (B S d, fp32) is saved, and a segment's activations exist only while
+its backward runs. Checked against measured peaks on CPU in tests/test_memory_model.py.
 """
 
 from __future__ import annotations
@@ -42,7 +47,11 @@ import pandas as pd
 
 from cs336_systems.model import ModelConfig
 
-MIB = 2**20
+__all__ = [
+    "FUSED_ATTENTION", "Dims", "batch_bytes", "block_saved_tensors", "describe_size", "head_saved_tensors", "memory_estimate",
+    "parameter_count", "residual_stream_bytes", "saved_activation_bytes", "tensor_shapes",
+]
+
 FUSED_ATTENTION = ("sdpa", "flash_pytorch", "flash_triton")
 PRECISIONS = ("fp32", "bf16")
 
@@ -320,16 +329,6 @@ def memory_estimate(
     out["peak"] = params + tokens + optimizer + step_peak
     out["peak_at"] = peak_at
     return out
-
-
-def memory_table(config: ModelConfig, rows: list[dict], **common) -> pd.DataFrame:
-    """memory_estimate for each dict of arguments (batch, context, mode, ...), in MiB."""
-    records = []
-    for r in rows:
-        args = {**common, **r}
-        est = memory_estimate(config, **args)
-        records.append({**args, **{k: (v / MIB if isinstance(v, int) else v) for k, v in est.items()}})
-    return pd.DataFrame(records)
 
 
 def tensor_shapes(config: ModelConfig, batch: int, context: int) -> dict[str, int]:

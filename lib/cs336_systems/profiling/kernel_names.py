@@ -43,7 +43,7 @@ _CATEGORY_PATTERNS: list[tuple[str, re.Pattern]] = [
     (
         "elementwise",
         re.compile(
-            r"elementwise|unrolled|vectorized|triton_poi_|aten::(add|sub|rsub|mul|div|neg|exp|log|pow|sqrt|rsqrt|"
+            r"elementwise|unrolled|vectorized|triton_poi_|triu_tril|aten::(add|sub|rsub|mul|div|neg|exp|log|pow|sqrt|rsqrt|"
             r"reciprocal|sigmoid|silu|tanh|gelu|relu|sin|cos|abs|clamp|maximum|minimum|where|masked_fill|tril|triu|"
             r"fill|zero|ones|zeros|full|addcmul|addcdiv|lerp|eq|ne|lt|le|gt|ge|bitwise_not|logical_not|"
             r"\w+_backward)_?$",
@@ -66,10 +66,6 @@ def kernel_category(name: str) -> str:
         if pattern.search(name):
             return category
     return "other"
-
-
-def is_matmul(name: str) -> bool:
-    return kernel_category(name) == "matmul"
 
 
 def short_kernel_name(name: str, max_len: int = 80) -> str:

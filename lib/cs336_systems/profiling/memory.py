@@ -25,6 +25,7 @@ import contextlib
 import json
 import pickle
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,12 @@ def load_snapshot(path: str | Path) -> tuple[dict, list[dict]]:
         raise ValueError(f"{path} is not a CUDA memory snapshot (needs 'segments' and 'device_traces')")
     ppath = phases_path(path)
     phases = json.loads(ppath.read_text()) if ppath.exists() else []
+    times = [e["time_us"] for trace in snapshot["device_traces"] for e in trace if "time_us" in e]
+    if phases and times:
+        inside = [p for p in phases if p["end_us"] >= min(times) and p["start_us"] <= max(times)]
+        if len(inside) < len(phases):
+            warnings.warn(f"{len(phases) - len(inside)} phase mark(s) of {path} fall outside the snapshot's time range; dropped")
+        phases = inside
     return snapshot, phases
 
 

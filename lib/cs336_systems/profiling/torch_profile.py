@@ -69,25 +69,31 @@ def profile_benchmark(
     record_shapes: bool = False,
     with_stack: bool = False,
     profile_memory: bool = False,
+    profiled_warmup: int = 1,
 ) -> ProfiledRun:
     """Run `config` (warm-up + measured steps) under torch.profiler; OOM becomes status "OOM".
 
-    The trace goes to `trace_path` (Chrome JSON, opens in Perfetto / chrome://tracing); with no
-    path it is written to a temporary file, loaded, and deleted.
+    Only the last `profiled_warmup` warm-up steps run under the profiler (the earlier ones before
+    it starts), which keeps traces small while still showing why the "measured step" range filter
+    matters. The trace goes to `trace_path` (Chrome JSON, or gzipped if the name ends in .gz; it
+    opens in Perfetto / chrome://tracing); with no path it goes to a temporary file, is loaded and
+    deleted.
     """
+    if profiled_warmup < 0:
+        raise ValueError(f"profiled_warmup must be >= 0, got {profiled_warmup}")
     device = config.resolved_device()
     setup = None
-    keep = trace_path is not None
-    path = Path(trace_path) if keep else Path(tempfile.mkstemp(suffix=".json", prefix="trace_")[1])
     try:
         setup = build(config)
+        profiled = min(profiled_warmup, config.warmup)
+        time_steps(setup.step, config.warmup - profiled, 0, device)
         with torch.profiler.profile(
             activities=profiler_activities(device),
             record_shapes=record_shapes,
             with_stack=with_stack,
             profile_memory=profile_memory,
         ) as prof:
-            _, measured = time_steps(setup.step, config.warmup, config.steps, device)
+            _, measured = time_steps(setup.step, profiled, config.steps, device)
     except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
         if not is_out_of_memory(err):
             raise
@@ -95,12 +101,15 @@ def profile_benchmark(
     finally:
         del setup
         free_device_memory()
+    step_ms = [t * 1e3 for t in measured]
+    if trace_path is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+            return ProfiledRun(config, "ok", load_trace(Path(tmp) / "trace.json"), None, step_ms)
+    path = Path(trace_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
-    events = load_trace(path)
-    if not keep:
-        path.unlink(missing_ok=True)
-    return ProfiledRun(config, "ok", events, path if keep else None, [t * 1e3 for t in measured])
+    return ProfiledRun(config, "ok", load_trace(path), path, step_ms)
 
 
 def compute_events(
