@@ -9,9 +9,8 @@ from cs336_systems.report.run import discover, main
 
 GOOD = [
     nbformat.v4.new_code_cell("profile = None", metadata={"tags": ["parameters"]}),
+    nbformat.v4.new_code_cell("from cs336_systems.report import setup_notebook\nctx = setup_notebook('01_good', profile=profile)"),
     nbformat.v4.new_code_cell(
-        "from cs336_systems.report import setup_notebook\n"
-        "ctx = setup_notebook('01_good', profile=profile)\n"
         "ctx.md(f'profile is {ctx.profile}')\nctx.headline('answer', 42)\nctx.not_run('a 2-GPU part', 'one GPU here')"
     ),
 ]
