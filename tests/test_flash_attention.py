@@ -147,6 +147,26 @@ def test_triton_matches_float64(small_tiles, triton_device, shape, is_causal, dt
     check_against_reference(FlashAttentionTriton.apply, *shape, dtype, is_causal, triton_device)
 
 
+# Lengths that leave full tiles, causal-diagonal tiles and a ragged edge in each kernel's loops.
+UNEVEN_SHAPES = {
+    "ragged_70": ((2, 70, 16), (2, 70, 16)),
+    "tiled_64": ((1, 64, 16), (1, 64, 16)),
+    "q40_k90": ((1, 40, 16), (1, 90, 16)),
+    "q90_k40": ((1, 90, 16), (1, 40, 16)),
+}
+
+
+@pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=["q32_k16", "q16_k32"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", UNEVEN_SHAPES.values(), ids=UNEVEN_SHAPES.keys())
+def test_triton_unequal_tiles_match_float64(small_tiles, triton_device, monkeypatch, tiles, is_causal, shape):
+    """Q_TILE != K_TILE moves the boundary between the full and the masked loops off the tile grid of the other side."""
+    if is_causal and shape[0][-2] > shape[1][-2]:
+        pytest.skip("causal attention needs N_q <= N_k")
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
+    check_against_reference(FlashAttentionTriton.apply, *shape, torch.float32, is_causal, triton_device)
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_triton_with_pytorch_backward(small_tiles, triton_device, monkeypatch, is_causal):
     monkeypatch.setattr(FlashAttentionTriton, "backward_impl", "pytorch")

@@ -17,6 +17,7 @@ import torch
 import triton
 from torch.autograd.function import once_differentiable
 
+from cs336_systems.attention.flash_configs import KernelConfig, config_for
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch, flash_backward
 from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
@@ -76,23 +77,6 @@ def head_dim_tile(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def launch_config(d_tile: int, element_size: int) -> dict[str, int]:
-    """Tile sizes, warps and pipeline stages per head dimension, small enough for H100 shared memory.
-
-    The backward keeps two (K_TILE, D) tiles resident and streams two (Q_TILE, D) tiles per stage;
-    in fp32 from d = 128 on, a second pipeline stage would not leave room for layout scratch.
-    Untuned defaults: an autotuned choice replaces them when speed matters.
-    """
-    if d_tile <= 64:
-        config = dict(q_tile=64, k_tile=64, num_warps=4)
-    elif d_tile <= 128:
-        config = dict(q_tile=64, k_tile=32, num_warps=4)
-    else:
-        config = dict(q_tile=32, k_tile=32, num_warps=8)
-    config["num_stages"] = 1 if element_size >= 4 and d_tile >= 128 else 2
-    return config
-
-
 def input_precision(dtype: torch.dtype) -> str:
     """How tl.dot multiplies fp32 tiles, following torch.get_float32_matmul_precision().
 
@@ -112,20 +96,23 @@ class FlashAttentionTriton(torch.autograd.Function):
     `apply(q, k, v, is_causal=False, backward_impl=None)`. Class-level switches:
     `backward_impl` ("triton" | "pytorch"), the default when the call names none (read when the
     forward runs), and `tiles`, a (Q_TILE, K_TILE) pair of powers of two >= 16 that overrides
-    `launch_config` (the interpreter tests use 16).
+    the tiles of every kernel's configuration (`flash_configs.config_for`; the interpreter tests
+    use 16).
     """
 
     backward_impl: str = "triton"
     tiles: tuple[int, int] | None = None
 
     @staticmethod
-    def _config(d: int, dtype: torch.dtype) -> dict[str, int]:
-        config = launch_config(head_dim_tile(d), dtype.itemsize)
+    def _config(kernel: str, q: torch.Tensor, n_k: int, is_causal: bool) -> KernelConfig:
+        """`tiles` when set (same warps and stages), else the device's tuned configuration."""
+        n_q, d = q.shape[-2:]
+        config = config_for(kernel, head_dim_tile(d), q.dtype, is_causal, n_q, n_k, q.device)
         tiles = FlashAttentionTriton.tiles
         if tiles is not None:
             if any(t < 16 or t & (t - 1) for t in tiles):
                 raise ValueError(f"FlashAttentionTriton.tiles must be powers of two >= 16, got {tiles}")
-            config.update(q_tile=tiles[0], k_tile=tiles[1])
+            config = KernelConfig(tiles[0], tiles[1], config.num_warps, config.num_stages)
         return config
 
     @staticmethod
@@ -141,16 +128,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         batch = q3.shape[0]
         out = torch.empty((batch, n_q, d), dtype=q.dtype, device=q.device)
         lse = torch.empty((batch, n_q), dtype=torch.float32, device=q.device)
-        cfg = FlashAttentionTriton._config(d, q.dtype)
-        grid = (triton.cdiv(n_q, cfg["q_tile"]), batch)
-        flash_fwd_kernel[grid](
-            q3, k3, v3, out, lse,
-            *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(), *lse.stride(),
-            n_q, n_k, d**-0.5,
-            D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=cfg["q_tile"], K_TILE_SIZE=cfg["k_tile"],
-            is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        )
+        launch_forward(q3, k3, v3, out, lse, bool(is_causal), FlashAttentionTriton._config("forward", q, n_k, is_causal))
         out = out.view(q.shape)
         ctx.save_for_backward(lse.view(*lead, n_q), q, k, v, out)
         ctx.is_causal = bool(is_causal)
@@ -193,25 +171,49 @@ def flash_backward_triton(
     do3 = grad_out.reshape(-1, n_q, d).contiguous()
     lse2 = lse.reshape(-1, n_q).contiguous()
     delta = (out.reshape(-1, n_q, d).float() * do3.float()).sum(dim=-1)  # same (batch, N_q) layout as lse2
-    batch = q3.shape[0]
     grad_q = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
     grad_k = torch.empty(k3.shape, dtype=k.dtype, device=k.device)
     grad_v = torch.empty(v3.shape, dtype=v.dtype, device=v.device)
-    cfg = FlashAttentionTriton._config(d, q.dtype)
-    meta = dict(
-        D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=cfg["q_tile"], K_TILE_SIZE=cfg["k_tile"],
-        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
-    common = (*q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride())
-    flash_bwd_dkdv_kernel[(triton.cdiv(n_k, cfg["k_tile"]), batch)](
-        q3, k3, v3, do3, lse2, delta, grad_k, grad_v,
-        *common, *grad_k.stride(), *grad_v.stride(),
-        n_q, n_k, d**-0.5, **meta,
-    )
-    flash_bwd_dq_kernel[(triton.cdiv(n_q, cfg["q_tile"]), batch)](
-        q3, k3, v3, do3, lse2, delta, grad_q,
-        *common, *grad_q.stride(),
-        n_q, n_k, d**-0.5, **meta,
-    )
+    launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal,
+                FlashAttentionTriton._config("dkdv", q, n_k, is_causal))
+    launch_dq(q3, k3, v3, do3, lse2, delta, grad_q, is_causal, FlashAttentionTriton._config("dq", q, n_k, is_causal))
     return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape)
+
+
+def _meta(d: int, is_causal: bool, dtype: torch.dtype, config: KernelConfig) -> dict:
+    return dict(
+        D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=config.q_tile, K_TILE_SIZE=config.k_tile,
+        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+def launch_forward(q3, k3, v3, out, lse, is_causal: bool, config: KernelConfig) -> None:
+    """O and L of (batch, N, d) inputs into `out`, `lse`: grid (query tiles, batch)."""
+    (batch, n_q, d), n_k = q3.shape, k3.shape[1]
+    flash_fwd_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
+        q3, k3, v3, out, lse,
+        *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(), *lse.stride(),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
+    )
+
+
+def launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig) -> None:
+    """dK, dV into `grad_k`, `grad_v`: grid (key tiles, batch)."""
+    (batch, n_q, d), n_k = q3.shape, k3.shape[1]
+    flash_bwd_dkdv_kernel[(triton.cdiv(n_k, config.k_tile), batch)](
+        q3, k3, v3, do3, lse2, delta, grad_k, grad_v,
+        *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride(),
+        *grad_k.stride(), *grad_v.stride(),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
+    )
+
+
+def launch_dq(q3, k3, v3, do3, lse2, delta, grad_q, is_causal: bool, config: KernelConfig) -> None:
+    """dQ into `grad_q`: grid (query tiles, batch)."""
+    (batch, n_q, d), n_k = q3.shape, k3.shape[1]
+    flash_bwd_dq_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
+        q3, k3, v3, do3, lse2, delta, grad_q,
+        *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride(), *grad_q.stride(),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
+    )

@@ -12,9 +12,11 @@ owns dQ_i, so no two programs write the same tile. The key-tile program computes
 transposed tiles S^T = K^(j) Q_i^T directly, so P^T and dS^T come out as the products
 dV += P^T dO and dK += dS^T Q take them, and no (K_TILE, Q_TILE) tile is ever transposed.
 
-Masking: entries with a padded query or key (edge tiles) or, when causal, a key after the
-query (query r sits at position r + N_KEYS - N_QUERIES) get P = 0; causal loops skip the tiles
-where every entry is masked. Base-2 exponentials as in the forward kernel.
+Masking, as in the forward kernel: each loop is split into full tiles (every pair visible, no
+padding: no mask computed) and masked tiles (the causal diagonal and ragged edge tiles), where
+entries with a padded query or key or, when causal, a key after its query (query r sits at
+position r + N_KEYS - N_QUERIES) get P = 0. Tiles where every entry is masked are skipped.
+Base-2 exponentials as in the forward kernel.
 """
 
 from __future__ import annotations
@@ -22,7 +24,51 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cs336_systems.attention.flash_triton_forward import LOG2E
+from cs336_systems.attention.flash_triton_forward import LOG2E, load_tile
+
+
+@triton.jit
+def _dkdv_query_tiles(
+    dk, dv, k, v,
+    Q_block_ptr, dO_block_ptr, L_ptr, Delta_ptr, stride_lq,
+    q_lo, q_hi, key_pos, offset, qk_scale, N_QUERIES,
+    Q_TILE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    is_causal: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulate dK^(j), dV^(j) over query tiles [q_lo, q_hi); masks only when MASKED."""
+    Q_block_ptr = Q_block_ptr.advance((q_lo, 0))
+    dO_block_ptr = dO_block_ptr.advance((q_lo, 0))
+    for q_start in range(q_lo, q_hi, Q_TILE_SIZE):
+        q = load_tile(Q_block_ptr, MASKED, EVEN_D)
+        do = load_tile(dO_block_ptr, MASKED, EVEN_D)
+        query_index = q_start + tl.arange(0, Q_TILE_SIZE)
+        if MASKED:
+            in_range = query_index < N_QUERIES
+            lse = tl.load(L_ptr + query_index * stride_lq, mask=in_range, other=0.0)
+            delta = tl.load(Delta_ptr + query_index * stride_lq, mask=in_range, other=0.0)
+        else:
+            lse = tl.load(L_ptr + query_index * stride_lq)
+            delta = tl.load(Delta_ptr + query_index * stride_lq)
+
+        s_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # (K_TILE, Q_TILE)
+        p_t = tl.math.exp2(s_t * qk_scale - lse[None, :] * LOG2E)
+        if MASKED:
+            keep = query_index[None, :] < N_QUERIES
+            if is_causal:
+                keep = keep & (key_pos[:, None] <= query_index[None, :] + offset)
+            p_t = tl.where(keep, p_t, 0.0)
+
+        dv = tl.dot(p_t.to(do.dtype), do, acc=dv, input_precision=INPUT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, acc=dk, input_precision=INPUT_PRECISION)
+
+        Q_block_ptr = Q_block_ptr.advance((Q_TILE_SIZE, 0))
+        dO_block_ptr = dO_block_ptr.advance((Q_TILE_SIZE, 0))
+    return dk, dv
 
 
 @triton.jit
@@ -45,14 +91,22 @@ def flash_bwd_dkdv_kernel(
     is_causal: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    key_tile_index = tl.program_id(0)
+    key_tile_index = tl.program_id(0)  # causal: tile 0 sees every query, so the heaviest programs start first
     batch_index = tl.program_id(1).to(tl.int64)
     k_start = key_tile_index * K_TILE_SIZE
     offset = N_KEYS - N_QUERIES  # position of query 0
-    q_first = 0
+    EVEN_D: tl.constexpr = D == D_TILE
+
+    # Query tiles: masked [q_lo, q_full), full [q_full, q_full_end), masked [q_full_end, N_QUERIES).
+    q_lo = 0
+    q_full = 0
     if is_causal:
-        # The first query tile holding a query at or after this tile's first key.
-        q_first = (tl.maximum(k_start - offset, 0) // Q_TILE_SIZE) * Q_TILE_SIZE
+        # The first query tile holding a query at or after this tile's first key ...
+        q_lo = (tl.maximum(k_start - offset, 0) // Q_TILE_SIZE) * Q_TILE_SIZE
+        # ... and the first whose every query is at or after this tile's last key.
+        last_key_query = k_start + K_TILE_SIZE - 1 - offset
+        q_full = q_lo + tl.cdiv(tl.maximum(last_key_query - q_lo, 0), Q_TILE_SIZE) * Q_TILE_SIZE
+    q_full_end = q_full + (tl.maximum(N_QUERIES - q_full, 0) // Q_TILE_SIZE) * Q_TILE_SIZE
 
     K_block_ptr = tl.make_block_ptr(
         K_ptr + batch_index * stride_kb, shape=(N_KEYS, D), strides=(stride_kk, stride_kd),
@@ -64,51 +118,39 @@ def flash_bwd_dkdv_kernel(
     )
     Q_block_ptr = tl.make_block_ptr(
         Q_ptr + batch_index * stride_qb, shape=(N_QUERIES, D), strides=(stride_qq, stride_qd),
-        offsets=(q_first, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
+        offsets=(0, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
     )
     dO_block_ptr = tl.make_block_ptr(
         dO_ptr + batch_index * stride_dob, shape=(N_QUERIES, D), strides=(stride_doq, stride_dod),
-        offsets=(q_first, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
+        offsets=(0, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
     )
-    L_block_ptr = tl.make_block_ptr(
-        L_ptr + batch_index * stride_lb, shape=(N_QUERIES,), strides=(stride_lq,),
-        offsets=(q_first,), block_shape=(Q_TILE_SIZE,), order=(0,),
-    )
-    Delta_block_ptr = tl.make_block_ptr(
-        Delta_ptr + batch_index * stride_lb, shape=(N_QUERIES,), strides=(stride_lq,),
-        offsets=(q_first,), block_shape=(Q_TILE_SIZE,), order=(0,),
-    )
+    L_row_ptr = L_ptr + batch_index * stride_lb
+    Delta_row_ptr = Delta_ptr + batch_index * stride_lb
 
-    k = tl.load(K_block_ptr, boundary_check=(0, 1), padding_option="zero")
-    v = tl.load(V_block_ptr, boundary_check=(0, 1), padding_option="zero")
+    # Padded key rows (past N_KEYS) load as zeros; their dK, dV rows are never stored, and no
+    # other row depends on them, so the key side needs no mask.
+    k = load_tile(K_block_ptr, True, EVEN_D)
+    v = load_tile(V_block_ptr, True, EVEN_D)
     dk = tl.zeros((K_TILE_SIZE, D_TILE), dtype=tl.float32)
     dv = tl.zeros((K_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
     key_pos = k_start + tl.arange(0, K_TILE_SIZE)
 
-    for q_start in range(q_first, N_QUERIES, Q_TILE_SIZE):
-        q = tl.load(Q_block_ptr, boundary_check=(0, 1), padding_option="zero")
-        do = tl.load(dO_block_ptr, boundary_check=(0, 1), padding_option="zero")
-        lse = tl.load(L_block_ptr, boundary_check=(0,), padding_option="zero")
-        delta = tl.load(Delta_block_ptr, boundary_check=(0,), padding_option="zero")
-
-        s_t = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale  # (K_TILE, Q_TILE)
-        p_t = tl.math.exp2(s_t - lse[None, :] * LOG2E)
-        query_index = q_start + tl.arange(0, Q_TILE_SIZE)
-        keep = query_index[None, :] < N_QUERIES
-        if is_causal:
-            keep = keep & (key_pos[:, None] <= query_index[None, :] + offset)
-        p_t = tl.where(keep, p_t, 0.0)
-
-        dv = tl.dot(p_t.to(do.dtype), do, acc=dv, input_precision=INPUT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, acc=dk, input_precision=INPUT_PRECISION)
-
-        Q_block_ptr = Q_block_ptr.advance((Q_TILE_SIZE, 0))
-        dO_block_ptr = dO_block_ptr.advance((Q_TILE_SIZE, 0))
-        L_block_ptr = L_block_ptr.advance((Q_TILE_SIZE,))
-        Delta_block_ptr = Delta_block_ptr.advance((Q_TILE_SIZE,))
+    dk, dv = _dkdv_query_tiles(
+        dk, dv, k, v, Q_block_ptr, dO_block_ptr, L_row_ptr, Delta_row_ptr, stride_lq,
+        q_lo, tl.minimum(q_full, N_QUERIES), key_pos, offset, qk_scale, N_QUERIES,
+        Q_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+    )
+    dk, dv = _dkdv_query_tiles(
+        dk, dv, k, v, Q_block_ptr, dO_block_ptr, L_row_ptr, Delta_row_ptr, stride_lq,
+        q_full, q_full_end, key_pos, offset, qk_scale, N_QUERIES,
+        Q_TILE_SIZE, False, is_causal, EVEN_D, INPUT_PRECISION,
+    )
+    dk, dv = _dkdv_query_tiles(
+        dk, dv, k, v, Q_block_ptr, dO_block_ptr, L_row_ptr, Delta_row_ptr, stride_lq,
+        q_full_end, N_QUERIES, key_pos, offset, qk_scale, N_QUERIES,
+        Q_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+    )
 
     dK_block_ptr = tl.make_block_ptr(
         dK_ptr + batch_index * stride_dkb, shape=(N_KEYS, D), strides=(stride_dkk, stride_dkd),
@@ -120,6 +162,40 @@ def flash_bwd_dkdv_kernel(
     )
     tl.store(dK_block_ptr, (dk * scale).to(dK_ptr.dtype.element_ty), boundary_check=(0, 1))
     tl.store(dV_block_ptr, dv.to(dV_ptr.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def _dq_key_tiles(
+    dq, q, do, lse, delta,
+    K_block_ptr, V_block_ptr,
+    k_lo, k_hi, query_pos, qk_scale, N_KEYS,
+    K_TILE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    is_causal: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulate dQ_i over key tiles [k_lo, k_hi); masks only when MASKED."""
+    K_block_ptr = K_block_ptr.advance((k_lo, 0))
+    V_block_ptr = V_block_ptr.advance((k_lo, 0))
+    lse2 = lse * LOG2E
+    for k_start in range(k_lo, k_hi, K_TILE_SIZE):
+        k = load_tile(K_block_ptr, MASKED, EVEN_D)
+        v = load_tile(V_block_ptr, MASKED, EVEN_D)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            key_pos = k_start + tl.arange(0, K_TILE_SIZE)
+            keep = key_pos[None, :] < N_KEYS
+            if is_causal:
+                keep = keep & (key_pos[None, :] <= query_pos[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, acc=dq, input_precision=INPUT_PRECISION)
+        K_block_ptr = K_block_ptr.advance((K_TILE_SIZE, 0))
+        V_block_ptr = V_block_ptr.advance((K_TILE_SIZE, 0))
+    return dq
 
 
 @triton.jit
@@ -142,9 +218,12 @@ def flash_bwd_dq_kernel(
     INPUT_PRECISION: tl.constexpr,
 ):
     query_tile_index = tl.program_id(0)
+    if is_causal:
+        query_tile_index = tl.num_programs(0) - 1 - query_tile_index  # the longest loops first
     batch_index = tl.program_id(1).to(tl.int64)
     q_start = query_tile_index * Q_TILE_SIZE
     offset = N_KEYS - N_QUERIES
+    EVEN_D: tl.constexpr = D == D_TILE
 
     Q_block_ptr = tl.make_block_ptr(
         Q_ptr + batch_index * stride_qb, shape=(N_QUERIES, D), strides=(stride_qq, stride_qd),
@@ -153,14 +232,6 @@ def flash_bwd_dq_kernel(
     dO_block_ptr = tl.make_block_ptr(
         dO_ptr + batch_index * stride_dob, shape=(N_QUERIES, D), strides=(stride_doq, stride_dod),
         offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    L_block_ptr = tl.make_block_ptr(
-        L_ptr + batch_index * stride_lb, shape=(N_QUERIES,), strides=(stride_lq,),
-        offsets=(q_start,), block_shape=(Q_TILE_SIZE,), order=(0,),
-    )
-    Delta_block_ptr = tl.make_block_ptr(
-        Delta_ptr + batch_index * stride_lb, shape=(N_QUERIES,), strides=(stride_lq,),
-        offsets=(q_start,), block_shape=(Q_TILE_SIZE,), order=(0,),
     )
     K_block_ptr = tl.make_block_ptr(
         K_ptr + batch_index * stride_kb, shape=(N_KEYS, D), strides=(stride_kk, stride_kd),
@@ -171,36 +242,31 @@ def flash_bwd_dq_kernel(
         offsets=(0, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
     )
 
-    q = tl.load(Q_block_ptr, boundary_check=(0, 1), padding_option="zero")
-    do = tl.load(dO_block_ptr, boundary_check=(0, 1), padding_option="zero")
-    lse = tl.load(L_block_ptr, boundary_check=(0,), padding_option="zero")
-    delta = tl.load(Delta_block_ptr, boundary_check=(0,), padding_option="zero")
+    query_index = q_start + tl.arange(0, Q_TILE_SIZE)
+    in_range = query_index < N_QUERIES
+    q = load_tile(Q_block_ptr, True, EVEN_D)
+    do = load_tile(dO_block_ptr, True, EVEN_D)
+    lse = tl.load(L_ptr + batch_index * stride_lb + query_index * stride_lq, mask=in_range, other=0.0)
+    delta = tl.load(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, mask=in_range, other=0.0)
     dq = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
-    query_pos = q_start + tl.arange(0, Q_TILE_SIZE) + offset
+    query_pos = query_index + offset
 
+    # Padded query rows (past N_QUERIES) are never stored: only the key side is masked.
+    k_full = (N_KEYS // K_TILE_SIZE) * K_TILE_SIZE
     k_stop = N_KEYS
     if is_causal:
+        k_full = tl.minimum(k_full, ((q_start + offset + 1) // K_TILE_SIZE) * K_TILE_SIZE)
         k_stop = tl.minimum(N_KEYS, q_start + Q_TILE_SIZE + offset)
 
-    for k_start in range(0, k_stop, K_TILE_SIZE):
-        k = tl.load(K_block_ptr, boundary_check=(0, 1), padding_option="zero")
-        v = tl.load(V_block_ptr, boundary_check=(0, 1), padding_option="zero")
-
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        p = tl.math.exp2(s - lse[:, None] * LOG2E)
-        key_pos = k_start + tl.arange(0, K_TILE_SIZE)
-        keep = key_pos[None, :] < N_KEYS
-        if is_causal:
-            keep = keep & (key_pos[None, :] <= query_pos[:, None])
-        p = tl.where(keep, p, 0.0)
-
-        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, acc=dq, input_precision=INPUT_PRECISION)
-
-        K_block_ptr = K_block_ptr.advance((K_TILE_SIZE, 0))
-        V_block_ptr = V_block_ptr.advance((K_TILE_SIZE, 0))
+    dq = _dq_key_tiles(
+        dq, q, do, lse, delta, K_block_ptr, V_block_ptr, 0, k_full, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, False, is_causal, EVEN_D, INPUT_PRECISION,
+    )
+    dq = _dq_key_tiles(
+        dq, q, do, lse, delta, K_block_ptr, V_block_ptr, k_full, k_stop, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+    )
 
     dQ_block_ptr = tl.make_block_ptr(
         dQ_ptr + batch_index * stride_dqb, shape=(N_QUERIES, D), strides=(stride_dqq, stride_dqd),

@@ -1,6 +1,6 @@
 """FlashAttention-2 forward kernel in Triton (Algorithm 1 of the handout).
 
-One program computes one query tile Q_i (Q_TILE rows) of one batch element, in a single loop
+One program computes one query tile Q_i (Q_TILE rows) of one batch element, in a single pass
 over key tiles K^(j), V^(j) (K_TILE rows), keeping O_i, l_i, m_i on chip in fp32:
 
     S = Q_i K^(j)T * scale                 (+ -1e6 where the key is after the query, if causal)
@@ -9,13 +9,16 @@ over key tiles K^(j), V^(j) (K_TILE rows), keeping O_i, l_i, m_i on chip in fp32
     O_i /= l;   L_i = m + log l
 
 Scores are kept in base 2: s2 = S log2(e), so exp(S - m) = exp2(s2 - m2) with log2(e) folded
-into the scale once (exp2 is the native instruction). L is written back in natural log.
+into the scale (exp2 is the native instruction). L is written back in natural log.
 
-Edge tiles: block pointers load zeros outside (N, d) and stores are boundary-checked; keys past
-N_KEYS get score -inf so they weigh nothing. The head dimension D is padded on chip to D_TILE
-(a power of two >= 16, as tl.dot needs): zero columns change no score and are never stored.
-With IS_CAUSAL, query r sits at position r + N_KEYS - N_QUERIES and the loop stops after the
-last key tile that any query of the tile can see.
+The pass over key tiles is split in two loops: first the *full* tiles, which every query of the
+tile sees entirely (no causal mask, no padded keys: no masking work at all), then the *masked*
+tiles — the ones on the causal diagonal and the ragged last tile — with the mask and boundary
+checks. Causal query r sits at position r + N_KEYS - N_QUERIES; key tiles wholly after every
+query of the tile are never visited. The head dimension D is padded on chip to D_TILE (a power
+of two >= 16, as tl.dot needs): zero columns change no score and are never stored.
+Causal programs take the query tiles from the last (the longest loops) to the first, so the
+heaviest work starts first and the GPU's last wave is short.
 """
 
 from __future__ import annotations
@@ -26,6 +29,62 @@ import triton.language as tl
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 MASKED_SCORE_OFFSET: tl.constexpr = tl.constexpr(-1e6)
+
+
+@triton.jit
+def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """Load a (rows, D_TILE) tile, checking rows only where a tile can pass the end, columns only when D < D_TILE."""
+    if CHECK_ROWS:
+        if EVEN_D:
+            tile = tl.load(block_ptr, boundary_check=(0,), padding_option="zero")
+        else:
+            tile = tl.load(block_ptr, boundary_check=(0, 1), padding_option="zero")
+    else:
+        if EVEN_D:
+            tile = tl.load(block_ptr)
+        else:
+            tile = tl.load(block_ptr, boundary_check=(1,), padding_option="zero")
+    return tile
+
+
+@triton.jit
+def _forward_key_tiles(
+    o_i, l_i, m_i, q,
+    K_block_ptr, V_block_ptr,
+    k_lo, k_hi, query_pos, qk_scale, N_KEYS,
+    K_TILE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    is_causal: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Fold key tiles [k_lo, k_hi) into the running (O, l, m); masks only when MASKED."""
+    K_block_ptr = K_block_ptr.advance((k_lo, 0))
+    V_block_ptr = V_block_ptr.advance((k_lo, 0))
+    for k_start in range(k_lo, k_hi, K_TILE_SIZE):
+        k = load_tile(K_block_ptr, MASKED, EVEN_D)
+        v = load_tile(V_block_ptr, MASKED, EVEN_D)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if MASKED:
+            s = s * qk_scale
+            key_pos = k_start + tl.arange(0, K_TILE_SIZE)
+            if is_causal:
+                s += tl.where(key_pos[None, :] > query_pos[:, None], MASKED_SCORE_OFFSET * LOG2E, 0.0)
+            s = tl.where(key_pos[None, :] < N_KEYS, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            # The scale is applied inside the exponent's fused multiply-add, not as a pass of its own.
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = alpha * l_i + tl.sum(p, axis=1)
+        o_i = o_i * alpha[:, None]
+        o_i = tl.dot(p.to(v.dtype), v, acc=o_i, input_precision=INPUT_PRECISION)
+        m_i = m_new
+        K_block_ptr = K_block_ptr.advance((K_TILE_SIZE, 0))
+        V_block_ptr = V_block_ptr.advance((K_TILE_SIZE, 0))
+    return o_i, l_i, m_i
 
 
 @triton.jit
@@ -47,8 +106,11 @@ def flash_fwd_kernel(
     INPUT_PRECISION: tl.constexpr,
 ):
     query_tile_index = tl.program_id(0)
+    if is_causal:
+        query_tile_index = tl.num_programs(0) - 1 - query_tile_index
     batch_index = tl.program_id(1).to(tl.int64)  # batch * stride can pass 2^31 elements
     q_start = query_tile_index * Q_TILE_SIZE
+    EVEN_D: tl.constexpr = D == D_TILE
 
     Q_block_ptr = tl.make_block_ptr(
         Q_ptr + batch_index * stride_qb,
@@ -76,36 +138,29 @@ def flash_fwd_kernel(
         offsets=(q_start,), block_shape=(Q_TILE_SIZE,), order=(0,),
     )
 
-    q = tl.load(Q_block_ptr, boundary_check=(0, 1), padding_option="zero")
+    q = load_tile(Q_block_ptr, True, EVEN_D)
     o_i = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     l_i = tl.zeros((Q_TILE_SIZE,), dtype=tl.float32)
     m_i = tl.full((Q_TILE_SIZE,), float("-inf"), dtype=tl.float32)
     qk_scale = scale * LOG2E
 
+    # Full key tiles end at k_full; masked ones run from there to k_stop.
     query_pos = q_start + tl.arange(0, Q_TILE_SIZE) + (N_KEYS - N_QUERIES)
+    k_full = (N_KEYS // K_TILE_SIZE) * K_TILE_SIZE
     k_stop = N_KEYS
     if is_causal:
-        k_stop = tl.minimum(N_KEYS, q_start + Q_TILE_SIZE + N_KEYS - N_QUERIES)
+        first_query_pos = q_start + N_KEYS - N_QUERIES
+        k_full = tl.minimum(k_full, ((first_query_pos + 1) // K_TILE_SIZE) * K_TILE_SIZE)
+        k_stop = tl.minimum(N_KEYS, first_query_pos + Q_TILE_SIZE)
 
-    for k_start in range(0, k_stop, K_TILE_SIZE):
-        k = tl.load(K_block_ptr, boundary_check=(0, 1), padding_option="zero")
-        v = tl.load(V_block_ptr, boundary_check=(0, 1), padding_option="zero")
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        key_pos = k_start + tl.arange(0, K_TILE_SIZE)
-        if is_causal:
-            s += tl.where(key_pos[None, :] > query_pos[:, None], MASKED_SCORE_OFFSET * LOG2E, 0.0)
-        s = tl.where(key_pos[None, :] < N_KEYS, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = alpha * l_i + tl.sum(p, axis=1)
-        o_i = o_i * alpha[:, None]
-        o_i = tl.dot(p.to(v.dtype), v, acc=o_i, input_precision=INPUT_PRECISION)
-        m_i = m_new
-
-        K_block_ptr = K_block_ptr.advance((K_TILE_SIZE, 0))
-        V_block_ptr = V_block_ptr.advance((K_TILE_SIZE, 0))
+    o_i, l_i, m_i = _forward_key_tiles(
+        o_i, l_i, m_i, q, K_block_ptr, V_block_ptr, 0, k_full, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, False, is_causal, EVEN_D, INPUT_PRECISION,
+    )
+    o_i, l_i, m_i = _forward_key_tiles(
+        o_i, l_i, m_i, q, K_block_ptr, V_block_ptr, k_full, k_stop, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+    )
 
     o_i = o_i / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * LN2

@@ -1,0 +1,189 @@
+"""Launch configurations of the three FlashAttention-2 Triton kernels, per device and problem.
+
+A configuration is (Q_TILE, K_TILE, warps, pipeline stages) for one kernel: `forward`, `dkdv`
+(backward, one program per key tile) or `dq` (backward, one program per query tile). The best
+one depends on the GPU, the head dimension, the dtype, causality and (less) the sequence length,
+so configurations are looked up by `ProblemKey` in a table per device name:
+
+1. the user's cache (`$CS336_FLASH_CONFIGS`, default ~/.cache/cs336_systems/flash_configs.json),
+   written by `cs336_systems.attention.flash_tuning.tune_flash_attention`;
+2. the table shipped with the package (flash_configs.json beside this file): the results of that
+   same tuning on the GPUs this project was measured on;
+3. `default_config`, which runs everywhere (v0 of the tuning record).
+
+A key missing from a table falls back to the same problem at the nearest tuned sequence length.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+KERNELS = ("forward", "dkdv", "dq")
+SHIPPED_TABLE = Path(__file__).with_name("flash_configs.json")
+
+
+def user_cache_path() -> Path:
+    env = os.environ.get("CS336_FLASH_CONFIGS")
+    return Path(env) if env else Path.home() / ".cache" / "cs336_systems" / "flash_configs.json"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    q_tile: int
+    k_tile: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self):
+        for name in ("q_tile", "k_tile"):
+            t = getattr(self, name)
+            if t < 16 or t & (t - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {t}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two up to 16, got {self.num_warps}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
+
+    def label(self) -> str:
+        return f"{self.q_tile}x{self.k_tile} w{self.num_warps} s{self.num_stages}"
+
+
+@dataclass(frozen=True)
+class ProblemKey:
+    kernel: str
+    head_dim_tile: int
+    dtype: str
+    is_causal: bool
+    seq_bucket: int
+
+    @classmethod
+    def of(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int) -> ProblemKey:
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+        return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), seq_bucket(max(n_q, n_k)))
+
+    def to_str(self) -> str:
+        return f"{self.kernel}|d{self.head_dim_tile}|{self.dtype}|{'causal' if self.is_causal else 'full'}|n{self.seq_bucket}"
+
+    @classmethod
+    def from_str(cls, text: str) -> ProblemKey:
+        kernel, d, dtype, causal, n = text.split("|")
+        return cls(kernel, int(d[1:]), dtype, causal == "causal", int(n[1:]))
+
+
+def seq_bucket(n: int) -> int:
+    return 1 << max(4, math.ceil(math.log2(max(n, 1))))
+
+
+def default_config(kernel: str, head_dim_tile: int, element_size: int) -> KernelConfig:
+    """Untuned tiles that fit the shared memory of any recent NVIDIA GPU (v0 of the tuning record).
+
+    The backward keeps two (K_TILE, D) tiles resident and streams two (Q_TILE, D) tiles per stage;
+    in fp32 from d = 128 on, a second pipeline stage would not leave room for layout scratch.
+    """
+    if head_dim_tile <= 64:
+        q_tile, k_tile, warps = 64, 64, 4
+    elif head_dim_tile <= 128:
+        q_tile, k_tile, warps = 64, 32, 4
+    else:
+        q_tile, k_tile, warps = 32, 32, 8
+    stages = 1 if element_size >= 4 and head_dim_tile >= 128 else 2
+    return KernelConfig(q_tile, k_tile, warps, stages)
+
+
+def candidate_configs(kernel: str, head_dim_tile: int, element_size: int) -> list[KernelConfig]:
+    """What the tuner tries, the default first. Shapes follow where each kernel's work sits:
+    the forward and dQ programs keep a query tile resident (large Q_TILE), the dK/dV program
+    a key tile (large K_TILE) while query tiles stream through."""
+    shapes = {
+        "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3),
+                    (128, 32, 4, 4), (64, 128, 4, 3), (128, 128, 8, 2)],
+        "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (64, 128, 4, 3),
+                 (16, 128, 4, 5), (32, 128, 8, 4), (64, 64, 4, 4)],
+        "dq": [(128, 32, 4, 3), (128, 32, 4, 5), (128, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 4),
+               (128, 128, 8, 2), (64, 64, 4, 4), (128, 32, 8, 4)],
+    }[kernel]
+    if head_dim_tile > 128 or (element_size >= 4 and head_dim_tile >= 128):
+        shapes = [s for s in shapes if s[0] * s[1] <= 64 * 64]
+    configs = [default_config(kernel, head_dim_tile, element_size)]
+    configs += [KernelConfig(*s) for s in shapes if KernelConfig(*s) not in configs]
+    return configs
+
+
+class ConfigTable:
+    """{device name: {ProblemKey string: KernelConfig}} read from JSON files, user cache over shipped table."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        self.entries: dict[str, dict[ProblemKey, KernelConfig]] = {}
+        for path in paths:  # later files win
+            if path.is_file():
+                for device, table in json.loads(path.read_text()).items():
+                    self.entries.setdefault(device, {}).update(
+                        {ProblemKey.from_str(k): KernelConfig(**v) for k, v in table.items()}
+                    )
+
+    def lookup(self, device: str, key: ProblemKey) -> KernelConfig | None:
+        table = self.entries.get(device, {})
+        if key in table:
+            return table[key]
+        same = [k for k in table if (k.kernel, k.head_dim_tile, k.dtype, k.is_causal)
+                == (key.kernel, key.head_dim_tile, key.dtype, key.is_causal)]
+        if not same:
+            return None
+        nearest = min(same, key=lambda k: (abs(math.log2(k.seq_bucket) - math.log2(key.seq_bucket)), -k.seq_bucket))
+        return table[nearest]
+
+    def store(self, device: str, key: ProblemKey, config: KernelConfig, path: Path) -> None:
+        """Remember `config` and merge it into the JSON file at `path`."""
+        self.entries.setdefault(device, {})[key] = config
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data.setdefault(device, {})[key.to_str()] = asdict(config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {dev: dict(sorted(table.items())) for dev, table in sorted(data.items())}
+        path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+_TABLE: ConfigTable | None = None
+
+
+def config_table() -> ConfigTable:
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = ConfigTable([SHIPPED_TABLE, user_cache_path()])
+    return _TABLE
+
+
+def reload_config_table() -> ConfigTable:
+    global _TABLE
+    _TABLE = None
+    return config_table()
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+@torch.compiler.assume_constant_result
+def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
+            element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
+    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph.
+    device = torch.device(device_type, device_index) if device_type == "cuda" else torch.device(device_type)
+    key = ProblemKey.of(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, n_q, n_k)
+    found = config_table().lookup(device_name(device), key)
+    config = found or default_config(kernel, head_dim_tile, element_size)
+    return (config.q_tile, config.k_tile, config.num_warps, config.num_stages)
+
+
+def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int,
+               device: torch.device) -> KernelConfig:
+    """The tuned configuration of `kernel` for this problem on `device`, else the default."""
+    index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
+    return KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
+                                 n_q, n_k, dtype.itemsize, device.type, index))

@@ -1,0 +1,141 @@
+"""Launch configurations of the Triton FlashAttention kernels: table, lookup, per-kernel use."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from cs336_systems.attention import flash_configs  # noqa: E402
+from cs336_systems.attention.flash_configs import (  # noqa: E402
+    ConfigTable,
+    KernelConfig,
+    ProblemKey,
+    candidate_configs,
+    config_for,
+    default_config,
+    seq_bucket,
+)
+
+
+@pytest.fixture
+def user_cache(tmp_path, monkeypatch):
+    path = tmp_path / "flash_configs.json"
+    monkeypatch.setenv("CS336_FLASH_CONFIGS", str(path))
+    flash_configs.reload_config_table()
+    yield path
+    monkeypatch.delenv("CS336_FLASH_CONFIGS")
+    flash_configs.reload_config_table()
+
+
+def test_kernel_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="q_tile must be a power of two"):
+        KernelConfig(24, 16, 4, 2)
+    with pytest.raises(ValueError, match="k_tile must be a power of two >= 16"):
+        KernelConfig(16, 8, 4, 2)
+    with pytest.raises(ValueError, match="num_warps"):
+        KernelConfig(16, 16, 3, 2)
+    with pytest.raises(ValueError, match="num_stages"):
+        KernelConfig(16, 16, 4, 0)
+
+
+def test_problem_key_round_trip_and_buckets():
+    key = ProblemKey.of("dkdv", 64, torch.bfloat16, True, 1000, 3000)
+    assert key == ProblemKey("dkdv", 64, "bfloat16", True, 4096)
+    assert ProblemKey.from_str(key.to_str()) == key
+    assert key.to_str() == "dkdv|d64|bfloat16|causal|n4096"
+    assert [seq_bucket(n) for n in (1, 16, 17, 128, 129, 16384)] == [16, 16, 32, 128, 256, 16384]
+    with pytest.raises(ValueError, match="unknown kernel 'backward'"):
+        ProblemKey.of("backward", 64, torch.float32, False, 8, 8)
+
+
+def test_candidates_start_with_the_default_and_shrink_for_large_tiles():
+    for kernel in flash_configs.KERNELS:
+        for d_tile, size in ((64, 2), (128, 2), (128, 4), (256, 2)):
+            configs = candidate_configs(kernel, d_tile, size)
+            assert configs[0] == default_config(kernel, d_tile, size)
+            assert len(set(configs)) == len(configs)
+    assert len(candidate_configs("forward", 64, 2)) > len(candidate_configs("forward", 256, 2))
+    assert all(c.q_tile * c.k_tile <= 64 * 64 for c in candidate_configs("dq", 256, 2))
+
+
+def test_table_store_merges_and_lookup_falls_back_to_nearest_length(tmp_path):
+    path = tmp_path / "table.json"
+    table = ConfigTable([path])
+    fast, slow = KernelConfig(128, 64, 8, 3), KernelConfig(64, 32, 4, 2)
+    table.store("GPU A", ProblemKey("forward", 64, "bfloat16", True, 16384), fast, path)
+    table.store("GPU A", ProblemKey("forward", 64, "bfloat16", True, 1024), slow, path)
+    table.store("GPU B", ProblemKey("dq", 64, "bfloat16", True, 1024), slow, path)
+    reread = ConfigTable([path])
+    assert set(json.loads(path.read_text())) == {"GPU A", "GPU B"}
+    assert reread.lookup("GPU A", ProblemKey("forward", 64, "bfloat16", True, 16384)) == fast
+    assert reread.lookup("GPU A", ProblemKey("forward", 64, "bfloat16", True, 8192)) == fast
+    assert reread.lookup("GPU A", ProblemKey("forward", 64, "bfloat16", True, 2048)) == slow
+    assert reread.lookup("GPU A", ProblemKey("forward", 64, "bfloat16", False, 16384)) is None
+    assert reread.lookup("GPU A", ProblemKey("forward", 128, "bfloat16", True, 16384)) is None
+    assert reread.lookup("GPU C", ProblemKey("forward", 64, "bfloat16", True, 16384)) is None
+
+
+def test_later_files_win(tmp_path):
+    shipped, user = tmp_path / "shipped.json", tmp_path / "user.json"
+    key = ProblemKey("forward", 64, "bfloat16", True, 1024)
+    ConfigTable([shipped]).store("GPU", key, KernelConfig(64, 64, 4, 2), shipped)
+    ConfigTable([user]).store("GPU", key, KernelConfig(128, 64, 8, 3), user)
+    assert ConfigTable([shipped, user]).lookup("GPU", key) == KernelConfig(128, 64, 8, 3)
+
+
+def test_config_for_reads_the_user_cache(user_cache):
+    cpu = torch.device("cpu")
+    assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == default_config("forward", 16, 4)
+    ConfigTable([user_cache]).store("cpu", ProblemKey.of("forward", 16, torch.float32, True, 40, 40),
+                                    KernelConfig(32, 16, 4, 1), user_cache)
+    flash_configs.reload_config_table()
+    assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == KernelConfig(32, 16, 4, 1)
+
+
+def test_each_kernel_runs_its_own_configuration(user_cache):
+    """Forward, dK/dV and dQ with three different tile shapes still give the float64 answer."""
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton, kernels_interpreted
+    from test_flash_attention import check_against_reference
+
+    if not torch.cuda.is_available() and not kernels_interpreted():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set, and there is no GPU")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = flash_configs.device_name(torch.device(device))
+    chosen = {"forward": KernelConfig(32, 16, 4, 1), "dkdv": KernelConfig(16, 32, 4, 1), "dq": KernelConfig(16, 16, 4, 1)}
+    for kernel, config in chosen.items():
+        ConfigTable([user_cache]).store(name, ProblemKey.of(kernel, 16, torch.float32, True, 45, 45), config, user_cache)
+    flash_configs.reload_config_table()
+    assert FlashAttentionTriton.tiles is None
+    q = torch.zeros(1, 45, 16, device=device)
+    for kernel, config in chosen.items():
+        assert FlashAttentionTriton._config(kernel, q, 45, True) == config
+    check_against_reference(FlashAttentionTriton.apply, (1, 45, 16), (1, 45, 16), torch.float32, True, device)
+
+
+def test_tuning_needs_a_gpu():
+    from cs336_systems.attention.flash_tuning import tune_flash_attention
+
+    with pytest.raises(ValueError, match="tuning needs a CUDA device, got cpu"):
+        tune_flash_attention(64, head_dim=16, device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tuning_on_gpu_stores_the_fastest_correct_config(user_cache):
+    from cs336_systems.attention.flash_tuning import tune_flash_attention, tuning_summary
+
+    df = tune_flash_attention(256, head_dim=32, batch=2, kernels=["forward", "dq"], rep_ms=5, progress=False)
+    assert set(df.kernel) == {"forward", "dq"} and df.best.sum() == 2
+    ok = df[df.status == "ok"]
+    name = torch.cuda.get_device_name()
+    for kernel, group in ok.groupby("kernel"):
+        best = group.loc[group.ms.idxmin()]
+        stored = ConfigTable([user_cache]).lookup(name, ProblemKey.of(kernel, 32, torch.bfloat16, True, 256, 256))
+        assert stored == KernelConfig(int(best.q_tile), int(best.k_tile), int(best.num_warps), int(best.num_stages))
+    assert len(tuning_summary(df)) == 2
