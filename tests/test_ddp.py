@@ -18,12 +18,13 @@ from torch.multiprocessing import ProcessRaisedException
 from cs336_systems.distributed import adapters_ddp
 from cs336_systems.distributed.ddp_base import DataParallel
 from cs336_systems.distributed.ddp_bucketed import BYTES_PER_MB, DDPBucketed, assign_buckets
+from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.ddp_equivalence import MODELS, train_and_compare
 from cs336_systems.distributed.ddp_flavours import DDPFlavour, expand_flavours
 from cs336_systems.distributed.ddp_overhead_model import derive, fit_overhead
 from cs336_systems.distributed.ddp_timeline import communication_after, overlap_fraction, timeline_events
 from cs336_systems.distributed.launch import DistContext, spawn
-from cs336_systems.distributed.toy_models import ToyModel, ToyModelWithTiedWeights
+from cs336_systems.distributed.toy_models import IN_FEATURES, ToyModel, ToyModelWithTiedWeights
 
 TOLERANCE = 1e-5
 
@@ -245,3 +246,27 @@ def test_every_flavour_matches_single_process_training_on_nccl():
     flavours = expand_flavours(["naive", "flat", "individual", "bucketed", "torch-ddp"], [None, 1e-9])
     checks = summarize_equivalence(check_equivalence(flavours, backend="nccl"), TOLERANCE)
     assert checks.matches.all(), checks
+
+
+def _freed_after_drop(ctx: DistContext) -> dict[str, bool]:
+    """Each hook-based wrapper, trained one step and dropped, must free its model."""
+    import gc
+    import weakref
+
+    torch.set_num_threads(1)
+    freed = {}
+    for name, wrap in {"individual": DDPIndividualParameters, "bucketed": lambda m: DDPBucketed(m, None)}.items():
+        model = ToyModel()
+        ddp = wrap(model)
+        ddp(torch.randn(4, IN_FEATURES)).sum().backward()
+        ddp.finish_gradient_synchronization()
+        ref = weakref.ref(model)
+        del model, ddp
+        gc.collect()
+        freed[name] = ref() is None
+    return freed
+
+
+def test_dropped_wrappers_free_their_models():
+    for rank in spawn(_freed_after_drop, 2, backend="gloo", timeout_s=120):
+        assert rank == {"individual": True, "bucketed": True}, f"a dropped DDP wrapper kept its model alive: {rank}"

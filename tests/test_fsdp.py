@@ -140,6 +140,24 @@ def _errors() -> dict:
     return out
 
 
+def _freed_after_drop() -> bool:
+    """A wrapped model trained one step, then dropped, must be freed (its hooks hold FSDP weakly)."""
+    import gc
+    import weakref
+
+    model = _transformer()
+    fsdp = FSDP(model)
+    optimizer = AdamW(fsdp.parameters(), lr=1e-3)
+    inputs, targets = _batch(model, 0, PER_RANK_BATCH)
+    _loss(fsdp(inputs), targets).backward()
+    fsdp.finish_gradient_synchronization()
+    optimizer.step()
+    ref = weakref.ref(model)
+    del model, fsdp, optimizer
+    gc.collect()
+    return ref() is None
+
+
 def _worker(ctx, full: bool) -> dict:
     torch.set_num_threads(1)  # ranks share 2 cores; more threads per rank only contend
     if not full:  # 3 ranks: every shard of the nano model needs padding; fp32 suffices
@@ -150,6 +168,7 @@ def _worker(ctx, full: bool) -> dict:
         "toy-fp32": _compare(_toy, torch.float32),
         "checkpointed-fp32": _compare(lambda: _transformer(checkpoint_every=1), torch.float32),
         "errors": _errors(),
+        "freed": _freed_after_drop(),
     }
 
 
@@ -206,6 +225,10 @@ def test_prefetches_one_module_ahead(two_ranks):
     assert len(live) == len(order)
     for i, names in enumerate(live):
         assert set(names) == set(order[i : i + 2]), f"at {order[i]}: gathered {names}"
+
+
+def test_dropped_fsdp_frees_its_model(two_ranks):
+    assert all(r["freed"] for r in two_ranks), "a dropped FSDP model stayed alive (a hook cycle through its parameters)"
 
 
 def test_bad_arguments_are_value_errors(two_ranks):

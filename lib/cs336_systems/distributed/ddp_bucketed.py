@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cs336_systems.distributed.ddp_base import DataParallel, all_reduce_mean
+from cs336_systems.distributed.weak_hooks import weak_method
 
 BYTES_PER_MB = 2**20
 
@@ -65,7 +66,7 @@ class DDPBucketed(DataParallel):
         self._arrived: set[int] = set()
         self._in_flight: list[tuple[dist.Work, torch.Tensor, list[torch.Tensor]]] = []
         for p in self.trainable_parameters():
-            p.register_post_accumulate_grad_hook(self._gradient_ready)
+            p.register_post_accumulate_grad_hook(weak_method(self._gradient_ready))
 
     def _gradient_ready(self, p: torch.Tensor) -> None:
         if id(p) in self._arrived:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from cs336_systems.distributed.ddp_base import DataParallel, all_reduce_mean
+from cs336_systems.distributed.weak_hooks import weak_method
 
 
 class DDPIndividualParameters(DataParallel):
@@ -23,7 +24,7 @@ class DDPIndividualParameters(DataParallel):
         self._handles: list[dist.Work] = []
         self._reduced: set[int] = set()
         for p in self.trainable_parameters():
-            p.register_post_accumulate_grad_hook(self._launch_all_reduce)
+            p.register_post_accumulate_grad_hook(weak_method(self._launch_all_reduce))
 
     def _launch_all_reduce(self, p: torch.Tensor) -> None:
         if id(p) in self._reduced:

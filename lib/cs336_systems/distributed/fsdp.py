@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cs336_systems.distributed.weak_hooks import weak_method
 from cs336_systems.model import Embedding, Linear
 from cs336_systems.profiling.ranges import annotated
 
@@ -167,9 +168,9 @@ class FSDP(nn.Module):
         self._by_shard = {w.shard: w for w in self.weights}
         for w in self.weights:
             w.module._parameters["weight"] = w.shard
-            w.module.register_forward_pre_hook(partial(self._before_forward, w), with_kwargs=True)
-            w.module.register_forward_hook(partial(self._after_forward, w))
-            w.full.register_post_accumulate_grad_hook(partial(self._after_backward, w))
+            w.module.register_forward_pre_hook(partial(weak_method(self._before_forward), w), with_kwargs=True)
+            w.module.register_forward_hook(partial(weak_method(self._after_forward), w))
+            w.full.register_post_accumulate_grad_hook(partial(weak_method(self._after_backward), w))
         self.replicated = [p for p in module.parameters() if p not in self._by_shard]
 
         self._order = list(self.weights)  # forward execution order, refined by every forward
@@ -239,7 +240,7 @@ class FSDP(nn.Module):
             w.forward_range = None
         w.free()
         if torch.is_tensor(output) and output.requires_grad:  # Linear and Embedding return one tensor
-            output.register_hook(partial(self._before_backward, w))
+            output.register_hook(partial(weak_method(self._before_backward), w))
 
     # ---- backward ----------------------------------------------------------------------------
     def _before_backward(self, w: ShardedWeight, grad: torch.Tensor) -> None:

@@ -44,7 +44,7 @@ from cs336_systems.distributed.ddp_benchmark import timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, SHARDED_MODULES
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
-from cs336_systems.distributed.sharding_benchmark import PHASES, local_batch, reset_peak
+from cs336_systems.distributed.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM
 from cs336_systems.nn_utils import cross_entropy
 from cs336_systems.optim import AdamW
@@ -203,13 +203,16 @@ def _profile_step(step) -> pd.DataFrame:
 
 
 def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_name: str, inputs, targets) -> tuple[dict, list, pd.DataFrame | None]:
+    # Memory is counted above what was allocated before this run (earlier runs' leftovers, if any).
+    free_device_memory()
+    baseline = allocated_bytes(ctx.device)
     reset_peak(ctx.device)
     torch.manual_seed(config.seed)
     model = TransformerLM.from_config(config.model_config(), device=ctx.device)
     wrapped = wrap(strategy, model, ctx, dtype_name)
     optimizer = AdamW(wrapped.parameters(), lr=config.lr)
     synchronize(ctx.device)
-    info = dict(after_init_allocated=torch.cuda.memory_allocated(ctx.device) if ctx.device.type == "cuda" else math.nan)
+    info = dict(after_init_allocated=allocated_bytes(ctx.device) - baseline, baseline=baseline)
 
     def step():
         return timed_step(wrapped, optimizer, inputs, targets)
@@ -218,7 +221,7 @@ def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_nam
         step()
     reset_peak(ctx.device)
     times = [step() for _ in range(config.steps)]
-    info["peak"] = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else math.nan
+    info["peak"] = torch.cuda.max_memory_allocated(ctx.device) - baseline if ctx.device.type == "cuda" else math.nan
     # Live state after a step, gradients still present: what the analysis counts.
     cross_entropy(wrapped(inputs), targets).backward()
     wrapped.finish_gradient_synchronization()

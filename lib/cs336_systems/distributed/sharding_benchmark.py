@@ -105,15 +105,25 @@ def tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str
     )
 
 
-def memory_point(point: str, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> dict:
-    """One row: allocated now, peak since the last point (then reset), and the live tensors' bytes."""
+def allocated_bytes(device: torch.device) -> float:
+    """Bytes of live tensors on `device` now (NaN off CUDA): a run's baseline before it builds anything."""
+    synchronize(device)
+    return float(torch.cuda.memory_allocated(device)) if device.type == "cuda" else math.nan
+
+
+def memory_point(
+    point: str, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, baseline: float = 0.0,
+) -> dict:
+    """One row: allocated now and peak since the last point (then reset), both above `baseline` (the
+    bytes already allocated before this run built its model), and the live tensors' bytes."""
     synchronize(device)
     row = dict(point=point, **tensor_bytes(model, optimizer))
     if device.type == "cuda":
-        row.update(allocated=torch.cuda.memory_allocated(device), peak=torch.cuda.max_memory_allocated(device))
+        row.update(allocated=torch.cuda.memory_allocated(device) - baseline,
+                   peak=torch.cuda.max_memory_allocated(device) - baseline, baseline=baseline)
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        row.update(allocated=math.nan, peak=math.nan)
+        row.update(allocated=math.nan, peak=math.nan, baseline=math.nan)
     row["rest"] = row["allocated"] - sum(row[p] for p in PARTS)
     return row
 
@@ -163,12 +173,14 @@ def _equality(ctx: DistContext, config: ShardingBenchmarkConfig) -> list[dict]:
 
 def _run_optimizer(ctx: DistContext, config: ShardingBenchmarkConfig, kind: str, inputs, targets) -> tuple[list[dict], list[tuple]]:
     """Memory rows at the three points and the measured step phases for one optimizer."""
+    free_device_memory()
+    baseline = allocated_bytes(ctx.device)
     reset_peak(ctx.device)
     torch.manual_seed(config.seed)
     model = TransformerLM.from_config(config.model_config(), device=ctx.device)
     ddp = DDPIndividualParameters(model)
     optimizer = make_optimizer(kind, model.parameters(), config.lr)
-    memory = [memory_point("after init", model, optimizer, ctx.device)]
+    memory = [memory_point("after init", model, optimizer, ctx.device, baseline)]
     for _ in range(config.warmup):
         timed_step(ddp, optimizer, inputs, targets)
     times = [timed_step(ddp, optimizer, inputs, targets) for _ in range(config.steps)]
@@ -176,9 +188,9 @@ def _run_optimizer(ctx: DistContext, config: ShardingBenchmarkConfig, kind: str,
     reset_peak(ctx.device)
     cross_entropy(ddp(inputs), targets).backward()
     ddp.finish_gradient_synchronization()
-    memory.append(memory_point("before step", model, optimizer, ctx.device))
+    memory.append(memory_point("before step", model, optimizer, ctx.device, baseline))
     optimizer.step()
-    memory.append(memory_point("after step", model, optimizer, ctx.device))
+    memory.append(memory_point("after step", model, optimizer, ctx.device, baseline))
     optimizer.zero_grad(set_to_none=True)
     for row in memory:
         row.update(optimizer=kind, rank=ctx.rank)

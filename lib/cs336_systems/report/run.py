@@ -26,6 +26,15 @@ class NotebookRun:
     status: str  # "ok" | "failed"
     seconds: float
     error: str = ""
+    # Where and from what it ran: a report folder can gather notebooks run on several machines.
+    machine: str = ""
+    commit: str = ""
+    date: str = ""
+
+
+def machine_of(env: dict[str, str]) -> str:
+    """The accelerator of an environment_info() record, else its CPU."""
+    return env.get("GPU") or env.get("CPU", "")
 
 
 def discover(notebook_dir: Path, selection: str | None) -> list[Path]:
@@ -79,17 +88,18 @@ def write_index(out_dir: Path, runs: list[NotebookRun], env: dict[str, str]) -> 
     for r in runs:
         badge = "✅" if r.status == "ok" else "❌"
         err = f"<pre>{html.escape(r.error)}</pre>" if r.error else ""
+        where = html.escape(" · ".join(x for x in (r.machine, r.commit, r.date) if x))
         nb_rows.append(
             f"<tr><td>{badge}</td><td><a href='{r.name}.html'>{r.name}</a></td>"
-            f"<td><a href='{r.name}.ipynb'>ipynb</a></td><td>{r.seconds:.1f} s</td><td>{err}</td></tr>"
+            f"<td><a href='{r.name}.ipynb'>ipynb</a></td><td>{r.seconds:.1f} s</td><td>{where}</td><td>{err}</td></tr>"
         )
     writeup = "<p><a href='writeup.html'>The writeup</a> — every problem in order.</p>" if (out_dir / "writeup.html").exists() else ""
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>CS336 systems report ({env.get('profile')})</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem;text-align:left;vertical-align:top}}
 pre{{white-space:pre-wrap;color:#a00;margin:0}}table{{border-collapse:collapse}}tr{{border-bottom:1px solid #ddd}}</style></head><body>
 <h1>CS336 assignment 2 — systems report</h1>{writeup}
-<h2>Environment</h2><table>{env_rows}</table>
-<h2>Notebooks</h2><table><tr><th></th><th>notebook</th><th></th><th>time</th><th>error</th></tr>{''.join(nb_rows)}</table>
+<h2>Environment of the latest run</h2><table>{env_rows}</table>
+<h2>Notebooks</h2><table><tr><th></th><th>notebook</th><th></th><th>time</th><th>machine · commit · date</th><th>error</th></tr>{''.join(nb_rows)}</table>
 </body></html>"""
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
@@ -104,7 +114,7 @@ def build_index(out_dir: Path, profile: str) -> None:
     runs = [NotebookRun(**r) for r in json.loads(runs_path.read_text())] if runs_path.exists() else []
     env_path = out_dir / "environment.json"  # the machine the notebooks ran on, not this one
     env = json.loads(env_path.read_text()) if env_path.exists() else environment_info(profile)
-    build_writeup(out_dir, env)
+    build_writeup(out_dir, env, runs=[asdict(r) for r in runs])
     write_index(out_dir, runs, env)
 
 
@@ -120,13 +130,15 @@ def run_report(
     os.environ["CS336_PROFILE"] = profile
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would fill the executed notebooks
     notebooks = discover(Path(notebook_dir) if notebook_dir else root / "notebooks", selection)
-    (out_dir / "environment.json").write_text(json.dumps(environment_info(profile), indent=2))
+    env = environment_info(profile)
+    (out_dir / "environment.json").write_text(json.dumps(env, indent=2))
     runs_path = out_dir / "runs.json"
     previous = {r["name"]: r for r in json.loads(runs_path.read_text())} if runs_path.exists() else {}
     runs = []
     for nb in notebooks:
         print(f"[report] {nb.stem} ({profile}) ...", flush=True)
         run = execute(nb, out_dir, profile, cell_timeout)
+        run.machine, run.commit, run.date = machine_of(env), env.get("commit", ""), env.get("date", "")
         print(f"[report] {nb.stem}: {run.status} in {run.seconds:.1f} s" + (f"\n  {run.error.splitlines()[0]}" if run.error else ""), flush=True)
         if html and (out_dir / nb.name).exists():
             to_html(out_dir / nb.name)

@@ -1,7 +1,8 @@
 """The writeup: every executed notebook of a report folder, in assignment order, as one document.
 
 A title page (hardware, software, profile, commit, date), the headline numbers the notebooks
-recorded with `ctx.headline`, the deliverables that could not run here (`ctx.not_run`), then each
+recorded with `ctx.headline`, the deliverables that could not run here (`ctx.not_run`), the known
+problems of committed results (`caveats.json` beside the notebooks, kept by hand), then each
 problem's prose, tables and figures with the code hidden, each section linking to its notebook.
 """
 
@@ -45,13 +46,23 @@ def _fmt(v) -> str:
     return str(v).replace("|", "\\|")
 
 
-def title_cells(env: dict[str, str], headlines: list[dict], not_run: list[dict], sections: list[str]) -> list:
+def title_cells(
+    env: dict[str, str], headlines: list[dict], not_run: list[dict], sections: list[str], runs: list[dict] = (),
+    caveats: list[dict] = (),
+) -> list:
     env_table = "\n".join(f"| {k} | {v} |" for k, v in env.items())
+    machines = sorted({r["machine"] for r in runs if r.get("machine")})
     title = (
         "<div class='writeup-title'>\n\n"
         f"# CS336 Assignment 2 — Systems and Parallelism: report ({env.get('profile', '?')} profile)\n\n"
         "Regenerated from measurements on the machine below by `make report`.\n\n"
-        f"| environment | |\n|---|---|\n{env_table}\n\n</div>"
+        f"| environment | |\n|---|---|\n{env_table}\n\n"
+        + (f"The notebooks of this report ran on {len(machines)} machines ({'; '.join(machines)}): the table "
+           "below names the machine, commit and date of each; the environment above is the latest run's.\n\n"
+           + _markdown_table(runs, [("name", "notebook"), ("machine", "machine"), ("commit", "commit"),
+                                     ("date", "date"), ("seconds", "seconds")])
+           if len(machines) > 1 else "")
+        + "</div>"
     )
     summary = "## Summary of headline numbers\n\n" + _markdown_table(
         headlines, [("notebook", "problem"), ("key", "quantity"), ("value", "value"), ("unit", "unit"), ("note", "note")]
@@ -59,27 +70,37 @@ def title_cells(env: dict[str, str], headlines: list[dict], not_run: list[dict],
     missing = "## Not run on this machine\n\n" + _markdown_table(
         not_run, [("notebook", "problem"), ("key", "deliverable"), ("reason", "reason")]
     )
+    known = ("## Known problems of these results\n\n" + _markdown_table(
+        list(caveats), [("notebook", "problem"), ("caveat", "what is wrong or stale, and what fixes it")]
+    )) if caveats else ""
     contents = "## Contents\n\n" + "\n".join(f"1. [{s}](#{s})" for s in sections)
-    return [nbformat.v4.new_markdown_cell(t) for t in (title, summary, missing, contents)]
+    return [nbformat.v4.new_markdown_cell(t) for t in (title, summary, missing, known, contents) if t]
 
 
 def _is_setup_cell(cell) -> bool:
     return cell.cell_type == "code" and "setup_notebook(" in cell.source
 
 
-def build_writeup(report_dir: Path, env: dict[str, str]) -> Path:
+def build_writeup(report_dir: Path, env: dict[str, str], runs: list[dict] = ()) -> Path:
     report_dir = Path(report_dir)
     executed = sorted(p for p in report_dir.glob("[0-9][0-9]_*.ipynb"))
     results = report_dir / "results"
     headlines = _load_json(results / "headlines.json")
     not_run = _load_json(results / "not_run.json")
+    # Written by a maintainer, not by a notebook: what is known to be wrong or stale in committed results.
+    caveats = _load_json(report_dir / "caveats.json")
     doc = nbformat.v4.new_notebook()
-    doc.cells.extend(title_cells(env, headlines, not_run, [p.stem for p in executed]))
+    doc.cells.extend(title_cells(env, headlines, not_run, [p.stem for p in executed], list(runs), caveats))
+    run_of = {r["name"]: r for r in runs}
     for path in executed:
         nb = nbformat.read(path, as_version=4)
+        run = run_of.get(path.stem, {})
+        where = ", ".join(x for x in (run.get("machine"), f"commit {run['commit']}" if run.get("commit") else "",
+                                      run.get("date")) if x)
         doc.cells.append(nbformat.v4.new_markdown_cell(
             f"<h1 class='writeup-section' id='{path.stem}'>{path.stem}</h1>\n\n"
-            f"From the executed notebook [{path.name}]({path.stem}.html) (code hidden here)."
+            f"From the executed notebook [{path.name}]({path.stem}.html) (code hidden here)"
+            + (f"; ran on {where}." if where else ".")
         ))
         for cell in nb.cells:
             tags = cell.get("metadata", {}).get("tags", [])
