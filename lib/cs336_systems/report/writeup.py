@@ -18,12 +18,15 @@ PRINT_CSS = """
 @page { size: A4; margin: 14mm 12mm; }
 body { max-width: 60rem; margin: 0 auto; }
 .jp-OutputArea-output img, img { max-width: 100% !important; height: auto; page-break-inside: avoid; break-inside: avoid; }
-.jp-RenderedHTMLCommon table, table { font-size: 0.78em; max-width: 100%; }
-.jp-OutputArea-output { overflow-x: visible !important; }
+.jp-RenderedHTMLCommon table, table { font-size: 0.72em; max-width: 100%; table-layout: auto; }
+.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, td, th { white-space: normal !important; overflow-wrap: break-word; padding: 2px 4px !important; }
+/* JupyterLab scrolls wide outputs sideways; on paper a scroll box cuts them at the page edge */
+.jp-OutputArea-output, .jp-RenderedMarkdown, .jp-RenderedHTMLCommon, .jp-RenderedHTML, .jp-OutputArea-child { overflow: visible !important; max-width: 100% !important; }
+.jp-OutputArea-child, .jp-OutputArea-output { display: block !important; }
 .jp-RenderedHTMLCommon pre, pre { white-space: pre-wrap; word-break: break-word; }
 h1.writeup-section { page-break-before: always; break-before: page; }
 .writeup-title { page-break-after: always; break-after: page; }
-@media print { .jp-Cell { break-inside: auto; } .jp-OutputArea-output { break-inside: avoid; } }
+@media print { * { overflow: visible !important; } .jp-Cell { break-inside: auto; } .jp-OutputArea-output { break-inside: avoid; } }
 </style>
 """
 
@@ -106,8 +109,11 @@ def build_writeup(report_dir: Path, env: dict[str, str], runs: list[dict] = ()) 
             tags = cell.get("metadata", {}).get("tags", [])
             if "parameters" in tags or "injected-parameters" in tags or _is_setup_cell(cell):
                 continue
-            if cell.cell_type == "code" and not cell.get("outputs"):
-                continue
+            if cell.cell_type == "code":
+                # stderr (warnings, progress bars) stays in the notebook; the writeup keeps results
+                cell.outputs = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
+                if not cell.outputs:
+                    continue
             doc.cells.append(cell)
     for i, cell in enumerate(doc.cells):  # ids must be unique in the merged document
         cell["id"] = f"w{i:04d}"
