@@ -302,3 +302,25 @@ def test_strategy_memory_trend():
     assert peak.loc[8, "none"] / peak.loc[4, "none"] == pytest.approx(2.0, rel=0.15)   # linear in N
     assert peak.loc[8, "chain"] <= peak.loc[8, "binary"] <= peak.loc[8, "every"] < peak.loc[8, "none"]
     assert peak.loc[8, "chain"] / peak.loc[4, "chain"] < 1.1                           # flat in N
+
+
+def test_matmul_shares_leave_unprofiled_runs_out():
+    """A training step that ran out of memory has no categories: its shares are NaN, not 0%."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from cs336_systems.profiling.profile_sweep import matmul_shares
+
+    rows = [
+        ("small", 128, "forward", "matmul", 0.8), ("small", 128, "forward", "elementwise", 0.2),
+        ("small", 128, "training step", "matmul", 0.6), ("small", 128, "training step", "copy", 0.4),
+        ("xl", 1024, "forward", "matmul", 0.7), ("xl", 1024, "forward", "elementwise", 0.3),
+    ]
+    sweep = SimpleNamespace(categories=pd.DataFrame(rows, columns=["size", "context_length", "scope", "category", "share"]))
+    shares = matmul_shares(sweep).set_index(["size", "context_length", "category"])
+    assert shares.loc[("small", 128, "copy"), "forward"] == 0.0  # profiled, no copy kernels
+    assert shares.loc[("small", 128, "elementwise"), "training step"] == 0.0
+    assert shares.loc[("xl", 1024, "matmul"), "forward"] == 0.7
+    assert shares.loc[("xl", 1024, "matmul"), ["training step"]].isna().all()  # out of memory: not profiled
+    assert shares["training step"].count() == 3  # the three categories of small only

@@ -115,7 +115,16 @@ def top_kernels(sweep: ProfileSweep, scope: str) -> pd.DataFrame:
 
 
 def matmul_shares(sweep: ProfileSweep) -> pd.DataFrame:
-    """Per (size, context): each category's share of time, inference forward vs training step."""
-    c = sweep.categories[sweep.categories["scope"].isin(["forward", "training step"])]
+    """Per (size, context): each category's share of time, inference forward vs training step.
+
+    A category absent from a run that was profiled has share 0; a run that was not profiled
+    (out of memory) stays NaN, so medians and ranges skip it instead of counting a 0% share.
+    """
+    scopes = ["forward", "training step"]
+    c = sweep.categories[sweep.categories["scope"].isin(scopes)]
     wide = c.pivot_table(index=["size", "context_length", "category"], columns="scope", values="share", aggfunc="first")
-    return wide.reindex(columns=["forward", "training step"]).fillna(0.0).reset_index()
+    wide = wide.reindex(columns=scopes)
+    profiled = c.groupby(["size", "context_length", "scope"]).size().unstack("scope").reindex(columns=scopes).notna()
+    ran = profiled.reindex(wide.index.droplevel("category")).to_numpy()
+    wide = wide.mask(wide.isna() & ran, 0.0)
+    return wide.reset_index()
