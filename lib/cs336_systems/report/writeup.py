@@ -20,12 +20,10 @@ body { max-width: 60rem; margin: 0 auto; }
 .jp-OutputArea-output img, img { max-width: 100% !important; height: auto; page-break-inside: avoid; break-inside: avoid; }
 .jp-RenderedHTMLCommon table, table { font-size: 0.72em; max-width: 100%; table-layout: auto; }
 .jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, td, th { white-space: normal !important; overflow-wrap: break-word; padding: 2px 4px !important; }
-/* JupyterLab scrolls wide outputs sideways; on paper a scroll box cuts them at the page edge */
-.jp-OutputArea-output, .jp-RenderedMarkdown, .jp-RenderedHTMLCommon, .jp-RenderedHTML, .jp-OutputArea-child { overflow: visible !important; max-width: 100% !important; }
-.jp-OutputArea-child, .jp-OutputArea-output { display: block !important; }
 .jp-RenderedHTMLCommon pre, pre { white-space: pre-wrap; word-break: break-word; }
 h1.writeup-section { page-break-before: always; break-before: page; }
 .writeup-title { page-break-after: always; break-after: page; }
+/* JupyterLab scrolls wide outputs sideways; on paper a scroll box cuts them at the page edge */
 @media print { * { overflow: visible !important; } .jp-Cell { break-inside: auto; } .jp-OutputArea-output { break-inside: avoid; } }
 </style>
 """
