@@ -59,16 +59,17 @@ pdf: $(SETUP)
 	fi
 	$(PYTHON) -m cs336_systems.report.pdf --profile $(PROFILE) $(if $(OUT),--out $(OUT))
 
-# Wheels of everything the GPU nodes lack (papermill, nbconvert, jupyter bits), for Python 3.12 on
-# x86-64 Linux; torch, triton, numpy, pandas, matplotlib and seaborn are expected on the node.
+# Wheels of everything the GPU nodes lack (papermill, nbconvert, jupyter bits, transformers for the
+# Llama reference) for Python 3.12 on x86-64 Linux; torch, triton, numpy, pandas, matplotlib and
+# seaborn are expected on the node.
 wheelhouse:
 	python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	  --platform manylinux1_x86_64 --platform any -d $(WHEELHOUSE) papermill nbconvert nbformat ipykernel
+	  --platform manylinux1_x86_64 --platform any -d $(WHEELHOUSE) papermill nbconvert nbformat ipykernel transformers
 	@echo "wheels in $(WHEELHOUSE)/; on the node: make install-offline PYTHON=python3"
 
 install-offline:
-	$(PYTHON) -m pip install --quiet --no-index --find-links $(WHEELHOUSE) papermill nbconvert nbformat ipykernel
+	$(PYTHON) -m pip install --quiet --no-index --find-links $(WHEELHOUSE) papermill nbconvert nbformat ipykernel transformers
 
 clean:
 	rm -rf reports/cpu reports/_scratch .pytest_cache

@@ -137,6 +137,40 @@ def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     assert df.loc[df.flavour == "flat", "all_reduce_calls"].item() == 1
 
 
+def test_scaling_holds_the_per_rank_batch_and_measures_each_world_size():
+    from cs336_systems.distributed.ddp_benchmark import DDPBenchmarkConfig
+    from cs336_systems.distributed.ddp_scaling import benchmark_scaling, scaling_table
+
+    base = DDPBenchmarkConfig(size="nano", context_length=16, warmup=0, steps=2, backend="gloo")
+    df = benchmark_scaling(base, [3, 2], per_rank_batch=1, bucket_size_mb=0.01)
+    assert (df.status == "ok").all()
+    assert list(df.world_size) == [2] * 4 + [3] * 4  # sorted, four flavours each
+    assert (df.global_batch_size == df.world_size).all()  # 1 sequence per rank at every size
+    assert list(df.flavour[:4]) == ["no-communication", "naive", "bucketed 0.01 MB", "torch-ddp"]
+    base_rows = df[df.flavour == "no-communication"]
+    assert (base_rows.efficiency == 1).all() and (base_rows.overhead_ms == 0).all()
+    naive = df[df.flavour == "naive"].set_index("world_size")
+    expected = base_rows.set_index("world_size").step_ms / naive.step_ms
+    assert np.allclose(naive.efficiency, expected)
+    table = scaling_table(df)
+    assert list(table.world_size) == [2, 3] and "naive step (ms)" in table and "torch-ddp efficiency" in table
+
+
+def test_scaling_lists_world_sizes_beyond_the_gpus_as_not_run():
+    from cs336_systems.distributed.ddp_benchmark import DDPBenchmarkConfig
+    from cs336_systems.distributed.ddp_scaling import benchmark_scaling
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    beyond = max(have + 1, 2)
+    df = benchmark_scaling(DDPBenchmarkConfig(size="nano"), [beyond], per_rank_batch=1, bucket_size_mb=None, backend="nccl")
+    assert (df.status == "not run").all() and len(df) == 4
+    assert df.note.iloc[0] == f"needs {beyond} GPUs, this machine has {have}"
+    with pytest.raises(ValueError, match="world sizes must be at least 2"):
+        benchmark_scaling(DDPBenchmarkConfig(size="nano"), [1, 2], per_rank_batch=1, bucket_size_mb=None)
+    with pytest.raises(ValueError, match="per-rank batch"):
+        benchmark_scaling(DDPBenchmarkConfig(size="nano"), [2], per_rank_batch=0, bucket_size_mb=None)
+
+
 # --- no process group needed below ---------------------------------------------------------------
 
 

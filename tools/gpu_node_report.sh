@@ -6,7 +6,7 @@
 set -u
 notebooks=$1; seconds=$2; archive=$3
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/lib NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-python3 -m pip install -q --no-index --find-links wheelhouse papermill nbconvert nbformat ipykernel 2>&1 | grep -v WARNING | tail -3
+python3 -m pip install -q --no-index --find-links wheelhouse papermill nbconvert nbformat ipykernel transformers 2>&1 | grep -v WARNING | tail -3
 deadline=$(( $(date +%s) + seconds ))
 for nb in $notebooks; do
   left=$(( deadline - $(date +%s) ))
