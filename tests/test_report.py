@@ -80,12 +80,16 @@ def test_a_report_gathered_from_several_machines_names_each(tmp_path):
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     (tmp_path / "environment.json").write_text(json.dumps({"GPU": "2 × GPU B", "profile": "gpu"}))
     (tmp_path / "caveats.json").write_text(json.dumps([{"notebook": "01_one", "caveat": "ran before the fix of the leak"}]))
+    (tmp_path / "results").mkdir()
+    merged_later_first = [dict(notebook=n, key=f"number of {n}", value=1, unit="", note="") for n in ("02_two", "01_one", "02_two")]
+    (tmp_path / "results" / "headlines.json").write_text(json.dumps(merged_later_first))
     build_index(tmp_path, "gpu")
     writeup = (tmp_path / "writeup.html").read_text()
     assert "ran on 2 machines" in writeup and "1 × GPU A" in writeup and "bbb222" in writeup
     assert "ran on 1 × GPU A, commit aaa111, 2026-01-01 10:00 UTC" in writeup
     assert "Known problems of these results" in writeup and "ran before the fix of the leak" in writeup
     assert "result of 03_old" in writeup
+    assert writeup.index("number of 01_one") < writeup.index("number of 02_two")  # summary in notebook order
     index = (tmp_path / "index.html").read_text()
     assert "2 × GPU B · bbb222 · 2026-01-02 11:00 UTC" in index
 

@@ -86,8 +86,9 @@ def build_writeup(report_dir: Path, env: dict[str, str], runs: list[dict] = ()) 
     report_dir = Path(report_dir)
     executed = sorted(p for p in report_dir.glob("[0-9][0-9]_*.ipynb"))
     results = report_dir / "results"
-    headlines = _load_json(results / "headlines.json")
-    not_run = _load_json(results / "not_run.json")
+    # in the order of the assignment (stable within a notebook), however the runs were merged
+    headlines = sorted(_load_json(results / "headlines.json"), key=lambda h: h["notebook"])
+    not_run = sorted(_load_json(results / "not_run.json"), key=lambda h: h["notebook"])
     # Written by a maintainer, not by a notebook: what is known to be wrong or stale in committed results.
     caveats = _load_json(report_dir / "caveats.json")
     doc = nbformat.v4.new_notebook()
