@@ -96,6 +96,10 @@ def test_config_for_reads_the_user_cache(user_cache):
                                     KernelConfig(32, 16, 4, 1), user_cache)
     flash_configs.reload_config_table()
     assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == KernelConfig(32, 16, 4, 1)
+    # lookups are cached; a configuration stored in the live table (as the tuner does) still wins at once
+    flash_configs.config_table().store("cpu", ProblemKey.of("forward", 16, torch.float32, True, 40, 40),
+                                       KernelConfig(16, 16, 2, 1), user_cache)
+    assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == KernelConfig(16, 16, 2, 1)
 
 
 def test_each_kernel_runs_its_own_configuration(user_cache):
@@ -139,3 +143,10 @@ def test_tuning_on_gpu_stores_the_fastest_correct_config(user_cache):
         stored = ConfigTable([user_cache]).lookup(name, ProblemKey.of(kernel, 32, torch.bfloat16, True, 256, 256))
         assert stored == KernelConfig(int(best.q_tile), int(best.k_tile), int(best.num_warps), int(best.num_stages))
     assert len(tuning_summary(df)) == 2
+
+
+def test_tuning_in_a_fresh_process_is_held_to_its_budget(tmp_path):
+    from cs336_systems.attention.flash_tuning import tune_in_fresh_process
+
+    with pytest.raises(RuntimeError, match=r"did not finish within 0.01 s"):
+        tune_in_fresh_process(1024, 64, "bfloat16", out_dir=tmp_path, timeout_s=0.01)

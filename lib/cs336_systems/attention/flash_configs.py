@@ -16,6 +16,7 @@ A key missing from a table falls back to the same problem at the nearest tuned s
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -143,6 +144,7 @@ class ConfigTable:
     def store(self, device: str, key: ProblemKey, config: KernelConfig, path: Path) -> None:
         """Remember `config` and merge it into the JSON file at `path`."""
         self.entries.setdefault(device, {})[key] = config
+        _resolve.cache_clear()
         data = json.loads(path.read_text()) if path.is_file() else {}
         data.setdefault(device, {})[key.to_str()] = asdict(config)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,6 +165,7 @@ def config_table() -> ConfigTable:
 def reload_config_table() -> ConfigTable:
     global _TABLE
     _TABLE = None
+    _resolve.cache_clear()
     return config_table()
 
 
@@ -170,10 +173,11 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-@torch.compiler.assume_constant_result
-def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
-            element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
-    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph.
+@functools.lru_cache(maxsize=4096)
+def _resolve(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
+             element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
+    # Cached: every attention call asks three times, and a table lookup costs tens of microseconds,
+    # as much as a short kernel. ConfigTable.store and reload_config_table clear it.
     device = torch.device(device_type, device_index) if device_type == "cuda" else torch.device(device_type)
     key = ProblemKey.of(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, n_q, n_k)
     found = config_table().lookup(device_name(device), key)
@@ -181,9 +185,21 @@ def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n
     return (config.q_tile, config.k_tile, config.num_warps, config.num_stages)
 
 
+@torch.compiler.assume_constant_result
+def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
+            element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
+    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph.
+    return _resolve(kernel, head_dim_tile, dtype_name, is_causal, n_q, n_k, element_size, device_type, device_index)
+
+
 def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int,
                device: torch.device) -> KernelConfig:
     """The tuned configuration of `kernel` for this problem on `device`, else the default."""
     index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
-    return KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
-                                 n_q, n_k, dtype.itemsize, device.type, index))
+    return _as_config(_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
+                              n_q, n_k, dtype.itemsize, device.type, index))
+
+
+@functools.lru_cache(maxsize=256)
+def _as_config(fields: tuple[int, int, int, int]) -> KernelConfig:
+    return KernelConfig(*fields)

@@ -110,9 +110,10 @@ class FlashAttentionTriton(torch.autograd.Function):
         config = config_for(kernel, head_dim_tile(d), q.dtype, is_causal, n_q, n_k, q.device)
         tiles = FlashAttentionTriton.tiles
         if tiles is not None:
-            if any(t < 16 or t & (t - 1) for t in tiles):
-                raise ValueError(f"FlashAttentionTriton.tiles must be powers of two >= 16, got {tiles}")
-            config = KernelConfig(tiles[0], tiles[1], config.num_warps, config.num_stages)
+            try:
+                config = KernelConfig(tiles[0], tiles[1], config.num_warps, config.num_stages)
+            except ValueError as err:
+                raise ValueError(f"FlashAttentionTriton.tiles = {tiles}: {err}") from None
         return config
 
     @staticmethod

@@ -173,12 +173,14 @@ if __name__ == "__main__":
 
 def tune_in_fresh_process(
     seq_len: int, head_dim: int, dtype: str, *, is_causal: bool = True, batch: int = 16, out_dir: str | Path,
+    timeout_s: float = 600.0,
 ) -> tuple[pd.DataFrame, float]:
     """Run the tuner as a new process with an empty Triton compile cache; every candidate's rows and its wall time.
 
     The configurations go to out_dir/flash_configs.json, the rows to out_dir/flash_tuning.csv.
     The wall time counts everything a first leaderboard run would pay: interpreter start, imports,
-    compiling every candidate and timing it.
+    compiling every candidate and timing it. Past `timeout_s` (default: the leaderboard's
+    10-minute budget) the tuner is stopped and a RuntimeError says so.
     """
     import os
     import subprocess
@@ -197,7 +199,10 @@ def tune_in_fresh_process(
     with tempfile.TemporaryDirectory() as triton_cache:
         env = {**os.environ, "TRITON_CACHE_DIR": triton_cache}
         start = time.perf_counter()
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the tuner did not finish within {timeout_s:g} s (the budget it is held to)") from None
         wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"the tuner failed (exit {done.returncode}):\n{done.stderr[-3000:]}")

@@ -32,17 +32,20 @@ def check_attention_inputs(
             raise ValueError(f"{name} must have shape (..., seq, d), got {tuple(t.shape)}")
         if t.shape[-2] == 0 or t.shape[-1] == 0:
             raise ValueError(f"{name} has an empty sequence or head dimension: {tuple(t.shape)}")
-    described = ", ".join(_describe(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
+    # Described only on failure: formatting three tensors costs as much as a short kernel.
+    def described() -> str:
+        return ", ".join(_describe(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
+
     if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
-        raise ValueError(f"q, k and v must share the last (head) dimension; got {described}")
+        raise ValueError(f"q, k and v must share the last (head) dimension; got {described()}")
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(f"q, k and v must share the leading (batch, head) dimensions; got {described}")
+        raise ValueError(f"q, k and v must share the leading (batch, head) dimensions; got {described()}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same sequence length; got {described}")
+        raise ValueError(f"k and v must have the same sequence length; got {described()}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device; got {described}")
+        raise ValueError(f"q, k and v must be on one device; got {described()}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k and v must have one dtype; got {described}")
+        raise ValueError(f"q, k and v must have one dtype; got {described()}")
     if q.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise ValueError(f"dtype {q.dtype} is not supported here (supported: {names})")
