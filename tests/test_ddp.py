@@ -121,6 +121,31 @@ def test_a_rank_that_raises_fails_the_job_instead_of_hanging():
     assert time.monotonic() - start < 60
 
 
+def _rank_one_aborts_while_reducing(ctx: DistContext) -> None:
+    if ctx.rank == 1:
+        os.abort()  # what a C++ failure inside a collective looks like: a signal, no Python exception
+    torch.distributed.all_reduce(torch.ones(1))
+
+
+def _rank_one_aborts_at_exit(ctx: DistContext) -> int:
+    import atexit
+
+    if ctx.rank == 1:
+        atexit.register(os.abort)  # dies in interpreter shutdown, after its result is saved
+    return 10 + ctx.rank
+
+
+def test_a_rank_killed_by_a_signal_is_reported_with_its_stack():
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of distributed job _rank_one_aborts_while_reducing .*died with SIGABRT.*"
+                                           r"_rank_one_aborts_while_reducing"):
+        spawn(_rank_one_aborts_while_reducing, 2, backend="gloo", timeout_s=60)
+
+
+def test_a_rank_dying_after_its_result_is_saved_keeps_the_results():
+    with pytest.warns(RuntimeWarning, match="rank 1 of _rank_one_aborts_at_exit died with SIGABRT while shutting down"):
+        assert spawn(_rank_one_aborts_at_exit, 2, backend="gloo", timeout_s=60) == [10, 11]
+
+
 def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     out = tmp_path / "ddp.csv"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

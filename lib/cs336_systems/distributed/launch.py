@@ -8,15 +8,20 @@ which sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (multi-nod
 NCCL with one GPU per rank (`torch.cuda.set_device(local_rank)`), gloo on CPU. Every process
 group has a timeout, and an exception in one rank ends all ranks with that rank's traceback:
 `torch.multiprocessing` terminates the survivors, and the wall-clock `timeout_s` bounds the rest.
+A rank killed by a signal is reported with the stacks faulthandler wrote when it died; one that
+dies only while shutting down, after every rank saved its result, leaves the results intact (a
+RuntimeWarning says so). Ranks meet at a barrier before tearing the process group down.
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import socket
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +82,10 @@ def init_process_group(rank: int, world_size: int, local_rank: int, backend: str
 
 
 def _spawned_entry(local_rank, worker, world_size, backend, port, timeout_s, result_dir, args):
+    # A rank killed by a signal (a C++ abort in a collective, say) leaves no Python exception:
+    # faulthandler writes every thread's stack to this file, and spawn() reports it.
+    fault_log = open(Path(result_dir) / f"rank{local_rank}.faults", "w")  # noqa: SIM115 - open until exit
+    faulthandler.enable(file=fault_log, all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "gloo":
         # ranks share the CPU: more intra-op threads than cores makes OpenMP spin and slows all ranks
@@ -85,6 +94,7 @@ def _spawned_entry(local_rank, worker, world_size, backend, port, timeout_s, res
     try:
         result = worker(ctx, *args)
         torch.save(result, Path(result_dir) / f"rank{local_rank}.pt")
+        ctx.barrier()  # no rank tears its connections down while a peer still uses them
     finally:
         dist.destroy_process_group()
 
@@ -110,13 +120,28 @@ def spawn(
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in context.processes:
-                    if p.is_alive():
-                        p.terminate()
-                raise TimeoutError(f"distributed job {worker.__name__} (world size {world_size}) exceeded {timeout_s:.0f} s")
-        return [torch.load(Path(result_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+        results = [Path(result_dir) / f"rank{r}.pt" for r in range(world_size)]
+        try:
+            while not context.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    for p in context.processes:
+                        if p.is_alive():
+                            p.terminate()
+                    raise TimeoutError(f"distributed job {worker.__name__} (world size {world_size}) exceeded {timeout_s:.0f} s")
+        except mp.ProcessExitedException as err:
+            faults = (Path(result_dir) / f"rank{err.error_index}.faults").read_text().strip()
+            where = f"; its stacks when it died:\n{faults[-4000:]}" if faults else ""
+            if not all(r.exists() for r in results):
+                raise RuntimeError(
+                    f"rank {err.error_index} of distributed job {worker.__name__} (world size {world_size}) "
+                    f"died with {err.signal_name or f'exit code {err.exit_code}'}{where}"
+                ) from err
+            warnings.warn(
+                f"rank {err.error_index} of {worker.__name__} died with {err.signal_name} while shutting down, "
+                f"after every rank had saved its result; the results are kept{where}",
+                RuntimeWarning, stacklevel=2,
+            )
+        return [torch.load(r, weights_only=False) for r in results]
 
 
 def launch_from_env(worker: Callable[..., Any], args: tuple = (), backend: str | None = "auto", timeout_s: float = 600.0) -> Any:
@@ -130,7 +155,9 @@ def launch_from_env(worker: Callable[..., Any], args: tuple = (), backend: str |
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     ctx = init_process_group(rank, world_size, local_rank, backend, timeout_s)
     try:
-        return worker(ctx, *args)
+        result = worker(ctx, *args)
+        ctx.barrier()
+        return result
     finally:
         dist.destroy_process_group()
 
