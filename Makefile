@@ -15,6 +15,7 @@ PYTHON    ?= $(VENV)/bin/python
 HAVE_GPU  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= $(if $(HAVE_GPU),torch>=2.11,torch==2.13.0 triton==3.6.0)
 WHEELHOUSE ?= wheelhouse
+OFFLINE_PACKAGES := papermill nbconvert nbformat ipykernel transformers
 
 export PYTHONPATH := $(CURDIR)/lib$(if $(PYTHONPATH),:$(PYTHONPATH))
 
@@ -65,11 +66,11 @@ pdf: $(SETUP)
 wheelhouse:
 	python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	  --platform manylinux1_x86_64 --platform any -d $(WHEELHOUSE) papermill nbconvert nbformat ipykernel transformers
+	  --platform manylinux1_x86_64 --platform any -d $(WHEELHOUSE) $(OFFLINE_PACKAGES)
 	@echo "wheels in $(WHEELHOUSE)/; on the node: make install-offline PYTHON=python3"
 
 install-offline:
-	$(PYTHON) -m pip install --quiet --no-index --find-links $(WHEELHOUSE) papermill nbconvert nbformat ipykernel transformers
+	$(PYTHON) -m pip install --quiet --no-index --find-links $(WHEELHOUSE) $(OFFLINE_PACKAGES)
 
 clean:
 	rm -rf reports/cpu reports/_scratch .pytest_cache

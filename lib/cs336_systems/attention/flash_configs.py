@@ -196,10 +196,5 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
                device: torch.device) -> KernelConfig:
     """The tuned configuration of `kernel` for this problem on `device`, else the default."""
     index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
-    return _as_config(_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
-                              n_q, n_k, dtype.itemsize, device.type, index))
-
-
-@functools.lru_cache(maxsize=256)
-def _as_config(fields: tuple[int, int, int, int]) -> KernelConfig:
-    return KernelConfig(*fields)
+    return KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
+                                 n_q, n_k, dtype.itemsize, device.type, index))

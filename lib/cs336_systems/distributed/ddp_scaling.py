@@ -27,13 +27,6 @@ from cs336_systems.distributed.launch import resolve_backend
 SCALING_FLAVOURS = ("no-communication", "naive", "bucketed", "torch-ddp")
 
 
-def available_ranks(backend: str) -> int | None:
-    """How many ranks this machine can run on `backend`: its GPUs for NCCL, unbounded (None) for gloo."""
-    if backend == "nccl":
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return None
-
-
 def benchmark_scaling(
     base: DDPBenchmarkConfig,
     world_sizes: Sequence[int],
@@ -49,18 +42,17 @@ def benchmark_scaling(
     if any(n < 2 for n in world_sizes):
         raise ValueError(f"world sizes must be at least 2 (data parallelism needs peers), got {list(world_sizes)}")
     backend = backend or base.backend or "auto"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # One rank per GPU for NCCL; and on a GPU machine "auto" must not fall back to CPU ranks for large n.
+    limit = gpus if backend == "nccl" or (backend == "auto" and gpus) else None
     frames = []
     for n in sorted(set(world_sizes)):
-        chosen = resolve_backend(backend, n) if backend == "auto" else backend
-        limit = available_ranks(chosen)
-        if backend == "auto" and chosen == "gloo" and torch.cuda.is_available():
-            limit = torch.cuda.device_count()  # a GPU run must not silently fall back to CPU ranks
         if limit is not None and n > limit:
             frames.append(pd.DataFrame([dict(world_size=n, flavour=f, status="not run",
                                              note=f"needs {n} GPUs, this machine has {limit}") for f in flavours]))
             continue
         config = replace(base, world_size=n, global_batch_size=per_rank_batch * n, flavours=tuple(flavours),
-                         bucket_sizes_mb=(bucket_size_mb,), backend=chosen, profile=())
+                         bucket_sizes_mb=(bucket_size_mb,), backend=resolve_backend(backend, n), profile=())
         df, _ = benchmark_ddp(config)
         frames.append(df.assign(note=""))
     out = pd.concat(frames, ignore_index=True)

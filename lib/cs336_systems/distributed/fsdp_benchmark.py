@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 
 from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
-from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
+from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory
 from cs336_systems.distributed.ddp_benchmark import timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, SHARDED_MODULES
@@ -211,7 +211,6 @@ def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_nam
     model = TransformerLM.from_config(config.model_config(), device=ctx.device)
     wrapped = wrap(strategy, model, ctx, dtype_name)
     optimizer = AdamW(wrapped.parameters(), lr=config.lr)
-    synchronize(ctx.device)
     info = dict(after_init_allocated=allocated_bytes(ctx.device) - baseline, baseline=baseline)
 
     def step():

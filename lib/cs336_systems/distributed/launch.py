@@ -131,13 +131,13 @@ def spawn(
         except mp.ProcessExitedException as err:
             faults = (Path(result_dir) / f"rank{err.error_index}.faults").read_text().strip()
             where = f"; its stacks when it died:\n{faults[-4000:]}" if faults else ""
+            how = err.signal_name or f"exit code {err.exit_code}"
             if not all(r.exists() for r in results):
                 raise RuntimeError(
-                    f"rank {err.error_index} of distributed job {worker.__name__} (world size {world_size}) "
-                    f"died with {err.signal_name or f'exit code {err.exit_code}'}{where}"
+                    f"rank {err.error_index} of distributed job {worker.__name__} (world size {world_size}) died with {how}{where}"
                 ) from err
             warnings.warn(
-                f"rank {err.error_index} of {worker.__name__} died with {err.signal_name} while shutting down, "
+                f"rank {err.error_index} of {worker.__name__} died with {how} while shutting down, "
                 f"after every rank had saved its result; the results are kept{where}",
                 RuntimeWarning, stacklevel=2,
             )
