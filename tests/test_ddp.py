@@ -146,6 +146,25 @@ def test_a_rank_dying_after_its_result_is_saved_keeps_the_results():
         assert spawn(_rank_one_aborts_at_exit, 2, backend="gloo", timeout_s=60) == [10, 11]
 
 
+def test_destroying_the_process_group_stops_its_threads_even_after_compile_imports():
+    # A fresh interpreter, so the import order is the one a worker sees: the group is created,
+    # then torch._dynamo is imported (torch.compile does this), then the group is destroyed.
+    script = """
+import os, gc
+from cs336_systems.distributed.launch import free_port, init_process_group
+import torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+init_process_group(0, 1, 0, "gloo", 60)
+import torch._dynamo
+dist.destroy_process_group()
+gc.collect()
+print(sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gloo" not in done.stdout, f"gloo threads outlived destroy_process_group: {done.stdout}"
+
+
 def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     out = tmp_path / "ddp.csv"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -38,3 +38,38 @@ def test_gradient_clipping_matches_torch():
     torch.nn.utils.clip_grad_norm_(b, 1.0)
     for p, q in zip(a, b):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+@pytest.mark.parametrize("middle_dtype", [torch.float32, torch.bfloat16])
+def test_foreach_adamw_takes_the_same_steps_as_the_per_tensor_loop(weight_decay, middle_dtype):
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))
+        m[2].to(middle_dtype)  # bf16: a second dtype, and the foreach path groups tensors by (device, dtype)
+        m[3].bias.requires_grad_(False)  # never gets a gradient: skipped by both
+        return m
+
+    def forward(m, x):
+        return m[3](m[2](m[1](m[0](x)).to(middle_dtype)).float())
+
+    loop_model, foreach_model = make(), make()
+    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+    loop_opt, foreach_opt = AdamW(loop_model.parameters(), **kw), AdamW(foreach_model.parameters(), foreach=True, **kw)
+    for m, opt in ((loop_model, loop_opt), (foreach_model, foreach_opt)):
+        torch.manual_seed(1)
+        for _ in range(12):
+            opt.zero_grad(set_to_none=True)
+            forward(m, torch.randn(8, 6)).pow(2).mean().backward()
+            opt.step()
+    moved = 0
+    for (name, p), q in zip(loop_model.named_parameters(), foreach_model.parameters()):
+        if middle_dtype == torch.float32:  # the same operations in the same order: bit for bit
+            torch.testing.assert_close(q, p, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+        else:  # torch's CPU _foreach_mul_ rounds the scalar to bf16 first (beta1 0.9 -> 0.898); mul_ does not
+            torch.testing.assert_close(q.float(), p.float(), rtol=2e-2, atol=1e-3, msg=lambda m: f"{name}: {m}")
+        moved += int(not torch.equal(p, make().get_parameter(name)))
+    assert moved == 5  # every trainable tensor was updated, the frozen bias was not
+    assert foreach_opt.state[foreach_model[0].weight]["step"] == 12

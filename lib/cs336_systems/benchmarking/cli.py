@@ -7,6 +7,7 @@ import json
 import sys
 
 from cs336_systems.benchmarking.harness import MODES, PRECISIONS, BenchmarkConfig, run_benchmark
+from cs336_systems.optim import OPTIMIZERS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -21,6 +22,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
     p.add_argument("--attention", default="naive", help="naive, sdpa, flash_pytorch or flash_triton")
     p.add_argument("--checkpoint-every", type=int, default=None, help="recompute activations in groups of k blocks")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="train-step only: which AdamW steps the model")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--json", action="store_true", help="print the row as JSON instead of a table")
     return p.parse_args(argv)
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BenchmarkConfig(
         size=args.size, context_length=args.context_length, batch_size=args.batch_size, mode=args.mode,
         precision=args.precision, warmup=args.warmup, steps=args.steps, compile=args.compile,
-        attention=args.attention, checkpoint_every=args.checkpoint_every, device=args.device,
+        attention=args.attention, checkpoint_every=args.checkpoint_every, optimizer=args.optimizer, device=args.device,
     )
     try:
         row = run_benchmark(config)
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(row, default=str))
         return 0
-    keys = ["size", "context_length", "batch_size", "mode", "precision", "compile", "attention", "parameters",
+    keys = ["size", "context_length", "batch_size", "mode", "precision", "compile", "attention", "optimizer", "parameters",
             "status", "mean_ms", "std_ms", "median_ms", "peak_memory_mib"]
     width = max(map(len, keys))
     for k in keys:

@@ -19,7 +19,7 @@ import torch
 
 from cs336_systems.model import MODEL_SIZES, ModelConfig, TransformerLM, count_parameters
 from cs336_systems.nn_utils import cross_entropy
-from cs336_systems.optim import AdamW
+from cs336_systems.optim import OPTIMIZERS, make_optimizer
 from cs336_systems.profiling.ranges import annotated
 
 MODES = ("forward", "forward-backward", "train-step")
@@ -40,6 +40,7 @@ class BenchmarkConfig:
     compile: bool = False
     attention: str = "naive"
     checkpoint_every: int | None = None
+    optimizer: str = "adamw"  # train-step only: one of cs336_systems.optim.OPTIMIZERS
     model_context_length: int | None = None  # the model's maximum; defaults to context_length
     model: dict = field(default_factory=dict)  # d_model, d_ff, num_layers, num_heads, vocab_size overrides
     device: str | None = None  # None: cuda if available, else cpu
@@ -59,6 +60,8 @@ class BenchmarkConfig:
             raise ValueError(f"unknown model size {self.size!r}; known sizes: {', '.join(MODEL_SIZES)}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
         model_ctx = self.model_context_length or self.context_length
@@ -136,7 +139,7 @@ def build(config: BenchmarkConfig) -> TrainingSetup:
         mcfg, attention=config.attention, checkpoint_every=config.checkpoint_every, device=device
     )
     num_parameters = count_parameters(model)
-    optimizer = AdamW(model.parameters(), lr=1e-4) if config.mode == "train-step" else None
+    optimizer = make_optimizer(config.optimizer, model.parameters(), lr=1e-4) if config.mode == "train-step" else None
     if config.compile:
         model = torch.compile(model)
     tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)

@@ -24,7 +24,7 @@ from cs336_systems.benchmarking.harness import (
     BenchmarkConfig, TrainingSetup, free_device_memory, is_out_of_memory, time_steps,
 )
 from cs336_systems.model import ModelConfig, TransformerLM, count_parameters
-from cs336_systems.optim import AdamW
+from cs336_systems.optim import make_optimizer
 
 
 def transformers_available() -> bool:
@@ -78,7 +78,7 @@ def build_llama(config: BenchmarkConfig, attention: str = "sdpa") -> TrainingSet
     if ours != theirs:
         raise ValueError(f"Llama reference has {theirs:,} parameters, TransformerLM {ours:,}: the architectures differ")
     model: nn.Module = LlamaLogits(llama)
-    optimizer = AdamW(model.parameters(), lr=1e-4) if config.mode == "train-step" else None
+    optimizer = make_optimizer(config.optimizer, model.parameters(), lr=1e-4) if config.mode == "train-step" else None
     if config.compile:
         model = torch.compile(model)
     tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)

@@ -29,7 +29,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401 - imported before any process group exists, see below
 import torch.multiprocessing as mp
+
+# torch.distributed.nn.functional binds `group=group.WORLD` as default arguments when it is first
+# imported (torch._dynamo imports it, so torch.compile does too). Imported while a process group
+# is live, those defaults keep that group alive after destroy_process_group(); its gloo threads
+# then outlive the interpreter and a rank can abort at exit ("terminate called without an active
+# exception"). Importing it here, before init_process_group, binds None instead.
 
 BACKENDS = ("gloo", "nccl")
 

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from cs336_systems.benchmarking.harness import BenchmarkConfig, build, free_device_memory, is_out_of_memory, time_steps
+from cs336_systems.benchmarking.harness import (
+    BenchmarkConfig, TrainingSetup, build, free_device_memory, is_out_of_memory, time_steps,
+)
 from cs336_systems.profiling.kernel_names import kernel_category, short_kernel_name
 from cs336_systems.profiling.trace import GPU_KINDS, count_range_instances, events_in_ranges, load_trace
 
@@ -70,6 +73,7 @@ def profile_benchmark(
     with_stack: bool = False,
     profile_memory: bool = False,
     profiled_warmup: int = 1,
+    builder: Callable[[BenchmarkConfig], TrainingSetup] = build,
 ) -> ProfiledRun:
     """Run `config` (warm-up + measured steps) under torch.profiler; OOM becomes status "OOM".
 
@@ -77,14 +81,15 @@ def profile_benchmark(
     it starts), which keeps traces small while still showing why the "measured step" range filter
     matters. The trace goes to `trace_path` (Chrome JSON, or gzipped if the name ends in .gz; it
     opens in Perfetto / chrome://tracing); with no path it goes to a temporary file, is loaded and
-    deleted.
+    deleted. `builder` makes the model and batch (the harness's `build`; the Llama reference passes
+    its own).
     """
     if profiled_warmup < 0:
         raise ValueError(f"profiled_warmup must be >= 0, got {profiled_warmup}")
     device = config.resolved_device()
     setup = None
     try:
-        setup = build(config)
+        setup = builder(config)
         profiled = min(profiled_warmup, config.warmup)
         time_steps(setup.step, config.warmup - profiled, 0, device)
         with torch.profiler.profile(
@@ -209,3 +214,23 @@ def range_summary(events: pd.DataFrame, names: Sequence[str], within: Sequence[s
             gpu_span_ms=float(np.nanmean(gpu_span_ms)) if gpu and compute_ms else np.nan,
         ))
     return pd.DataFrame(rows)
+
+
+STEP_PHASES = ("forward", "backward", "optimizer step")
+
+
+def phase_times(config: BenchmarkConfig, builder: Callable[[BenchmarkConfig], TrainingSetup] = build) -> dict:
+    """Where one training step's time goes: per phase (forward, backward, optimizer step), the CPU
+    wall time and the compute time of what it launched (kernels on a GPU, operators on a CPU),
+    means over the measured steps of one profiled run of `config` in mode "train-step". Keys `{phase}_wall_ms`, `{phase}_compute_ms` and
+    `step_ms` (the profiled step time), or status "OOM"."""
+    run = profile_benchmark(replace(config, mode="train-step"), profiled_warmup=0, builder=builder)
+    if run.status != "ok":
+        return dict(status=run.status, error=run.error)
+    ranges = range_summary(run.events, STEP_PHASES).set_index("range")
+    row = dict(status="ok", step_ms=float(np.mean(run.step_times_ms)))
+    for phase in STEP_PHASES:
+        key = phase.replace(" step", "")
+        row[f"{key}_wall_ms"] = float(ranges.loc[phase, "wall_ms"])
+        row[f"{key}_compute_ms"] = float(ranges.loc[phase, "compute_ms"])
+    return row
