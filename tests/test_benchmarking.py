@@ -30,6 +30,31 @@ def test_train_step_changes_the_weights():
     assert any(not torch.equal(a, b) for a, b in zip(before, setup.model.parameters()))
 
 
+def test_every_compiled_configuration_is_compiled_however_many_came_before():
+    # With the recompile limit at 1, a second configuration of the same forward() would run
+    # eagerly if the first one's cache entry were still there.
+    from torch._dynamo.utils import counters
+
+    one_step = {**TINY, "warmup": 0, "steps": 1, "compile": True}
+    configs = [BenchmarkConfig(**one_step), BenchmarkConfig(**one_step, mode="forward")]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for config in configs:
+            before = counters["stats"]["unique_graphs"]
+            assert run_benchmark(config)["status"] == "ok"
+            assert counters["stats"]["unique_graphs"] > before, f"{config.mode} ran without a compiled graph"
+
+
+def test_optimizer_choice_is_validated_and_used():
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        run_benchmark(BenchmarkConfig(**TINY, mode="train-step", optimizer="sgd"))
+    for name, kind in [("adamw", "AdamW"), ("adamw-foreach", "AdamW"), ("torch-adamw-fused", "AdamW")]:
+        setup = harness.build(BenchmarkConfig(**TINY, mode="train-step", optimizer=name))
+        assert type(setup.optimizer).__name__ == kind
+        assert bool(setup.optimizer.defaults.get("foreach")) == (name == "adamw-foreach")
+        assert bool(setup.optimizer.defaults.get("fused")) == (name == "torch-adamw-fused")
+        setup.step()
+
+
 def test_time_steps_synchronizes_after_every_step(monkeypatch):
     calls = []
     monkeypatch.setattr(harness, "synchronize", lambda device: calls.append(device))

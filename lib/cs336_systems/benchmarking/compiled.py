@@ -5,12 +5,15 @@ vanilla and the compiled model, in one sweep. `best_versus_llama` takes our fast
 step (bf16 autocast, compiled, the fastest of the given attention implementations) and the
 Hugging Face Llama of the same architecture (llama_reference.py) on the same batch, in the same
 run, and reports the step-time ratio against the bar (ours <= bar x Llama) and the model FLOPs
-utilisation of both against the device's measured bf16 matmul ceiling (ceiling.py).
+utilisation of both against the device's measured bf16 matmul ceiling (ceiling.py), with
+Llama compiled too and where each step's time goes (forward, backward, optimizer: host wall
+time against device compute time). `optimizer_comparison` times one configuration with each
+AdamW of cs336_systems.optim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import pandas as pd
@@ -20,6 +23,8 @@ from cs336_systems.accounting.flops import model_flops
 from cs336_systems.benchmarking.harness import MODES, BenchmarkConfig, run_benchmark
 from cs336_systems.benchmarking.llama_reference import run_llama_benchmark, transformers_available
 from cs336_systems.benchmarking.sweep import grid, sweep
+from cs336_systems.optim import OPTIMIZERS
+from cs336_systems.profiling.torch_profile import step_phases
 
 
 def compile_comparison(base: BenchmarkConfig, sizes: Sequence[str], modes: Sequence[str] = MODES, progress: bool = True) -> pd.DataFrame:
@@ -38,12 +43,13 @@ def compile_comparison(base: BenchmarkConfig, sizes: Sequence[str], modes: Seque
     return pd.DataFrame(out)
 
 
-def _attempt(config: BenchmarkConfig) -> dict:
-    """run_benchmark, with a failure other than OOM (e.g. a kernel that does not compile) kept as a row."""
+def _attempt(config: BenchmarkConfig, run: Callable[..., dict] = run_benchmark, **labels) -> dict:
+    """`run(config, then=step_phases)`: the timed row plus where its step's time went, built and
+    compiled once. A failure other than OOM (e.g. a kernel that does not compile) is kept as a row."""
     try:
-        return run_benchmark(config)
+        return {**run(config, then=step_phases), **labels}
     except Exception as err:  # noqa: BLE001 - recorded in the table, not hidden
-        return {**config.label(), "status": "failed", "error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+        return {**config.label(), **labels, "status": "failed", "error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
 
 
 def best_versus_llama(
@@ -51,39 +57,91 @@ def best_versus_llama(
     sizes: Sequence[str],
     contexts: Sequence[int],
     attentions: Sequence[str] = ("sdpa", "flash_triton"),
+    optimizer: str = "torch-adamw-fused",
     ceiling_tflops: float | None = None,
     bar: float = 0.8,
     compile: bool = True,
+    llama_compiled: bool | Sequence[tuple[str, int]] = True,
     progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(summary, candidates): per (size, context), our best bf16 train step (compiled unless
-    `compile=False`) vs Llama's (eager, as shipped).
+    """(summary, candidates): per (size, context), our best bf16 train step vs Llama's, eager as
+    shipped, both stepped by the same `optimizer` (one of cs336_systems.optim.OPTIMIZERS).
 
-    summary columns: size, context_length, best_attention, ours_ms, llama_ms, ratio, passes
-    (ratio <= bar), and MFU of both when `ceiling_tflops` is given. `candidates` has every timed
-    configuration, Llama included, with its status.
+    Our best: the fastest of `attentions` timed eagerly, then that one compiled (unless
+    `compile=False`). The attention kernels are opaque to the compiler, which fuses what lies
+    between them, so their order does not change under compilation; choosing eagerly saves a
+    whole-model compilation per losing candidate. `llama_compiled` also compiles Llama, at every
+    pair (True), none (False) or the listed (size, context) pairs: the same compiler on both.
+
+    summary columns: size, context_length, best_attention, optimizer, ours_ms, llama_ms,
+    llama_status, ratio (ours / Llama eager), passes (ratio <= bar), llama_compiled_ms and
+    ratio_vs_compiled where Llama was compiled, and MFU of each when `ceiling_tflops` is given.
+    `candidates` has every timed configuration with its status and, for those that ran, the
+    wall and compute time of its forward, backward and optimizer step (step_phases).
     """
-    base = replace(base, mode="train-step", precision="bf16", compile=compile)
+    base = replace(base, mode="train-step", precision="bf16", optimizer=optimizer)
     rows, summary = [], []
     pairs = [(s, c) for s in sizes for c in contexts]
     for size, context in tqdm(pairs, desc="best vs Llama", disable=not progress, leave=False):
-        config = replace(base, size=size, context_length=context, model_context_length=None)
-        ours = [{**_attempt(replace(config, attention=a)), "model": "ours"} for a in attentions]
-        if transformers_available():
-            llama = run_llama_benchmark(replace(config, compile=False))
-        else:
-            llama = {**config.label(), "model": "llama", "status": "not run", "error": "transformers is not installed"}
-        rows += ours + [llama]
+        config = replace(base, size=size, context_length=context, model_context_length=None, compile=False)
+        ours = [_attempt(replace(config, attention=a), model="ours") for a in attentions]
         ok = [r for r in ours if r["status"] == "ok"]
         best = min(ok, key=lambda r: r["mean_ms"]) if ok else None
-        row = dict(size=size, context_length=context, best_attention=best["attention"] if best else None,
+        if best is not None and compile:
+            best = _attempt(replace(config, attention=best["attention"], compile=True), model="ours")
+            ours.append(best)
+            best = best if best["status"] == "ok" else None
+        references = []
+        if transformers_available():
+            references.append(_attempt(config, run_llama_benchmark, model="llama"))
+            if compile and (llama_compiled is True or (llama_compiled and (size, context) in set(map(tuple, llama_compiled)))):
+                references.append(_attempt(replace(config, compile=True), run_llama_benchmark, model="llama"))
+        else:
+            references.append({**config.label(), "model": "llama", "status": "not run", "error": "transformers is not installed"})
+        rows += ours + references
+        llama = references[0]
+        row = dict(size=size, context_length=context, best_attention=best["attention"] if best else None, optimizer=optimizer,
                    ours_ms=best["mean_ms"] if best else float("nan"),
                    llama_ms=llama["mean_ms"] if llama["status"] == "ok" else float("nan"), llama_status=llama["status"])
         row["ratio"] = row["ours_ms"] / row["llama_ms"]
         row["passes"] = bool(row["ratio"] <= bar) if row["ratio"] == row["ratio"] else None
+        if len(references) > 1:
+            row["llama_compiled_ms"] = references[1]["mean_ms"] if references[1]["status"] == "ok" else float("nan")
+            row["ratio_vs_compiled"] = row["ours_ms"] / row["llama_compiled_ms"]
         if ceiling_tflops:
             flops = model_flops(config.model_config(), config.batch_size, context, "train-step")
-            row["ours_mfu"] = flops / (row["ours_ms"] / 1e3) / (ceiling_tflops * 1e12)
-            row["llama_mfu"] = flops / (row["llama_ms"] / 1e3) / (ceiling_tflops * 1e12)
+            for key in ("ours", "llama", "llama_compiled"):
+                if f"{key}_ms" in row:
+                    row[f"{key}_mfu"] = flops / (row[f"{key}_ms"] / 1e3) / (ceiling_tflops * 1e12)
         summary.append(row)
     return pd.DataFrame(summary), pd.DataFrame(rows)
+
+
+def step_phase_table(summary: pd.DataFrame, candidates: pd.DataFrame) -> pd.DataFrame:
+    """Long form, per (size, context): our best configuration, Llama eager and Llama compiled,
+    each phase's wall and compute ms (columns size, context_length, model, phase, wall_ms,
+    compute_ms)."""
+    ok = candidates[candidates.status == "ok"]
+    out = []
+    for r in summary.itertuples():
+        at = ok[(ok["size"] == r.size) & (ok.context_length == r.context_length)]
+        ours = at[(at.model == "ours") & (at.attention == r.best_attention)]
+        picks = [("ours (best)", ours.sort_values("compile", ascending=False)),
+                 ("Llama eager", at[(at.model == "llama") & ~at["compile"].astype(bool)]),
+                 ("Llama compiled", at[(at.model == "llama") & at["compile"].astype(bool)])]
+        for label, rows in picks:
+            if not len(rows) or "forward_wall_ms" not in rows:
+                continue
+            first = rows.iloc[0]
+            for phase in ("forward", "backward", "optimizer"):
+                out.append(dict(size=r.size, context_length=r.context_length, model=label, phase=phase,
+                                wall_ms=first[f"{phase}_wall_ms"], compute_ms=first[f"{phase}_compute_ms"]))
+    return pd.DataFrame(out)
+
+
+def optimizer_comparison(config: BenchmarkConfig, optimizers: Sequence[str] = OPTIMIZERS) -> pd.DataFrame:
+    """The training step of `config` with each optimizer: step time and the optimizer phase's wall
+    and compute ms (one row per optimizer, failures and OOM kept as rows)."""
+    rows = [_attempt(replace(config, mode="train-step", optimizer=name), model="ours") for name in optimizers]
+    columns = ["optimizer", "status", "mean_ms", "std_ms", "optimizer_wall_ms", "optimizer_compute_ms", "error"]
+    return pd.DataFrame(rows).reindex(columns=columns)

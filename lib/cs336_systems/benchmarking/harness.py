@@ -129,6 +129,19 @@ class TrainingSetup:
             self.model.zero_grad(set_to_none=True)
 
 
+def compile_fresh(model: torch.nn.Module) -> torch.nn.Module:
+    """`torch.compile(model)` from a clean Dynamo state.
+
+    The models of a sweep share one `forward` code object, and every size, context, precision or
+    grad mode compiled earlier in the process is a cache entry of that frame. Past Dynamo's
+    recompile limit (8) it stops compiling the frame and runs it eagerly, with one logged warning
+    and nothing in the result to show it. Resetting first gives every configuration its own
+    compilation (the on-disk Inductor caches still make repeats fast).
+    """
+    torch._dynamo.reset()
+    return torch.compile(model)
+
+
 def build(config: BenchmarkConfig) -> TrainingSetup:
     """Model (random init) on the device, a random batch of token ids, AdamW for train steps."""
     config.validate()
@@ -141,7 +154,7 @@ def build(config: BenchmarkConfig) -> TrainingSetup:
     num_parameters = count_parameters(model)
     optimizer = make_optimizer(config.optimizer, model.parameters(), lr=1e-4) if config.mode == "train-step" else None
     if config.compile:
-        model = torch.compile(model)
+        model = compile_fresh(model)
     tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)
     return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, num_parameters)
 
@@ -171,17 +184,29 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_benchmark(config: BenchmarkConfig) -> dict:
-    """One tidy row: the configuration, status ("ok" or "OOM"), statistics in ms, peak memory."""
+def run_benchmark(
+    config: BenchmarkConfig,
+    builder: Callable[[BenchmarkConfig], TrainingSetup] | None = None,
+    then: Callable[[TrainingSetup], dict] | None = None,
+) -> dict:
+    """One tidy row: the configuration, status ("ok" or "OOM"), statistics in ms, peak memory.
+
+    `builder` makes the model and batch (default `build`; the Llama reference has its own);
+    `then(setup)`, run after the timed steps on the same model, adds its keys to the row (a
+    profile, say, without building and compiling the model a second time).
+    """
     row = config.label()
     device = config.resolved_device()
     setup = None
+    extra: dict = {}
     try:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        setup = build(config)
+        setup = (builder or build)(config)
         row["parameters"] = setup.num_parameters
         warm, measured = time_steps(setup.step, config.warmup, config.steps, device)
+        if then is not None:
+            extra = then(setup)
     except Exception as err:  # noqa: BLE001 - only out-of-memory is turned into a row
         if not is_out_of_memory(err):
             raise
@@ -201,5 +226,6 @@ def run_benchmark(config: BenchmarkConfig) -> dict:
         peak_memory_mib=peak / 2**20,
         warmup_times_ms=[t * 1e3 for t in warm],
         step_times_ms=ms,
+        **extra,
     )
     return row

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import statistics
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 
-from cs336_systems.benchmarking.harness import (
-    BenchmarkConfig, TrainingSetup, free_device_memory, is_out_of_memory, time_steps,
-)
+from cs336_systems.benchmarking.harness import BenchmarkConfig, TrainingSetup, compile_fresh, run_benchmark
 from cs336_systems.model import ModelConfig, TransformerLM, count_parameters
 from cs336_systems.optim import make_optimizer
 
@@ -80,29 +78,12 @@ def build_llama(config: BenchmarkConfig, attention: str = "sdpa") -> TrainingSet
     model: nn.Module = LlamaLogits(llama)
     optimizer = make_optimizer(config.optimizer, model.parameters(), lr=1e-4) if config.mode == "train-step" else None
     if config.compile:
-        model = torch.compile(model)
+        model = compile_fresh(model)
     tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)
     return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, theirs)
 
 
-def run_llama_benchmark(config: BenchmarkConfig, attention: str = "sdpa") -> dict:
+def run_llama_benchmark(config: BenchmarkConfig, attention: str = "sdpa", then: Callable[[TrainingSetup], dict] | None = None) -> dict:
     """One row like harness.run_benchmark's, for the Llama reference (model="llama")."""
-    row = {**config.label(), "model": "llama", "attention": attention}
-    device = config.resolved_device()
-    setup = None
-    try:
-        setup = build_llama(config, attention)
-        row["parameters"] = setup.num_parameters
-        _, measured = time_steps(setup.step, config.warmup, config.steps, device)
-    except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
-        if not is_out_of_memory(err):
-            raise
-        row.update(status="OOM", error=str(err).splitlines()[0][:200])
-        return row
-    finally:
-        del setup
-        free_device_memory()
-    ms = [t * 1e3 for t in measured]
-    row.update(status="ok", mean_ms=statistics.fmean(ms), std_ms=statistics.stdev(ms) if len(ms) > 1 else 0.0,
-               median_ms=statistics.median(ms), step_times_ms=ms)
-    return row
+    row = run_benchmark(config, builder=lambda c: build_llama(c, attention), then=then)
+    return {**row, "model": "llama", "attention": attention}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -219,16 +219,24 @@ def range_summary(events: pd.DataFrame, names: Sequence[str], within: Sequence[s
 STEP_PHASES = ("forward", "backward", "optimizer step")
 
 
-def phase_times(config: BenchmarkConfig, builder: Callable[[BenchmarkConfig], TrainingSetup] = build) -> dict:
-    """Where one training step's time goes: per phase (forward, backward, optimizer step), the CPU
-    wall time and the compute time of what it launched (kernels on a GPU, operators on a CPU),
-    means over the measured steps of one profiled run of `config` in mode "train-step". Keys `{phase}_wall_ms`, `{phase}_compute_ms` and
-    `step_ms` (the profiled step time), or status "OOM"."""
-    run = profile_benchmark(replace(config, mode="train-step"), profiled_warmup=0, builder=builder)
-    if run.status != "ok":
-        return dict(status=run.status, error=run.error)
-    ranges = range_summary(run.events, STEP_PHASES).set_index("range")
-    row = dict(status="ok", step_ms=float(np.mean(run.step_times_ms)))
+def step_phases(setup: TrainingSetup, steps: int = 2) -> dict:
+    """Where a training step's time goes, from `steps` more steps of `setup` under torch.profiler.
+
+    Per phase (forward, backward, optimizer step): the CPU wall time and the compute time of
+    what it launched (kernels on a GPU, operators on a CPU), means over the profiled steps; keys
+    `{phase}_wall_ms` and `{phase}_compute_ms` with phase forward, backward or optimizer. Wall
+    well above compute means the host, not the device, set the pace of that phase. Meant as
+    `run_benchmark(config, then=step_phases)`, which profiles the model it has just timed.
+    """
+    if setup.config.mode != "train-step":
+        raise ValueError(f"step phases need a train-step setup, got mode {setup.config.mode!r}")
+    with torch.profiler.profile(activities=profiler_activities(setup.device)) as prof:
+        time_steps(setup.step, 0, steps, setup.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+        events = load_trace(Path(tmp) / "trace.json")
+    ranges = range_summary(events, STEP_PHASES).set_index("range")
+    row = {}
     for phase in STEP_PHASES:
         key = phase.replace(" step", "")
         row[f"{key}_wall_ms"] = float(ranges.loc[phase, "wall_ms"])
