@@ -44,6 +44,15 @@ def test_every_compiled_configuration_is_compiled_however_many_came_before():
             assert counters["stats"]["unique_graphs"] > before, f"{config.mode} ran without a compiled graph"
 
 
+def test_then_runs_on_the_setup_that_was_timed_and_adds_to_the_row():
+    seen = []
+    row = run_benchmark(BenchmarkConfig(**TINY), then=lambda setup: seen.append(setup) or {"extra_ms": 1.5})
+    assert row["extra_ms"] == 1.5 and len(seen) == 1 and row["parameters"] == seen[0].num_parameters
+    calls = []
+    row = run_benchmark(BenchmarkConfig(**TINY), builder=lambda c: calls.append(c) or harness.build(c))
+    assert row["status"] == "ok" and len(calls) == 1
+
+
 def test_optimizer_choice_is_validated_and_used():
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
         run_benchmark(BenchmarkConfig(**TINY, mode="train-step", optimizer="sgd"))

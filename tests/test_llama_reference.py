@@ -44,3 +44,32 @@ def test_llama_benchmark_row_and_comparison():
     r = summary.iloc[0]
     assert r.llama_status == "ok" and r.best_attention in {"naive", "sdpa"}
     assert r.ratio == pytest.approx(r.ours_ms / r.llama_ms) and r.passes == (r.ratio <= 0.8)
+
+
+def test_best_configuration_is_ranked_eagerly_then_compiled_and_llama_compiled_where_asked():
+    from cs336_systems.benchmarking.compiled import optimizer_comparison, step_phase_table
+
+    config = BenchmarkConfig(size="nano", context_length=16, batch_size=2, warmup=1, steps=2, device="cpu")
+    summary, candidates = best_versus_llama(config, ["nano"], [16], ["naive", "sdpa"], optimizer="adamw-foreach",
+                                            compile=True, llama_compiled=[["nano", 16]], progress=False)
+    assert (candidates.status == "ok").all() and (candidates.optimizer == "adamw-foreach").all()
+    assert list(zip(candidates.model, candidates["compile"])) == [("ours", False), ("ours", False), ("ours", True), ("llama", False), ("llama", True)]
+    eager = candidates[(candidates.model == "ours") & ~candidates["compile"]]
+    winner = eager.loc[eager.mean_ms.idxmin(), "attention"]
+    r = summary.iloc[0]
+    assert candidates.iloc[2].attention == winner == r.best_attention  # only the eager winner was compiled
+    assert r.ours_ms == candidates.iloc[2].mean_ms and r.llama_compiled_ms == candidates.iloc[4].mean_ms
+    assert r.ratio_vs_compiled == pytest.approx(r.ours_ms / r.llama_compiled_ms)
+    phases = step_phase_table(summary, candidates)
+    assert list(phases.model.unique()) == ["ours (best)", "Llama eager", "Llama compiled"]
+    assert (phases.groupby("model").phase.apply(list) == [["forward", "backward", "optimizer"]] * 3).all()
+    assert (phases[["wall_ms", "compute_ms"]] > 0).all().all()
+    ours_forward = phases[(phases.model == "ours (best)") & (phases.phase == "forward")].wall_ms.item()
+    assert ours_forward == candidates.iloc[2].forward_wall_ms  # the compiled winner's profile, not an eager one's
+
+    none_compiled, _ = best_versus_llama(config, ["nano"], [16], ["sdpa"], compile=True, llama_compiled=False, progress=False)
+    assert "llama_compiled_ms" not in none_compiled
+
+    optimizers = optimizer_comparison(config)
+    assert list(optimizers.optimizer) == ["adamw", "adamw-foreach", "torch-adamw-fused"] and (optimizers.status == "ok").all()
+    assert (optimizers.optimizer_compute_ms > 0).all()

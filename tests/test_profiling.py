@@ -324,3 +324,16 @@ def test_matmul_shares_leave_unprofiled_runs_out():
     assert shares.loc[("xl", 1024, "matmul"), "forward"] == 0.7
     assert shares.loc[("xl", 1024, "matmul"), ["training step"]].isna().all()  # out of memory: not profiled
     assert shares["training step"].count() == 3  # the three categories of small only
+
+
+def test_step_phases_covers_the_three_phases_of_a_training_step_only():
+    from cs336_systems.benchmarking.harness import build
+    from cs336_systems.profiling.torch_profile import step_phases
+
+    config = BenchmarkConfig(size="nano", context_length=16, batch_size=2, mode="train-step", device="cpu")
+    row = step_phases(build(config), steps=2)
+    assert set(row) == {f"{p}_{k}_ms" for p in ("forward", "backward", "optimizer") for k in ("wall", "compute")}
+    assert all(v > 0 for v in row.values())
+    assert all(row[f"{p}_compute_ms"] <= row[f"{p}_wall_ms"] for p in ("forward", "backward", "optimizer"))  # CPU: self times inside the range
+    with pytest.raises(ValueError, match="need a train-step setup, got mode 'forward'"):
+        step_phases(build(BenchmarkConfig(size="nano", context_length=16, batch_size=2, mode="forward", device="cpu")))
