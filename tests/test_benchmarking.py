@@ -122,3 +122,32 @@ def test_cli_reports_bad_input():
     cmd = [sys.executable, "-m", "cs336_systems.benchmarking", "--size", "nope", "--device", "cpu"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "unknown model size 'nope'" in out.stderr
+
+
+def test_compile_comparison_builds_and_compiles_each_model_once_for_all_modes(monkeypatch):
+    import cs336_systems.benchmarking.compiled as compiled
+
+    builds, compiles = [], []
+    real_build = harness.build
+    monkeypatch.setattr(compiled, "build", lambda config: builds.append(config) or real_build(config))
+    monkeypatch.setattr(harness, "compile_fresh", lambda model: compiles.append(model) or model)
+    table = compiled.compile_comparison(BenchmarkConfig(**TINY), ["nano"], progress=False)
+    assert table["mode"].tolist() == list(harness.MODES)
+    assert (table.status == "ok").all() and table.speedup.gt(0).all()
+    assert [c.compile for c in builds] == [False, True] and len(compiles) == 1
+    assert all(c.mode == "train-step" for c in builds)  # one optimizer, made for the train step
+
+
+def test_time_modes_keeps_an_out_of_memory_mode_as_a_row(monkeypatch):
+    import cs336_systems.benchmarking.compiled as compiled
+
+    real_step = harness.TrainingSetup.step
+
+    def step(self):
+        if self.config.mode == "forward-backward":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        real_step(self)
+
+    monkeypatch.setattr(harness.TrainingSetup, "step", step)
+    rows = compiled.time_modes(BenchmarkConfig(**TINY), harness.MODES)
+    assert [(r["mode"], r["status"]) for r in rows] == [("forward", "ok"), ("forward-backward", "OOM"), ("train-step", "ok")]
