@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -42,6 +43,30 @@ def test_every_compiled_configuration_is_compiled_however_many_came_before():
             before = counters["stats"]["unique_graphs"]
             assert run_benchmark(config)["status"] == "ok"
             assert counters["stats"]["unique_graphs"] > before, f"{config.mode} ran without a compiled graph"
+
+
+def test_block_compilation_compiles_one_block_for_the_whole_stack():
+    # Four identical blocks, one compiled graph per grad mode: the first block's code serves the
+    # others. Were each block its own compilation, the limit of one entry would leave three eager.
+    from torch._dynamo.utils import counters
+
+    config = BenchmarkConfig(**{**TINY, "warmup": 0, "steps": 1}, model={"num_layers": 4}, compile=True, compile_scope="blocks")
+    eager = harness.build(replace(config, compile=False))
+    setup = harness.build(config)
+    assert setup.model is not None and not isinstance(setup.model, torch._dynamo.eval_frame.OptimizedModule)
+    setup.model.load_state_dict(eager.model.state_dict())
+    with torch._dynamo.config.patch(recompile_limit=1):
+        counters.clear()
+        loss = torch.nn.functional.cross_entropy(setup.model(setup.inputs).flatten(0, 1), setup.targets.flatten())
+        loss.backward()
+        assert counters["stats"]["unique_graphs"] == 1 and counters["frames"]["ok"] == 1
+        assert not counters["recompiles"] and not counters["unimplemented"]
+    expected = torch.nn.functional.cross_entropy(eager.model(eager.inputs).flatten(0, 1), eager.targets.flatten())
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown compile scope 'layers'"):
+        run_benchmark(replace(config, compile_scope="layers"))
+    with pytest.raises(ValueError, match="Linear has no ModuleList of identical blocks"):
+        harness.compile_fresh(torch.nn.Linear(2, 2), "blocks")
 
 
 def test_then_runs_on_the_setup_that_was_timed_and_adds_to_the_row():
@@ -130,11 +155,12 @@ def test_compile_comparison_builds_and_compiles_each_model_once_for_all_modes(mo
     builds, compiles = [], []
     real_build = harness.build
     monkeypatch.setattr(compiled, "build", lambda config: builds.append(config) or real_build(config))
-    monkeypatch.setattr(harness, "compile_fresh", lambda model: compiles.append(model) or model)
+    monkeypatch.setattr(harness, "compile_fresh", lambda model, scope: compiles.append(scope) or model)
     table = compiled.compile_comparison(BenchmarkConfig(**TINY), ["nano"], progress=False)
     assert table["mode"].tolist() == list(harness.MODES)
     assert (table.status == "ok").all() and table.speedup.gt(0).all()
-    assert [c.compile for c in builds] == [False, True] and len(compiles) == 1
+    assert [c.compile for c in builds] == [False, True] and compiles == ["model"]
+    assert (table.scope == "model").all() and table.compiled_first_call_s.gt(0).all()
     assert all(c.mode == "train-step" for c in builds)  # one optimizer, made for the train step
 
 

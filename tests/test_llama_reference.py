@@ -35,6 +35,17 @@ def test_llama_train_step_returns_logits_and_updates_weights():
     assert any(not torch.equal(b, p) for b, p in zip(before, setup.model.parameters()))
 
 
+def test_llama_stack_of_decoder_layers_is_what_block_compilation_compiles():
+    from cs336_systems.benchmarking.harness import repeated_blocks
+
+    setup = build_llama(BenchmarkConfig(size="nano", context_length=16, batch_size=2, mode="forward", device="cpu",
+                                        model={"num_layers": 3}, compile=True, compile_scope="blocks"))
+    blocks = repeated_blocks(setup.model)
+    assert blocks is setup.model.llama.model.layers and len(blocks) == 3
+    assert all(b._compiled_call_impl is not None for b in blocks)
+    assert setup.model(setup.inputs).shape == (2, 16, 10_000)
+
+
 def test_llama_benchmark_row_and_comparison():
     config = BenchmarkConfig(size="nano", context_length=16, batch_size=2, warmup=0, steps=2, mode="train-step", device="cpu")
     row = run_llama_benchmark(config)
@@ -60,6 +71,7 @@ def test_best_configuration_is_ranked_eagerly_then_compiled_and_llama_compiled_w
     assert candidates.iloc[2].attention == winner == r.best_attention  # only the eager winner was compiled
     assert r.ours_ms == candidates.iloc[2].mean_ms and r.llama_compiled_ms == candidates.iloc[4].mean_ms
     assert r.ratio_vs_compiled == pytest.approx(r.ours_ms / r.llama_compiled_ms)
+    assert list(candidates[candidates["compile"]].compile_scope) == ["blocks", "blocks"]  # regional compilation, both models
     phases = step_phase_table(summary, candidates)
     assert list(phases.model.unique()) == ["ours (best)", "Llama eager", "Llama compiled"]
     assert (phases.groupby("model").phase.apply(list) == [["forward", "backward", "optimizer"]] * 3).all()

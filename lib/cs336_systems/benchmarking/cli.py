@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from cs336_systems.benchmarking.harness import MODES, PRECISIONS, BenchmarkConfig, run_benchmark
+from cs336_systems.benchmarking.harness import COMPILE_SCOPES, MODES, PRECISIONS, BenchmarkConfig, run_benchmark
 from cs336_systems.optim import OPTIMIZERS
 
 
@@ -20,6 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--compile", action="store_true", help="wrap the model in torch.compile")
+    p.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model",
+                   help="with --compile: the whole model, or each repeated block (regional compilation, compiles in one block's time)")
     p.add_argument("--attention", default="naive", help="naive, sdpa, flash_pytorch or flash_triton")
     p.add_argument("--checkpoint-every", type=int, default=None, help="recompute activations in groups of k blocks")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="train-step only: which AdamW steps the model")
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BenchmarkConfig(
         size=args.size, context_length=args.context_length, batch_size=args.batch_size, mode=args.mode,
         precision=args.precision, warmup=args.warmup, steps=args.steps, compile=args.compile,
+        compile_scope=args.compile_scope,
         attention=args.attention, checkpoint_every=args.checkpoint_every, optimizer=args.optimizer, device=args.device,
     )
     try:

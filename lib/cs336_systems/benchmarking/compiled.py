@@ -1,8 +1,8 @@
-"""torch.compile on the whole model (torch_compile part (b)), and our best step against Llama.
+"""torch.compile on the model (torch_compile part (b)), and our best step against Llama.
 
 `compile_comparison` times each size and mode (forward, forward-backward, train-step) with the
-vanilla and the compiled model, in one sweep. `best_versus_llama` takes our fastest training
-step (bf16 autocast, compiled, the fastest of the given attention implementations) and the
+vanilla and the compiled model (the whole model, or block by block), in one sweep.
+`best_versus_llama` takes our fastest training step (bf16 autocast, compiled, the fastest of the given attention implementations) and the
 Hugging Face Llama of the same architecture (llama_reference.py) on the same batch, in the same
 run, and reports the step-time ratio against the bar (ours <= bar x Llama) and the model FLOPs
 utilisation of both against the device's measured bf16 matmul ceiling (ceiling.py), with
@@ -27,7 +27,10 @@ from cs336_systems.profiling.torch_profile import step_phases
 
 
 def compile_comparison(base: BenchmarkConfig, sizes: Sequence[str], modes: Sequence[str] = MODES, progress: bool = True) -> pd.DataFrame:
-    """One row per (size, mode): vanilla and compiled mean/std ms, speedup = vanilla / compiled.
+    """One row per (size, mode): vanilla and compiled mean/std ms, speedup = vanilla / compiled,
+    the compile scope (`base.compile_scope`: whole model or each block) and the compiled model's
+    first call in that mode (`compiled_first_call_s`: the compilation of the graph that mode
+    needs first, or an already compiled step).
 
     Each (size, vanilla or compiled) model is built and compiled once and timed in every mode:
     forward-backward and train-step run the same compiled graphs (the optimizer step is outside
@@ -41,11 +44,13 @@ def compile_comparison(base: BenchmarkConfig, sizes: Sequence[str], modes: Seque
     out = []
     for (size, mode), g in rows.groupby(["size", "mode"], sort=False):
         vanilla, compiled = g[~g["compile"]].iloc[0], g[g["compile"]].iloc[0]
+        first_calls = compiled.get("warmup_times_ms")
         out.append(dict(
-            size=size, mode=mode, context_length=base.context_length,
+            size=size, mode=mode, context_length=base.context_length, scope=base.compile_scope,
             vanilla_ms=vanilla.get("mean_ms"), vanilla_std_ms=vanilla.get("std_ms"),
             compiled_ms=compiled.get("mean_ms"), compiled_std_ms=compiled.get("std_ms"),
             speedup=vanilla["mean_ms"] / compiled["mean_ms"] if vanilla["status"] == compiled["status"] == "ok" else float("nan"),
+            compiled_first_call_s=first_calls[0] / 1e3 if isinstance(first_calls, list) and first_calls else float("nan"),
             status=vanilla["status"] if vanilla["status"] == compiled["status"] else f"{vanilla['status']}/{compiled['status']}",
         ))
     return pd.DataFrame(out)
@@ -86,6 +91,7 @@ def best_versus_llama(
     ceiling_tflops: float | None = None,
     bar: float = 0.8,
     compile: bool = True,
+    compile_scope: str = "blocks",
     llama_compiled: bool | Sequence[tuple[str, int]] = True,
     progress: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -93,9 +99,10 @@ def best_versus_llama(
     shipped, both stepped by the same `optimizer` (one of cs336_systems.optim.OPTIMIZERS).
 
     Our best: the fastest of `attentions` timed eagerly, then that one compiled (unless
-    `compile=False`). The attention kernels are opaque to the compiler, which fuses what lies
-    between them, so their order does not change under compilation; choosing eagerly saves a
-    whole-model compilation per losing candidate. `llama_compiled` also compiles Llama, at every
+    `compile=False`), block by block unless `compile_scope="model"` (harness.compile_fresh: the
+    compile time of one block, not of the whole depth). The attention kernels are opaque to the
+    compiler, which fuses what lies between them, so their order does not change under
+    compilation; choosing eagerly saves a compilation per losing candidate. `llama_compiled` also compiles Llama, at every
     pair (True), none (False) or the listed (size, context) pairs: the same compiler on both.
 
     summary columns: size, context_length, best_attention, optimizer, ours_ms, llama_ms,
@@ -113,14 +120,14 @@ def best_versus_llama(
         ok = [r for r in ours if r["status"] == "ok"]
         best = min(ok, key=lambda r: r["mean_ms"]) if ok else None
         if best is not None and compile:
-            best = _attempt(replace(config, attention=best["attention"], compile=True), model="ours")
+            best = _attempt(replace(config, attention=best["attention"], compile=True, compile_scope=compile_scope), model="ours")
             ours.append(best)
             best = best if best["status"] == "ok" else None
         references = []
         if transformers_available():
             references.append(_attempt(config, run_llama_benchmark, model="llama"))
             if compile and (llama_compiled is True or (llama_compiled and (size, context) in set(map(tuple, llama_compiled)))):
-                references.append(_attempt(replace(config, compile=True), run_llama_benchmark, model="llama"))
+                references.append(_attempt(replace(config, compile=True, compile_scope=compile_scope), run_llama_benchmark, model="llama"))
         else:
             references.append({**config.label(), "model": "llama", "status": "not run", "error": "transformers is not installed"})
         rows += ours + references

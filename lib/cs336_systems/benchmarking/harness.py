@@ -24,6 +24,7 @@ from cs336_systems.profiling.ranges import annotated
 
 MODES = ("forward", "forward-backward", "train-step")
 PRECISIONS = ("fp32", "bf16")
+COMPILE_SCOPES = ("model", "blocks")
 
 
 @dataclass
@@ -38,6 +39,7 @@ class BenchmarkConfig:
     warmup: int = 5
     steps: int = 10
     compile: bool = False
+    compile_scope: str = "model"  # "model": torch.compile(model); "blocks": each repeated block (compile_fresh)
     attention: str = "naive"
     checkpoint_every: int | None = None
     optimizer: str = "adamw"  # train-step only: one of cs336_systems.optim.OPTIMIZERS
@@ -62,6 +64,8 @@ class BenchmarkConfig:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"unknown compile scope {self.compile_scope!r}; choose one of {', '.join(COMPILE_SCOPES)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
         model_ctx = self.model_context_length or self.context_length
@@ -129,17 +133,39 @@ class TrainingSetup:
             self.model.zero_grad(set_to_none=True)
 
 
-def compile_fresh(model: torch.nn.Module) -> torch.nn.Module:
-    """`torch.compile(model)` from a clean Dynamo state.
+def compile_fresh(model: torch.nn.Module, scope: str = "model") -> torch.nn.Module:
+    """`torch.compile` from a clean Dynamo state, of the whole model or of each repeated block.
 
     The models of a sweep share one `forward` code object, and every size, context, precision or
     grad mode compiled earlier in the process is a cache entry of that frame. Past Dynamo's
     recompile limit (8) it stops compiling the frame and runs it eagerly, with one logged warning
     and nothing in the result to show it. Resetting first gives every configuration its own
     compilation (the on-disk Inductor caches still make repeats fast).
+
+    scope="model" traces the whole model into one graph, whose size (and compile time) grows with
+    the number of layers. scope="blocks" is PyTorch's regional compilation: each block of the
+    model's repeated stack (`repeated_blocks`) is compiled in place; the blocks are instances of one
+    class, so Dynamo compiles the first and reuses its code for the others, and the compile time is
+    one block's whatever the depth. What stays eager is outside the stack (embedding, final norm,
+    output head) and no fusion crosses a block boundary.
     """
     torch._dynamo.reset()
-    return torch.compile(model)
+    if scope == "model":
+        return torch.compile(model)
+    if scope != "blocks":
+        raise ValueError(f"unknown compile scope {scope!r}; choose one of {', '.join(COMPILE_SCOPES)}")
+    for block in repeated_blocks(model):
+        block.compile()
+    return model
+
+
+def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's stack of layers: of its ModuleLists whose entries are all of one class, the one
+    holding the most parameters (TransformerLM.layers; Llama's model.layers)."""
+    stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(b) for b in m}) == 1]
+    if not stacks:
+        raise ValueError(f"{type(model).__name__} has no ModuleList of identical blocks to compile one by one")
+    return max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
 def build(config: BenchmarkConfig) -> TrainingSetup:
@@ -154,7 +180,7 @@ def build(config: BenchmarkConfig) -> TrainingSetup:
     num_parameters = count_parameters(model)
     optimizer = make_optimizer(config.optimizer, model.parameters(), lr=1e-4) if config.mode == "train-step" else None
     if config.compile:
-        model = compile_fresh(model)
+        model = compile_fresh(model, config.compile_scope)
     tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)
     return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, num_parameters)
 

@@ -78,7 +78,7 @@ def build_llama(config: BenchmarkConfig, attention: str = "sdpa") -> TrainingSet
     model: nn.Module = LlamaLogits(llama)
     optimizer = make_optimizer(config.optimizer, model.parameters(), lr=1e-4) if config.mode == "train-step" else None
     if config.compile:
-        model = compile_fresh(model)
+        model = compile_fresh(model, config.compile_scope)
     tokens = torch.randint(0, mcfg.vocab_size, (config.batch_size, config.context_length + 1), device=device)
     return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, theirs)
 
