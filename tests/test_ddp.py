@@ -47,6 +47,9 @@ def _equivalence_cases(ctx: DistContext) -> list[dict]:
         for flavour, expected_buckets in cases:
             row = train_and_compare(ctx, flavour, model_name, steps=5)
             rows.append({**row, "kind": flavour.name, "expected_buckets": expected_buckets})
+        # Gradients zeroed in place stay bucket views, and autograd accumulates straight into them.
+        row = train_and_compare(ctx, DDPFlavour("bucketed", two_buckets_mb), model_name, steps=5, set_to_none=False)
+        rows.append({**row, "kind": "bucketed", "expected_buckets": 2})
     return rows
 
 
@@ -100,7 +103,8 @@ def test_every_flavour_matches_single_process_training(correctness):
     assert (bucketed.buckets == bucketed.expected_buckets).all(), bucketed[["model", "flavour", "buckets", "expected_buckets"]]
     # The negative control shows the comparison can fail: without averaging, ranks drift apart.
     assert (df[df.kind == "no-communication"].max_abs_diff > 1e-4).all()
-    assert set(df["rank"]) == {0, 1} and len(ddp) == 2 * 3 * 7
+    assert set(df["rank"]) == {0, 1} and len(ddp) == 2 * 3 * 8
+    assert bucketed.grads_in_buckets.all() and (~bucketed.set_to_none).sum() == 2 * 3  # the optimizer read the buckets
 
 
 def _rank_one_raises(ctx: DistContext) -> None:
@@ -249,7 +253,24 @@ def test_bad_arguments_are_rejected():
         DDPFlavour("zero")
     with pytest.raises(ValueError, match="only applies to the bucketed"):
         DDPFlavour("flat", 10)
+    with pytest.raises(ValueError, match="max_ctas only applies to the bucketed flavour, not 'individual'"):
+        DDPFlavour("individual", max_ctas=8)
     assert issubclass(DDPBucketed, DataParallel)
+
+
+def _cta_cap_on_gloo(ctx) -> str:
+    try:
+        DDPFlavour("bucketed", 10, max_ctas=8).wrap(ToyModel())
+    except ValueError as err:
+        return str(err)
+    return "accepted"
+
+
+def test_nccl_thread_block_caps_are_flavours_and_refused_off_nccl():
+    flavours = expand_flavours(["naive", "bucketed"], [10, 100], [None, 8])
+    assert [f.label for f in flavours] == ["naive", "bucketed 10 MB", "bucketed 100 MB", "bucketed 10 MB, 8 CTAs", "bucketed 100 MB, 8 CTAs"]
+    errors = spawn(_cta_cap_on_gloo, 2, backend="gloo", timeout_s=60)
+    assert errors == ["max_ctas limits NCCL's thread blocks; this process group runs gloo"] * 2
 
 
 def test_overhead_model_optimum_matches_brute_force():

@@ -28,16 +28,16 @@ def require_process_group() -> None:
         raise ValueError("data-parallel wrappers need an initialized process group (torch.distributed.init_process_group)")
 
 
-def all_reduce_mean(tensor: torch.Tensor, async_op: bool = False) -> dist.Work | None:
-    """`tensor <- mean over ranks`, in place; with `async_op` returns the handle to wait on.
+def all_reduce_mean(tensor: torch.Tensor, async_op: bool = False, group: dist.ProcessGroup | None = None) -> dist.Work | None:
+    """`tensor <- mean over ranks` (of `group`, default all), in place; with `async_op` returns the handle to wait on.
 
     NCCL averages in the collective (ReduceOp.AVG). Gloo has no AVG, so each rank divides its
     contribution by n first: sum_r (g_r / n) is the mean, exactly so when n is a power of two.
     """
-    if dist.get_backend() == dist.Backend.NCCL:
-        return dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=async_op)
-    tensor.div_(dist.get_world_size())
-    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=async_op)
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        return dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group, async_op=async_op)
+    tensor.div_(dist.get_world_size(group))
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
 @torch.no_grad()

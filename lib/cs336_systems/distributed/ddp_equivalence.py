@@ -59,9 +59,15 @@ def _max_difference(a: nn.Module, b: nn.Module) -> float:
 
 
 def train_and_compare(
-    ctx: DistContext, flavour: DDPFlavour, model_name: str, steps: int = 5, batch_per_rank: int = 4, lr: float = 0.1, seed: int = 0
+    ctx: DistContext, flavour: DDPFlavour, model_name: str, steps: int = 5, batch_per_rank: int = 4, lr: float = 0.1, seed: int = 0,
+    set_to_none: bool = True,
 ) -> dict:
-    """Train `steps` SGD steps with `flavour` and with one process; this rank's differences."""
+    """Train `steps` SGD steps with `flavour` and with one process; this rank's differences.
+
+    `set_to_none=False` zeroes the gradients in place between steps instead of dropping them (the
+    bucketed flavour's gradients then stay views of its buckets, and autograd accumulates into
+    them). `grads_in_buckets` says, for the bucketed flavour, whether every gradient the
+    optimizer read was a view of a bucket buffer."""
     if model_name not in MODELS:
         raise ValueError(f"unknown model {model_name!r}; choose one of {', '.join(MODELS)}")
     build = MODELS[model_name]
@@ -79,13 +85,16 @@ def train_and_compare(
     generator = torch.Generator().manual_seed(seed)
     mine = slice(ctx.rank * batch_per_rank, (ctx.rank + 1) * batch_per_rank)
     max_diff = 0.0
+    in_buckets = isinstance(ddp, DDPBucketed) or None
     for _ in range(steps):
         x, y = (t.to(ctx.device) for t in _batch(model_name, batch_per_rank * ctx.world_size, generator))
         for model, optimizer, xs, ys, sync in ((ddp, ddp_optimizer, x[mine], y[mine], True), (reference, ref_optimizer, x, y, False)):
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=set_to_none)
             _loss(model_name, model(xs), ys).backward()
             if sync:
                 model.finish_gradient_synchronization()
+                if isinstance(model, DDPBucketed):
+                    in_buckets = in_buckets and _grads_in_buckets(model)
             optimizer.step()
         max_diff = max(max_diff, _max_difference(local, reference))
     return dict(
@@ -93,12 +102,19 @@ def train_and_compare(
         flavour=flavour.label,
         rank=ctx.rank,
         steps=steps,
+        set_to_none=set_to_none,
         buckets=len(ddp.buckets) if isinstance(ddp, DDPBucketed) else None,
+        grads_in_buckets=in_buckets,
         diff_before_wrap=diff_before_wrap,
         diff_after_wrap=diff_after_wrap,
         max_abs_diff=max_diff,
         max_update=_max_difference(reference, initial),
     )
+
+
+def _grads_in_buckets(ddp: DDPBucketed) -> bool:
+    storages = {b.untyped_storage().data_ptr() for b in ddp.bucket_buffers}
+    return all(p.grad.untyped_storage().data_ptr() in storages for p in ddp.parameters() if p.grad is not None)
 
 
 def _equivalence_worker(ctx: DistContext, flavours: Sequence[DDPFlavour], model_names: Sequence[str], steps: int) -> list[dict]:

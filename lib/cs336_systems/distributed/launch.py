@@ -59,6 +59,40 @@ class DistContext:
             dist.barrier()
 
 
+_CTA_LIMITED_GROUPS: dict[int, dist.ProcessGroup] = {}
+
+
+def nccl_cta_limit_supported() -> bool:
+    """Whether this torch build can give a communicator its own NCCL config (`max_ctas`)."""
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    return nccl is not None and hasattr(nccl, "Options") and hasattr(nccl.Options(), "config")
+
+
+def cta_limited_group(max_ctas: int) -> dist.ProcessGroup:
+    """A communicator over all ranks whose NCCL kernels use at most `max_ctas` thread blocks.
+
+    An all-reduce that overlaps the backward pass runs its kernels on SMs the backward's kernels
+    would otherwise use (NCCL takes one thread block per channel, up to 32 of an H100's 132 SMs by
+    default). Capping the blocks trades bandwidth for compute. Collective: every rank must call it
+    with the same value; the group is created once per process and value, then reused.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("cta_limited_group needs an initialized process group")
+    if dist.get_backend() != "nccl":
+        raise ValueError(f"max_ctas limits NCCL's thread blocks; this process group runs {dist.get_backend()}")
+    if not isinstance(max_ctas, int) or max_ctas < 1:
+        raise ValueError(f"max_ctas must be a positive number of thread blocks, got {max_ctas!r}")
+    if not nccl_cta_limit_supported():
+        raise ValueError("this torch build cannot pass an NCCL config to a process group (ProcessGroupNCCL.Options.config)")
+    if max_ctas not in _CTA_LIMITED_GROUPS:
+        options = dist.ProcessGroupNCCL.Options()
+        config = options.config
+        config.min_ctas, config.max_ctas = 1, max_ctas
+        options.config = config
+        _CTA_LIMITED_GROUPS[max_ctas] = dist.new_group(backend="nccl", pg_options=options)
+    return _CTA_LIMITED_GROUPS[max_ctas]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
