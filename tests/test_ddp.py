@@ -47,6 +47,8 @@ def _equivalence_cases(ctx: DistContext) -> list[dict]:
         for flavour, expected_buckets in cases:
             row = train_and_compare(ctx, flavour, model_name, steps=5)
             rows.append({**row, "kind": flavour.name, "expected_buckets": expected_buckets})
+        row = train_and_compare(ctx, DDPFlavour("bucketed", None, tail_bucket_mb=1e-9), model_name, steps=5)
+        rows.append({**row, "kind": "bucketed", "expected_buckets": 2})
         # Gradients zeroed in place stay bucket views, and autograd accumulates straight into them.
         row = train_and_compare(ctx, DDPFlavour("bucketed", two_buckets_mb), model_name, steps=5, set_to_none=False)
         rows.append({**row, "kind": "bucketed", "expected_buckets": 2})
@@ -103,7 +105,7 @@ def test_every_flavour_matches_single_process_training(correctness):
     assert (bucketed.buckets == bucketed.expected_buckets).all(), bucketed[["model", "flavour", "buckets", "expected_buckets"]]
     # The negative control shows the comparison can fail: without averaging, ranks drift apart.
     assert (df[df.kind == "no-communication"].max_abs_diff > 1e-4).all()
-    assert set(df["rank"]) == {0, 1} and len(ddp) == 2 * 3 * 8
+    assert set(df["rank"]) == {0, 1} and len(ddp) == 2 * 3 * 9
     assert bucketed.grads_in_buckets.all() and (~bucketed.set_to_none).sum() == 2 * 3  # the optimizer read the buckets
 
 
@@ -231,6 +233,17 @@ def test_buckets_follow_reverse_order_and_respect_the_cap():
     assert len(assign_buckets(params, 1)) == len(params)
 
 
+def test_a_tail_bucket_splits_the_first_registered_parameters_off_the_last_bucket():
+    params = [nn.Parameter(torch.zeros(n)) for n in (10, 3, 4, 20, 1)]  # 40, 12, 16, 80, 4 bytes
+    sizes = lambda buckets: [[p.numel() for p in b] for b in buckets]  # noqa: E731
+    assert sizes(assign_buckets(params, None, tail_bucket_bytes=60)) == [[1, 20, 4], [3, 10]]
+    assert sizes(assign_buckets(params, None, tail_bucket_bytes=16)) == [[1, 20, 4, 3], [10]]  # at least one parameter
+    assert sizes(assign_buckets(params, 32, tail_bucket_bytes=16)) == [[1], [20], [4, 3], [10]]  # already small enough
+    assert sizes(assign_buckets(params, None, tail_bucket_bytes=1e9)) == [[1, 20, 4, 3, 10]]
+    with pytest.raises(ValueError, match="tail_bucket_mb must be positive"):
+        DDPBucketed(ToyModel(), None, tail_bucket_mb=0)
+
+
 def test_buckets_never_mix_dtypes():
     params = [nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2, dtype=torch.float64)), nn.Parameter(torch.zeros(2))]
     assert [len(b) for b in assign_buckets(params, None)] == [1, 1, 1]
@@ -269,6 +282,7 @@ def _cta_cap_on_gloo(ctx) -> str:
 def test_nccl_thread_block_caps_are_flavours_and_refused_off_nccl():
     flavours = expand_flavours(["naive", "bucketed"], [10, 100], [None, 8])
     assert [f.label for f in flavours] == ["naive", "bucketed 10 MB", "bucketed 100 MB", "bucketed 10 MB, 8 CTAs", "bucketed 100 MB, 8 CTAs"]
+    assert [f.label for f in expand_flavours(["bucketed"], [100], tail_bucket_mb=[None, 64])] == ["bucketed 100 MB", "bucketed 100 MB, tail 64 MB"]
     errors = spawn(_cta_cap_on_gloo, 2, backend="gloo", timeout_s=60)
     assert errors == ["max_ctas limits NCCL's thread blocks; this process group runs gloo"] * 2
 

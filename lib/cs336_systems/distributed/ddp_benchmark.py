@@ -64,6 +64,7 @@ class DDPBenchmarkConfig:
     flavours: tuple[str, ...] = FLAVOURS
     bucket_sizes_mb: tuple[float | None, ...] = (1, 10, 100, 1000)
     bucket_max_ctas: tuple[int | None, ...] = (None,)  # each bucket size also with these NCCL thread-block caps
+    bucket_tail_mb: tuple[float | None, ...] = (None,)  # each bucket size also with a final bucket of at most this size
     warmup: int = 3
     steps: int = 10
     world_size: int = 2
@@ -82,7 +83,7 @@ class DDPBenchmarkConfig:
             raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={self.warmup}, steps={self.steps}")
 
     def variants(self) -> list[DDPFlavour]:
-        return expand_flavours(self.flavours, self.bucket_sizes_mb, self.bucket_max_ctas)
+        return expand_flavours(self.flavours, self.bucket_sizes_mb, self.bucket_max_ctas, self.bucket_tail_mb)
 
 
 def all_reduce_calls(ddp: nn.Module) -> int | None:
@@ -184,7 +185,8 @@ def _run_or_oom(ctx: DistContext, config: DDPBenchmarkConfig, flavour: DDPFlavou
 
 
 def _summarize(flavour: DDPFlavour, info: dict, per_rank: list[list]) -> dict:
-    row = dict(flavour=flavour.label, kind=flavour.name, bucket_size_mb=flavour.bucket_size_mb, max_ctas=flavour.max_ctas, status="ok", **info)
+    row = dict(flavour=flavour.label, kind=flavour.name, bucket_size_mb=flavour.bucket_size_mb, max_ctas=flavour.max_ctas,
+               tail_bucket_mb=flavour.tail_bucket_mb, status="ok", **info)
     steps = [[sum(t) for t in times] for times in per_rank]
     every = [s * 1e3 for rank_steps in steps for s in rank_steps]
     row.update(step_ms=statistics.fmean(every), step_std_ms=statistics.stdev(every) if len(every) > 1 else 0.0)
@@ -217,7 +219,7 @@ def _benchmark_worker(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[lis
         per_rank = [gather_timings([t[i] for t in times]) for i in range(len(PHASE_COLUMNS))]
         if any(s != ["ok"] for s in statuses):
             rows.append(dict(flavour=flavour.label, kind=flavour.name, bucket_size_mb=flavour.bucket_size_mb, max_ctas=flavour.max_ctas,
-                             status="OOM", **common))
+                             tail_bucket_mb=flavour.tail_bucket_mb, status="OOM", **common))
             continue
         per_rank_steps = [list(zip(*(phase[r] for phase in per_rank))) for r in range(ctx.world_size)]
         rows.append({**_summarize(flavour, info, per_rank_steps), **common})

@@ -17,7 +17,11 @@ as soon as it is copied (one copy of the gradients lives at the end of the backw
 Buckets are launched in bucket order (a bucket that completes early waits for the ones before
 it, as in torch DDP), so every rank issues the same sequence of collectives.
 
-`max_ctas` (NCCL only) all-reduces on a communicator whose kernels use at most that many thread
+On a GPU the copies and all-reduces are issued on a side stream, so the copies overlap the
+backward's kernels instead of queueing between them. `tail_bucket_mb` splits the
+first-registered parameters (the token embedding first), whose gradients come last, into a small
+final bucket: its all-reduce is the one that cannot overlap anything. `max_ctas` (NCCL only)
+all-reduces on a communicator whose kernels use at most that many thread
 blocks (launch.cta_limited_group): fewer SMs taken from the backward pass it overlaps, at a lower
 bandwidth.
 
@@ -27,6 +31,7 @@ last bucket's all-reduce must start after the backward pass ends (ddp_overhead_m
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -40,9 +45,16 @@ from cs336_systems.distributed.weak_hooks import weak_method
 BYTES_PER_MB = 2**20
 
 
-def assign_buckets(params: Sequence[nn.Parameter], bucket_size_bytes: float | None) -> list[list[nn.Parameter]]:
+def assign_buckets(
+    params: Sequence[nn.Parameter], bucket_size_bytes: float | None, tail_bucket_bytes: float | None = None
+) -> list[list[nn.Parameter]]:
     """Greedy packing in reverse order; a new bucket starts when the next parameter would
-    overflow the cap or has another dtype or device (a bucket is one contiguous buffer)."""
+    overflow the cap or has another dtype or device (a bucket is one contiguous buffer).
+
+    `tail_bucket_bytes` splits the first-registered parameters, whose gradients the backward
+    pass completes last, off the final bucket into a bucket of at most that size (at least one
+    parameter): only the final bucket's all-reduce cannot overlap the backward, so a small one
+    leaves less communication after it."""
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     current_bytes = 0
@@ -57,19 +69,31 @@ def assign_buckets(params: Sequence[nn.Parameter], bucket_size_bytes: float | No
         current_bytes += nbytes
     if current:
         buckets.append(current)
+    if tail_bucket_bytes is not None and buckets:
+        final, tail_bytes, split = buckets[-1], 0, len(buckets[-1])
+        while split > 0 and (split == len(final) or tail_bytes + final[split - 1].numel() * final[split - 1].element_size() <= tail_bucket_bytes):
+            split -= 1
+            tail_bytes += final[split].numel() * final[split].element_size()
+        if split > 0:
+            buckets[-1:] = [final[:split], final[split:]]
     return buckets
 
 
 class DDPBucketed(DataParallel):
-    def __init__(self, module: nn.Module, bucket_size_mb: float | None, max_ctas: int | None = None):
-        if bucket_size_mb is not None and not bucket_size_mb > 0:
-            raise ValueError(f"bucket_size_mb must be positive or None (one bucket), got {bucket_size_mb}")
+    def __init__(
+        self, module: nn.Module, bucket_size_mb: float | None, max_ctas: int | None = None, tail_bucket_mb: float | None = None
+    ):
+        for name, value in (("bucket_size_mb", bucket_size_mb), ("tail_bucket_mb", tail_bucket_mb)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive or None, got {value}")
         super().__init__(module)
         self.bucket_size_mb = bucket_size_mb
+        self.tail_bucket_mb = tail_bucket_mb
         self.max_ctas = max_ctas
         self._group = None if max_ctas is None else cta_limited_group(max_ctas)
         cap = None if bucket_size_mb is None else bucket_size_mb * BYTES_PER_MB
-        self.buckets = assign_buckets(self.trainable_parameters(), cap)
+        tail = None if tail_bucket_mb is None else tail_bucket_mb * BYTES_PER_MB
+        self.buckets = assign_buckets(self.trainable_parameters(), cap, tail)
         self.bucket_buffers = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device) for b in self.buckets]
         self._bucket_of: dict[int, int] = {}
         self._view_of: dict[int, torch.Tensor] = {}
@@ -83,6 +107,8 @@ class DDPBucketed(DataParallel):
         self._next_bucket = 0
         self._arrived: set[int] = set()
         self._in_flight: list[dist.Work] = []
+        device = self.bucket_buffers[0].device if self.bucket_buffers else torch.device("cpu")
+        self._side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         for p in self.trainable_parameters():
             p.register_post_accumulate_grad_hook(weak_method(self._gradient_ready))
 
@@ -94,13 +120,26 @@ class DDPBucketed(DataParallel):
                 "call it after every backward pass (gradient accumulation is not supported)"
             )
         self._arrived.add(id(p))
-        view = self._view_of[id(p)]
-        if p.grad.data_ptr() != view.data_ptr():  # a new gradient; zero_grad(set_to_none=False) keeps the view
-            view.copy_(p.grad)
-            p.grad = view
-        self._waiting[self._bucket_of[id(p)]] -= 1
-        while self._next_bucket < len(self.buckets) and self._waiting[self._next_bucket] == 0:
-            self._launch(self._next_bucket)
+        with self._on_side_stream():
+            view = self._view_of[id(p)]
+            if p.grad.data_ptr() != view.data_ptr():  # a new gradient; zero_grad(set_to_none=False) keeps the view
+                view.copy_(p.grad)
+                if self._side_stream is not None:
+                    p.grad.record_stream(self._side_stream)  # not reused before the copy has read it
+                p.grad = view
+            self._waiting[self._bucket_of[id(p)]] -= 1
+            while self._next_bucket < len(self.buckets) and self._waiting[self._next_bucket] == 0:
+                self._launch(self._next_bucket)
+
+    def _on_side_stream(self):
+        """On a GPU, the copies into the buckets and the all-reduces are issued on a side stream
+        that first waits for the backward's stream: the copies then overlap the backward's next
+        kernels instead of queueing between them. The optimizer reads the gradients only after
+        finish_gradient_synchronization() made the current stream wait for the all-reduces."""
+        if self._side_stream is None:
+            return contextlib.nullcontext()
+        self._side_stream.wait_stream(torch.cuda.current_stream(self._side_stream.device))
+        return torch.cuda.stream(self._side_stream)
 
     def _launch(self, index: int) -> None:
         self._next_bucket = index + 1
@@ -110,8 +149,9 @@ class DDPBucketed(DataParallel):
     def finish_gradient_synchronization(self) -> None:
         # Buckets holding a parameter that got no gradient this step never filled up; send them now.
         # (Such a parameter keeps grad None; its slice holds last step's average, the same on every rank.)
-        while self._next_bucket < len(self.buckets):
-            self._launch(self._next_bucket)
+        with self._on_side_stream():
+            while self._next_bucket < len(self.buckets):
+                self._launch(self._next_bucket)
         for handle in self._in_flight:
             handle.wait()
         self._in_flight.clear()

@@ -5,7 +5,8 @@
     flat              one blocking all-reduce of all gradients concatenated (ddp_flat.py)
     individual        one async all-reduce per parameter, launched by hooks  (ddp_individual.py)
     bucketed          one async all-reduce per bucket of `bucket_size_mb`    (ddp_bucketed.py),
-                      optionally on NCCL kernels of at most `max_ctas` thread blocks
+                      optionally with a small final bucket (`tail_bucket_mb`) and on NCCL
+                      kernels of at most `max_ctas` thread blocks
     torch-ddp         torch.nn.parallel.DistributedDataParallel, default settings (25 MiB buckets)
 """
 
@@ -45,11 +46,12 @@ class DDPFlavour:
     name: str
     bucket_size_mb: float | None = None  # bucketed only; None = one bucket
     max_ctas: int | None = None  # bucketed only; None = NCCL's default number of thread blocks
+    tail_bucket_mb: float | None = None  # bucketed only; None = the final bucket is what the packing leaves
 
     def __post_init__(self):
         if self.name not in FLAVOURS:
             raise ValueError(f"unknown DDP flavour {self.name!r}; choose one of {', '.join(FLAVOURS)}")
-        for option in ("bucket_size_mb", "max_ctas"):
+        for option in ("bucket_size_mb", "max_ctas", "tail_bucket_mb"):
             if getattr(self, option) is not None and self.name != "bucketed":
                 raise ValueError(f"{option} only applies to the bucketed flavour, not {self.name!r}")
 
@@ -58,6 +60,8 @@ class DDPFlavour:
         if self.name != "bucketed":
             return self.name
         label = "bucketed (one bucket)" if self.bucket_size_mb is None else f"bucketed {self.bucket_size_mb:g} MB"
+        if self.tail_bucket_mb is not None:
+            label += f", tail {self.tail_bucket_mb:g} MB"
         return label if self.max_ctas is None else f"{label}, {self.max_ctas} CTAs"
 
     def wrap(self, module: nn.Module) -> nn.Module:
@@ -66,19 +70,20 @@ class DDPFlavour:
             device = next(module.parameters()).device
             return TorchDDP(module, device_ids=[device.index] if device.type == "cuda" else None)
         if self.name == "bucketed":
-            return DDPBucketed(module, self.bucket_size_mb, self.max_ctas)
+            return DDPBucketed(module, self.bucket_size_mb, self.max_ctas, self.tail_bucket_mb)
         wrappers = {"no-communication": NoCommunication, "naive": DDPNaive, "flat": DDPFlat, "individual": DDPIndividualParameters}
         return wrappers[self.name](module)
 
 
 def expand_flavours(
-    names: Iterable[str], bucket_sizes_mb: Iterable[float | None] = (None,), max_ctas: Iterable[int | None] = (None,)
+    names: Iterable[str], bucket_sizes_mb: Iterable[float | None] = (None,), max_ctas: Iterable[int | None] = (None,),
+    tail_bucket_mb: Iterable[float | None] = (None,),
 ) -> list[DDPFlavour]:
-    """One DDPFlavour per name, and one per (bucket size, CTA limit) for "bucketed"."""
+    """One DDPFlavour per name, and one per (bucket size, tail bucket, CTA limit) for "bucketed"."""
     out = []
     for name in names:
         if name == "bucketed":
-            out += [DDPFlavour(name, size, ctas) for ctas in max_ctas for size in bucket_sizes_mb]
+            out += [DDPFlavour(name, size, ctas, tail) for ctas in max_ctas for tail in tail_bucket_mb for size in bucket_sizes_mb]
         else:
             out.append(DDPFlavour(name))
     return out

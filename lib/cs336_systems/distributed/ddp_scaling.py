@@ -35,10 +35,12 @@ def benchmark_scaling(
     flavours: Sequence[str] = SCALING_FLAVOURS,
     backend: str | None = None,
     max_ctas: int | None = None,
+    tail_bucket_mb: float | None = None,
 ) -> pd.DataFrame:
     """One row per (world size, flavour), the `benchmark_ddp` columns plus `efficiency`; world sizes
     the machine cannot run are rows with status "not run" and the reason in `note`. The bucketed
-    flavour uses `bucket_size_mb` and `max_ctas` (NCCL thread-block cap, None for NCCL's default)."""
+    flavour uses `bucket_size_mb`, `tail_bucket_mb` and `max_ctas` (NCCL thread-block cap, None for
+    NCCL's default)."""
     if per_rank_batch < 1:
         raise ValueError(f"per-rank batch must be at least 1, got {per_rank_batch}")
     if any(n < 2 for n in world_sizes):
@@ -54,7 +56,8 @@ def benchmark_scaling(
                                              note=f"needs {n} GPUs, this machine has {limit}") for f in flavours]))
             continue
         config = replace(base, world_size=n, global_batch_size=per_rank_batch * n, flavours=tuple(flavours),
-                         bucket_sizes_mb=(bucket_size_mb,), bucket_max_ctas=(max_ctas,), backend=resolve_backend(backend, n), profile=())
+                         bucket_sizes_mb=(bucket_size_mb,), bucket_max_ctas=(max_ctas,),
+                         bucket_tail_mb=(tail_bucket_mb,), backend=resolve_backend(backend, n), profile=())
         df, _ = benchmark_ddp(config)
         frames.append(df.assign(note=""))
     out = pd.concat(frames, ignore_index=True)
