@@ -2,13 +2,13 @@
 
 `compile_comparison` times each size and mode (forward, forward-backward, train-step) with the
 vanilla and the compiled model (the whole model, or block by block), in one sweep.
-`best_versus_llama` takes our fastest training step (bf16 autocast, compiled, the fastest of the given attention implementations) and the
-Hugging Face Llama of the same architecture (llama_reference.py) on the same batch, in the same
-run, and reports the step-time ratio against the bar (ours <= bar x Llama) and the model FLOPs
-utilisation of both against the device's measured bf16 matmul ceiling (ceiling.py), with
-Llama compiled too and where each step's time goes (forward, backward, optimizer: host wall
-time against device compute time). `optimizer_comparison` times one configuration with each
-AdamW of cs336_systems.optim.
+`best_versus_llama` takes our fastest training step (bf16 autocast, compiled, the fastest of the
+given attention implementations) and the Hugging Face Llama of the same architecture
+(llama_reference.py) on the same batch, in the same run, and reports the step-time ratio against
+the bar (ours <= bar x Llama) and the model FLOPs utilisation of both against the device's
+measured bf16 matmul ceiling (ceiling.py), with Llama compiled too and where each step's time
+goes (forward, backward, optimizer: host wall time against device compute time).
+`optimizer_comparison` times one configuration with each AdamW of cs336_systems.optim.
 """
 
 from __future__ import annotations
@@ -102,8 +102,9 @@ def best_versus_llama(
     `compile=False`), block by block unless `compile_scope="model"` (harness.compile_fresh: the
     compile time of one block, not of the whole depth). The attention kernels are opaque to the
     compiler, which fuses what lies between them, so their order does not change under
-    compilation; choosing eagerly saves a compilation per losing candidate. `llama_compiled` also compiles Llama, at every
-    pair (True), none (False) or the listed (size, context) pairs: the same compiler on both.
+    compilation; choosing eagerly saves a compilation per losing candidate. `llama_compiled` also
+    compiles Llama, at every pair (True), none (False) or the listed (size, context) pairs: the
+    same compiler, and the same scope, on both.
 
     summary columns: size, context_length, best_attention, optimizer, ours_ms, llama_ms,
     llama_status, ratio (ours / Llama eager), passes (ratio <= bar), llama_compiled_ms and

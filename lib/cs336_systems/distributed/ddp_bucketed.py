@@ -55,25 +55,27 @@ def assign_buckets(
     pass completes last, off the final bucket into a bucket of at most that size (at least one
     parameter): only the final bucket's all-reduce cannot overlap the backward, so a small one
     leaves less communication after it."""
+    nbytes = lambda p: p.numel() * p.element_size()  # noqa: E731
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     current_bytes = 0
     for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        fits = bucket_size_bytes is None or current_bytes + nbytes <= bucket_size_bytes
+        fits = bucket_size_bytes is None or current_bytes + nbytes(p) <= bucket_size_bytes
         same_kind = not current or (current[-1].dtype, current[-1].device) == (p.dtype, p.device)
         if current and not (fits and same_kind):
             buckets.append(current)
             current, current_bytes = [], 0
         current.append(p)
-        current_bytes += nbytes
+        current_bytes += nbytes(p)
     if current:
         buckets.append(current)
     if tail_bucket_bytes is not None and buckets:
-        final, tail_bytes, split = buckets[-1], 0, len(buckets[-1])
-        while split > 0 and (split == len(final) or tail_bytes + final[split - 1].numel() * final[split - 1].element_size() <= tail_bucket_bytes):
+        final = buckets[-1]
+        split = len(final) - 1  # the tail is final[split:], at least the first-registered parameter
+        tail_bytes = nbytes(final[split])
+        while split > 0 and tail_bytes + nbytes(final[split - 1]) <= tail_bucket_bytes:
             split -= 1
-            tail_bytes += final[split].numel() * final[split].element_size()
+            tail_bytes += nbytes(final[split])
         if split > 0:
             buckets[-1:] = [final[:split], final[split:]]
     return buckets
