@@ -193,6 +193,19 @@ def test_triton_accepts_strided_inputs(small_tiles, triton_device):
     assert rel_error(FlashAttentionTriton.apply(q, k, v, True), ref) < 1e-3
 
 
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_triton_sum_backward_reads_the_broadcast_gradient(small_tiles, triton_device, is_causal):
+    # The leaderboard's o.sum().backward(): dO arrives as stride-0 ones and is read in place,
+    # and q, k, v are slices of one leaf, as in the handout's timing.
+    qkv = torch.randn(3, 2, 37, 16, device=triton_device).requires_grad_()
+    out = FlashAttentionTriton.apply(*qkv, is_causal)
+    out.sum().backward()
+    ref_out, _, leaves = reference(*qkv, is_causal)
+    ref_out.sum().backward()
+    for name, got, want in zip("qkv", qkv.grad, leaves):
+        assert rel_error(got, want.grad) < 1e-3, name
+
+
 def test_triton_backward_impl_is_chosen_per_call(small_tiles, triton_device):
     q = torch.randn(1, 20, 16, device=triton_device, requires_grad=True)
     grads = []

@@ -85,32 +85,39 @@ def seq_bucket(n: int) -> int:
 def default_config(kernel: str, head_dim_tile: int, element_size: int) -> KernelConfig:
     """Untuned tiles that fit the shared memory of any recent NVIDIA GPU (v0 of the tuning record).
 
-    The backward keeps two (K_TILE, D) tiles resident and streams two (Q_TILE, D) tiles per stage;
-    in fp32 from d = 128 on, a second pipeline stage would not leave room for layout scratch.
+    The backward keeps two (K_TILE, D) tiles resident and streams two (Q_TILE, D) tiles per stage.
+    fp32 products in IEEE precision run on the CUDA cores with both operands in registers: from
+    d = 64 on, 64-row tiles spill (measured on an H100: 3,100 spilled registers and 15x the time
+    of 32x32 tiles for dK/dV at d = 64), so fp32 takes 32x32 tiles there and 16x16 from d = 128.
     """
+    if element_size >= 4 and head_dim_tile >= 64:
+        return KernelConfig(32, 32, 4, 2) if head_dim_tile == 64 else KernelConfig(16, 16, 4, 1)
     if head_dim_tile <= 64:
         q_tile, k_tile, warps = 64, 64, 4
     elif head_dim_tile <= 128:
         q_tile, k_tile, warps = 64, 32, 4
     else:
         q_tile, k_tile, warps = 32, 32, 8
-    stages = 1 if element_size >= 4 and head_dim_tile >= 128 else 2
-    return KernelConfig(q_tile, k_tile, warps, stages)
+    return KernelConfig(q_tile, k_tile, warps, 2)
 
 
 def candidate_configs(kernel: str, head_dim_tile: int, element_size: int) -> list[KernelConfig]:
     """What the tuner tries, the default first. Shapes follow where each kernel's work sits:
     the forward and dQ programs keep a query tile resident (large Q_TILE), the dK/dV program
     a key tile (large K_TILE) while query tiles stream through."""
-    shapes = {
-        "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3),
-                    (128, 32, 4, 4), (64, 128, 4, 3), (128, 128, 8, 2)],
-        "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (64, 128, 4, 3),
-                 (16, 128, 4, 5), (32, 128, 8, 4), (64, 64, 4, 4)],
-        "dq": [(128, 32, 4, 3), (128, 32, 4, 5), (128, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 4),
-               (128, 128, 8, 2), (64, 64, 4, 4), (128, 32, 8, 4)],
-    }[kernel]
-    if head_dim_tile > 128 or (element_size >= 4 and head_dim_tile >= 128):
+    if element_size >= 4 and head_dim_tile >= 64:
+        # IEEE fp32 products hold their operands in registers: only small tiles avoid spilling.
+        shapes = [(16, 16, 4, 1), (32, 32, 4, 2), (32, 32, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (16, 32, 4, 1)]
+    else:
+        shapes = {
+            "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
+                        (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4)],
+            "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (64, 64, 4, 3),
+                     (32, 64, 4, 4), (64, 128, 8, 4), (64, 64, 4, 4)],
+            "dq": [(128, 32, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
+                   (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)],
+        }[kernel]
+    if head_dim_tile > 128:
         shapes = [s for s in shapes if s[0] * s[1] <= 64 * 64]
     configs = [default_config(kernel, head_dim_tile, element_size)]
     configs += [KernelConfig(*s) for s in shapes if KernelConfig(*s) not in configs]
@@ -144,7 +151,7 @@ class ConfigTable:
     def store(self, device: str, key: ProblemKey, config: KernelConfig, path: Path) -> None:
         """Remember `config` and merge it into the JSON file at `path`."""
         self.entries.setdefault(device, {})[key] = config
-        _resolve.cache_clear()
+        _forget_answers()
         data = json.loads(path.read_text()) if path.is_file() else {}
         data.setdefault(device, {})[key.to_str()] = asdict(config)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +172,7 @@ def config_table() -> ConfigTable:
 def reload_config_table() -> ConfigTable:
     global _TABLE
     _TABLE = None
-    _resolve.cache_clear()
+    _forget_answers()
     return config_table()
 
 
@@ -176,8 +183,8 @@ def device_name(device: torch.device) -> str:
 @functools.lru_cache(maxsize=4096)
 def _resolve(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
              element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
-    # Cached: every attention call asks three times, and a table lookup costs tens of microseconds,
-    # as much as a short kernel. ConfigTable.store and reload_config_table clear it.
+    # Cached (also under torch.compile, which bypasses _ANSWERS): a table lookup costs tens of
+    # microseconds. ConfigTable.store and reload_config_table clear it.
     device = torch.device(device_type, device_index) if device_type == "cuda" else torch.device(device_type)
     key = ProblemKey.of(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, n_q, n_k)
     found = config_table().lookup(device_name(device), key)
@@ -192,9 +199,26 @@ def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n
     return _resolve(kernel, head_dim_tile, dtype_name, is_causal, n_q, n_k, element_size, device_type, device_index)
 
 
+# Eager calls' answers by their arguments: every attention call asks for one to three
+# configurations, and even the cached table lookup costs as much host time as a Triton launch.
+_ANSWERS: dict[tuple, KernelConfig] = {}
+
+
 def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int,
                device: torch.device) -> KernelConfig:
     """The tuned configuration of `kernel` for this problem on `device`, else the default."""
+    compiling = torch.compiler.is_compiling()  # under torch.compile: traced once, a constant of the graph
+    key = (kernel, head_dim_tile, dtype, is_causal, n_q, n_k, device)
+    if not compiling and (config := _ANSWERS.get(key)) is not None:
+        return config
     index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
-    return KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
-                                 n_q, n_k, dtype.itemsize, device.type, index))
+    config = KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
+                                   n_q, n_k, dtype.itemsize, device.type, index))
+    if not compiling:
+        _ANSWERS[key] = config
+    return config
+
+
+def _forget_answers() -> None:
+    _resolve.cache_clear()
+    _ANSWERS.clear()

@@ -1,9 +1,9 @@
 """FlashAttention-2 as an autograd Function around the Triton kernels.
 
 Forward: `flash_fwd_kernel` on a grid (ceil(N_q / Q_TILE), batch·heads); saves L (shape
-q.shape[:-1], fp32), Q, K, V, O and the causal flag. Backward: D = rowsum(O * dO), then either
-the two Triton kernels (`backward_impl = "triton"`, the default: dK/dV per key tile, then dQ
-per query tile, no atomics) or the compiled PyTorch equations 13-19 (`backward_impl = "pytorch"`).
+q.shape[:-1], fp32), Q, K, V, O and the causal flag. Backward: either the two Triton kernels
+(`backward_impl = "triton"`, the default: dQ and D = rowsum(O * dO) per query tile, then dK/dV
+per key tile, no atomics) or the compiled PyTorch equations 13-19 (`backward_impl = "pytorch"`).
 
 Inputs (..., N, d) of any leading shape are flattened to (batch·heads, N, d); N_q and N_k may
 differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
@@ -68,13 +68,14 @@ def _repair_interpreter() -> None:
     interpreter._cs336_repaired = True
 
 
-if kernels_interpreted():
+INTERPRETED = kernels_interpreted()  # fixed when the kernels were built, at import
+if INTERPRETED:
     _repair_interpreter()
 
 
 def head_dim_tile(d: int) -> int:
     """The on-chip head dimension: the next power of two, at least 16 (tl.dot's smallest)."""
-    return max(16, triton.next_power_of_2(d))
+    return max(16, 1 << (d - 1).bit_length())  # triton.next_power_of_2 is a JIT helper: 10x slower per call
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -123,7 +124,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         backward_impl = backward_impl or FlashAttentionTriton.backward_impl
         if backward_impl not in BACKWARD_IMPLS:
             raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
-        check_triton_inputs(q, k, v, is_causal, kernels_interpreted())
+        check_triton_inputs(q, k, v, is_causal, INTERPRETED)
         lead, (n_q, d), n_k = q.shape[:-2], q.shape[-2:], k.shape[-2]
         q3, k3, v3 = q.reshape(-1, n_q, d), k.reshape(-1, n_k, d), v.reshape(-1, n_k, d)
         batch = q3.shape[0]
@@ -168,16 +169,19 @@ def flash_backward_triton(
     """dQ, dK, dV (shapes and dtypes of q, k, v) from the two backward kernels."""
     (n_q, d), n_k = q.shape[-2:], k.shape[-2]
     q3, k3, v3 = q.reshape(-1, n_q, d), k.reshape(-1, n_k, d), v.reshape(-1, n_k, d)
-    # An upstream gradient can be a broadcast (o.sum() gives stride-0 ones): make it dense.
+    # An upstream gradient can be a broadcast (o.sum() gives stride-0 ones). The kernels could read
+    # it in place, but at the leaderboard shape on an H100 streaming stride-0 tiles took the dK/dV
+    # kernel from 2.1 to 2.9 ms; the dense copy costs 0.02 ms.
     do3 = grad_out.reshape(-1, n_q, d).contiguous()
-    lse2 = lse.reshape(-1, n_q).contiguous()
-    delta = (out.reshape(-1, n_q, d).float() * do3.float()).sum(dim=-1)  # same (batch, N_q) layout as lse2
+    lse2 = lse.reshape(-1, n_q)
+    delta = torch.empty_like(lse2)  # written by the dQ kernel, read by the dK/dV kernel
     grad_q = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
     grad_k = torch.empty(k3.shape, dtype=k.dtype, device=k.device)
     grad_v = torch.empty(v3.shape, dtype=v.dtype, device=v.device)
+    launch_dq(q3, k3, v3, out.reshape(-1, n_q, d), do3, lse2, delta, grad_q, is_causal,
+              FlashAttentionTriton._config("dq", q, n_k, is_causal))
     launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal,
                 FlashAttentionTriton._config("dkdv", q, n_k, is_causal))
-    launch_dq(q3, k3, v3, do3, lse2, delta, grad_q, is_causal, FlashAttentionTriton._config("dq", q, n_k, is_causal))
     return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape)
 
 
@@ -189,20 +193,20 @@ def _meta(d: int, is_causal: bool, dtype: torch.dtype, config: KernelConfig) -> 
     )
 
 
-def launch_forward(q3, k3, v3, out, lse, is_causal: bool, config: KernelConfig) -> None:
-    """O and L of (batch, N, d) inputs into `out`, `lse`: grid (query tiles, batch)."""
+def launch_forward(q3, k3, v3, out, lse, is_causal: bool, config: KernelConfig):
+    """O and L of (batch, N, d) inputs into `out`, `lse`: grid (query tiles, batch). Returns the compiled kernel."""
     (batch, n_q, d), n_k = q3.shape, k3.shape[1]
-    flash_fwd_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
+    return flash_fwd_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
         q3, k3, v3, out, lse,
         *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(), *lse.stride(),
         n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
     )
 
 
-def launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig) -> None:
-    """dK, dV into `grad_k`, `grad_v`: grid (key tiles, batch)."""
+def launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig):
+    """dK, dV into `grad_k`, `grad_v`: grid (key tiles, batch). Returns the compiled kernel."""
     (batch, n_q, d), n_k = q3.shape, k3.shape[1]
-    flash_bwd_dkdv_kernel[(triton.cdiv(n_k, config.k_tile), batch)](
+    return flash_bwd_dkdv_kernel[(triton.cdiv(n_k, config.k_tile), batch)](
         q3, k3, v3, do3, lse2, delta, grad_k, grad_v,
         *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride(),
         *grad_k.stride(), *grad_v.stride(),
@@ -210,11 +214,13 @@ def launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal: bool, c
     )
 
 
-def launch_dq(q3, k3, v3, do3, lse2, delta, grad_q, is_causal: bool, config: KernelConfig) -> None:
-    """dQ into `grad_q`: grid (query tiles, batch)."""
+def launch_dq(q3, k3, v3, out3, do3, lse2, delta, grad_q, is_causal: bool, config: KernelConfig):
+    """dQ into `grad_q` and D = rowsum(O * dO) into `delta` (shaped as lse2): grid (query tiles, batch).
+
+    Returns the compiled kernel."""
     (batch, n_q, d), n_k = q3.shape, k3.shape[1]
-    flash_bwd_dq_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
-        q3, k3, v3, do3, lse2, delta, grad_q,
-        *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride(), *grad_q.stride(),
+    return flash_bwd_dq_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
+        q3, k3, v3, out3, do3, lse2, delta, grad_q,
+        *q3.stride(), *k3.stride(), *v3.stride(), *out3.stride(), *do3.stride(), *lse2.stride(), *grad_q.stride(),
         n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
     )

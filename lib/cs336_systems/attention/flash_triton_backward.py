@@ -1,6 +1,6 @@
 """FlashAttention-2 backward kernels in Triton (Algorithm 2 of the handout, split in two passes).
 
-With D = rowsum(dO * O) precomputed and L from the forward, each tile of P is recomputed:
+With D = rowsum(dO * O) and L from the forward, each tile of P is recomputed:
 
     S = Q_i K^(j)T * scale,   P = exp(S - L_i),   dP = dO_i V^(j)T,   dS = P * (dP - D_i)
     dV^(j) += P^T dO_i,   dK^(j) += dS^T Q_i * scale,   dQ_i += dS K^(j) * scale
@@ -8,7 +8,9 @@ With D = rowsum(dO * O) precomputed and L from the forward, each tile of P is re
 Algorithm 2 updates dQ_i from every key tile, which needs atomics. Here P is recomputed twice
 instead: `flash_bwd_dkdv_kernel` (one program per key tile, looping over query tiles) owns
 dK^(j), dV^(j), and `flash_bwd_dq_kernel` (one program per query tile, looping over key tiles)
-owns dQ_i, so no two programs write the same tile. The key-tile program computes the
+owns dQ_i, so no two programs write the same tile. The dQ kernel runs first: with O_i and dO_i
+loaded anyway it computes D_i (one row-sum per query tile) and stores it for the dK/dV kernel,
+so D costs no pass over O and dO of its own. The key-tile program computes the
 transposed tiles S^T = K^(j) Q_i^T directly, so P^T and dS^T come out as the products
 dV += P^T dO and dK += dS^T Q take them, and no (K_TILE, Q_TILE) tile is ever transposed.
 
@@ -200,11 +202,12 @@ def _dq_key_tiles(
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr,
+    Q_ptr, K_ptr, V_ptr, O_ptr, dO_ptr, L_ptr, Delta_ptr,
     dQ_ptr,
     stride_qb, stride_qq, stride_qd,
     stride_kb, stride_kk, stride_kd,
     stride_vb, stride_vk, stride_vd,
+    stride_ob, stride_oq, stride_od,
     stride_dob, stride_doq, stride_dod,
     stride_lb, stride_lq,
     stride_dqb, stride_dqq, stride_dqd,
@@ -242,12 +245,19 @@ def flash_bwd_dq_kernel(
         offsets=(0, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
     )
 
+    O_block_ptr = tl.make_block_ptr(
+        O_ptr + batch_index * stride_ob, shape=(N_QUERIES, D), strides=(stride_oq, stride_od),
+        offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
+    )
+
     query_index = q_start + tl.arange(0, Q_TILE_SIZE)
     in_range = query_index < N_QUERIES
     q = load_tile(Q_block_ptr, True, EVEN_D)
     do = load_tile(dO_block_ptr, True, EVEN_D)
     lse = tl.load(L_ptr + batch_index * stride_lb + query_index * stride_lq, mask=in_range, other=0.0)
-    delta = tl.load(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, mask=in_range, other=0.0)
+    # D_i = rowsum(dO_i * O_i), stored for the dK/dV kernel that runs next.
+    delta = tl.sum(load_tile(O_block_ptr, True, EVEN_D).to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, delta, mask=in_range)
     dq = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
     query_pos = query_index + offset

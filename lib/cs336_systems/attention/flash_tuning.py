@@ -55,8 +55,8 @@ def _launcher(kernel: str, p: dict, is_causal: bool, config: KernelConfig):
     if kernel == "dkdv":
         outs = (torch.empty_like(p["k"]), torch.empty_like(p["v"]))
         return (lambda: launch_dkdv(p["q"], p["k"], p["v"], p["do"], p["lse"], p["delta"], *outs, is_causal, config)), outs
-    outs = (torch.empty_like(p["q"]),)
-    return (lambda: launch_dq(p["q"], p["k"], p["v"], p["do"], p["lse"], p["delta"], *outs, is_causal, config)), outs
+    outs = (torch.empty_like(p["q"]), torch.empty_like(p["delta"]))
+    return (lambda: launch_dq(p["q"], p["k"], p["v"], p["out"], p["do"], p["lse"], outs[1], outs[0], is_causal, config)), outs
 
 
 def _rel_error(outs, ref) -> float:

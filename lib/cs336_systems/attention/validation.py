@@ -28,32 +28,37 @@ def check_attention_inputs(
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., seq, d), got {tuple(t.shape)}")
-        if t.shape[-2] == 0 or t.shape[-1] == 0:
-            raise ValueError(f"{name} has an empty sequence or head dimension: {tuple(t.shape)}")
+    # Read once: every attribute access builds a new Python object, and this runs on every call.
+    qs, ks, vs = q.shape, k.shape, v.shape
+    for name, shape in (("q", qs), ("k", ks), ("v", vs)):
+        if len(shape) < 2:
+            raise ValueError(f"{name} must have shape (..., seq, d), got {tuple(shape)}")
+        if shape[-2] == 0 or shape[-1] == 0:
+            raise ValueError(f"{name} has an empty sequence or head dimension: {tuple(shape)}")
+
     # Described only on failure: formatting three tensors costs as much as a short kernel.
     def described() -> str:
         return ", ".join(_describe(n, t) for n, t in (("q", q), ("k", k), ("v", v)))
 
-    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+    if not (qs[-1] == ks[-1] == vs[-1]):
         raise ValueError(f"q, k and v must share the last (head) dimension; got {described()}")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+    if not (qs[:-2] == ks[:-2] == vs[:-2]):
         raise ValueError(f"q, k and v must share the leading (batch, head) dimensions; got {described()}")
-    if k.shape[-2] != v.shape[-2]:
+    if ks[-2] != vs[-2]:
         raise ValueError(f"k and v must have the same sequence length; got {described()}")
-    if not (q.device == k.device == v.device):
+    device, dtype = q.device, q.dtype
+    if not (device == k.device == v.device):
         raise ValueError(f"q, k and v must be on one device; got {described()}")
-    if not (q.dtype == k.dtype == v.dtype):
+    if not (dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k and v must have one dtype; got {described()}")
-    if q.dtype not in dtypes:
+    if dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise ValueError(f"dtype {q.dtype} is not supported here (supported: {names})")
-    if is_causal and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"dtype {dtype} is not supported here (supported: {names})")
+    if is_causal and qs[-2] > ks[-2]:
         # Query i sits at position i + N_k - N_q: with N_q > N_k the first queries see no key at all.
         raise ValueError(
             f"causal attention needs N_q <= N_k (query i sits at position i + N_k - N_q), "
-            f"got N_q={q.shape[-2]} and N_k={k.shape[-2]}"
+            f"got N_q={qs[-2]} and N_k={ks[-2]}"
         )
 
 
@@ -66,10 +71,13 @@ def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_ca
             f"head dimension {d} is not supported by the Triton kernels: any d <= {TRITON_MAX_HEAD_DIM} works "
             f"(padded on chip to the next power of two, at least 16)"
         )
-    if q.device.type == "cpu" and not interpreted:
+    device_type = q.device.type
+    if device_type == "cuda":
+        return
+    if device_type == "cpu" and not interpreted:
         raise ValueError(
             "the Triton kernels got CPU tensors: move q, k, v to a CUDA device, or set TRITON_INTERPRET=1 "
             "before triton is first imported to run them in the (slow) Triton interpreter"
         )
-    if q.device.type not in ("cpu", "cuda"):
+    if device_type != "cpu":
         raise ValueError(f"the Triton kernels run on CUDA devices (or the CPU interpreter), got {q.device}")
