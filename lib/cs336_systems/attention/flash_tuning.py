@@ -32,7 +32,8 @@ from cs336_systems.attention.flash_configs import (
 )
 from cs336_systems.attention.flash_triton import head_dim_tile, launch_dkdv, launch_dq, launch_forward
 
-TUNING_COLUMNS = ["kernel", "config", "q_tile", "k_tile", "num_warps", "num_stages", "ms", "compile_s", "status", "best"]
+TUNING_COLUMNS = ["kernel", "config", "q_tile", "k_tile", "num_warps", "num_stages", "ms", "compile_s", "registers",
+                  "spills", "status", "best"]
 
 
 def _problem(batch: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, device: torch.device):
@@ -48,7 +49,7 @@ def _problem(batch: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_caus
 
 
 def _launcher(kernel: str, p: dict, is_causal: bool, config: KernelConfig):
-    """A no-argument launch of `kernel` with `config` and the tensors it writes."""
+    """A no-argument launch of `kernel` with `config` (returning the compiled kernel) and the tensors it writes."""
     if kernel == "forward":
         outs = (torch.empty_like(p["out"]), torch.empty_like(p["lse"]))
         return (lambda: launch_forward(p["q"], p["k"], p["v"], *outs, is_causal, config)), outs
@@ -99,9 +100,12 @@ def tune_flash_attention(
             launch, outs = _launcher(kernel, p, is_causal, config)
             try:
                 start = time.perf_counter()
-                launch()
+                compiled = launch()
                 torch.cuda.synchronize(device)
                 row["compile_s"] = time.perf_counter() - start
+                # Registers per thread and spilled ones: why a large tile can lose.
+                row["registers"] = getattr(compiled, "n_regs", float("nan"))
+                row["spills"] = getattr(compiled, "n_spills", float("nan"))
                 if reference is None:
                     reference = [o.clone() for o in outs]
                 error = _rel_error(outs, reference)
