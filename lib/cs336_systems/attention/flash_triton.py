@@ -173,7 +173,7 @@ def flash_backward_triton(
     # it in place, but at the leaderboard shape on an H100 streaming stride-0 tiles took the dK/dV
     # kernel from 2.1 to 2.9 ms; the dense copy costs 0.02 ms.
     do3 = grad_out.reshape(-1, n_q, d).contiguous()
-    lse2 = lse.reshape(-1, n_q)
+    lse2 = lse.reshape(-1, n_q).contiguous()
     delta = torch.empty_like(lse2)  # written by the dQ kernel, read by the dK/dV kernel
     grad_q = torch.empty(q3.shape, dtype=q.dtype, device=q.device)
     grad_k = torch.empty(k3.shape, dtype=k.dtype, device=k.device)
