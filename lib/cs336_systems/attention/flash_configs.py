@@ -16,7 +16,6 @@ A key missing from a table falls back to the same problem at the nearest tuned s
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -180,11 +179,10 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-@functools.lru_cache(maxsize=4096)
-def _resolve(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
-             element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
-    # Cached (also under torch.compile, which bypasses _ANSWERS): a table lookup costs tens of
-    # microseconds. ConfigTable.store and reload_config_table clear it.
+@torch.compiler.assume_constant_result
+def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
+            element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
+    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph.
     device = torch.device(device_type, device_index) if device_type == "cuda" else torch.device(device_type)
     key = ProblemKey.of(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, n_q, n_k)
     found = config_table().lookup(device_name(device), key)
@@ -192,15 +190,9 @@ def _resolve(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, 
     return (config.q_tile, config.k_tile, config.num_warps, config.num_stages)
 
 
-@torch.compiler.assume_constant_result
-def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
-            element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
-    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph.
-    return _resolve(kernel, head_dim_tile, dtype_name, is_causal, n_q, n_k, element_size, device_type, device_index)
-
-
-# Eager calls' answers by their arguments: every attention call asks for one to three
-# configurations, and even the cached table lookup costs as much host time as a Triton launch.
+# Eager calls' answers by their arguments (ConfigTable.store and reload_config_table clear them):
+# every attention call asks for one to three configurations, and a table lookup costs tens of
+# microseconds, as much host time as a Triton launch.
 _ANSWERS: dict[tuple, KernelConfig] = {}
 
 
@@ -220,5 +212,4 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
 
 
 def _forget_answers() -> None:
-    _resolve.cache_clear()
     _ANSWERS.clear()
