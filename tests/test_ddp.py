@@ -20,7 +20,9 @@ from cs336_systems.distributed.ddp_base import DataParallel
 from cs336_systems.distributed.ddp_bucketed import BYTES_PER_MB, DDPBucketed, assign_buckets
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.ddp_equivalence import MODELS, train_and_compare
-from cs336_systems.distributed.ddp_flavours import DDPFlavour, expand_flavours
+from cs336_systems.distributed.compute_stream import prioritized_compute
+from cs336_systems.distributed.ddp_benchmark import add_overheads, describe_stream_priority_effect, stream_priority_effect
+from cs336_systems.distributed.ddp_flavours import DDPFlavour, expand_flavours, flavour_of
 from cs336_systems.distributed.ddp_overhead_model import derive, fit_overhead
 from cs336_systems.distributed.ddp_timeline import communication_after, overlap_fraction, timeline_events
 from cs336_systems.distributed.launch import DistContext, spawn
@@ -185,6 +187,7 @@ def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     assert df.loc[df.flavour == "no-communication", "overhead_ms"].item() == 0
     assert df.loc[df.flavour == "naive", "all_reduce_calls"].item() == df.loc[df.flavour == "individual", "all_reduce_calls"].item()
     assert df.loc[df.flavour == "flat", "all_reduce_calls"].item() == 1
+    assert (df.compute_priority == "n/a (no CUDA streams)").all()
 
 
 def test_scaling_holds_the_per_rank_batch_and_measures_each_world_size():
@@ -285,6 +288,64 @@ def test_nccl_thread_block_caps_are_flavours_and_refused_off_nccl():
     assert [f.label for f in expand_flavours(["bucketed"], [100], tail_bucket_mb=[None, 64])] == ["bucketed 100 MB", "bucketed 100 MB, tail 64 MB"]
     errors = spawn(_cta_cap_on_gloo, 2, backend="gloo", timeout_s=60)
     assert errors == ["max_ctas limits NCCL's thread blocks; this process group runs gloo"] * 2
+
+
+def test_a_flavour_is_recovered_from_its_benchmark_row():
+    for flavour in [DDPFlavour("naive"), DDPFlavour("bucketed", 100.0), DDPFlavour("bucketed", 10.0, 8, 64.0), DDPFlavour("bucketed", None)]:
+        row = pd.Series(dict(kind=flavour.name, bucket_size_mb=flavour.bucket_size_mb, max_ctas=flavour.max_ctas,
+                             tail_bucket_mb=flavour.tail_bucket_mb))
+        assert flavour_of(row) == flavour
+    table = pd.DataFrame([dict(kind="bucketed", bucket_size_mb=1000.0, max_ctas=None, tail_bucket_mb=None),
+                          dict(kind="bucketed", bucket_size_mb=2000.0, max_ctas=16, tail_bucket_mb=256.0)])
+    assert [flavour_of(r) for _, r in table.iterrows()] == [DDPFlavour("bucketed", 1000.0), DDPFlavour("bucketed", 2000.0, 16, 256.0)]
+    assert isinstance(flavour_of(table.iloc[1]).max_ctas, int)  # NaN-padded columns come back as floats
+
+
+def test_stream_priority_effect_compares_each_run_with_its_own_naive():
+    def run(base, naive, bucketed, fwd_bwd):
+        df = pd.DataFrame([
+            dict(flavour="no-communication", kind="no-communication", status="ok", step_ms=base, fwd_bwd_ms=100.0, sync_ms=0.0),
+            dict(flavour="naive", kind="naive", status="ok", step_ms=naive, fwd_bwd_ms=100.0, sync_ms=naive - base),
+            dict(flavour="bucketed 1000 MB", kind="bucketed", status="ok", step_ms=bucketed, fwd_bwd_ms=fwd_bwd, sync_ms=1.0),
+            dict(flavour="flat", kind="flat", status="OOM", step_ms=float("nan"), fwd_bwd_ms=float("nan"), sync_ms=float("nan")),
+        ])
+        return add_overheads(df)
+
+    effect = stream_priority_effect(run(200.0, 240.0, 210.0, 108.0), run(201.0, 241.0, 221.0, 118.0))
+    assert list(effect.flavour) == ["no-communication", "naive", "bucketed 1000 MB"]  # the OOM row is in neither
+    row = effect.set_index("flavour").loc["bucketed 1000 MB"]
+    assert row.overhead_ms_default == pytest.approx(20.0) and row.overhead_ms_highest == pytest.approx(10.0)
+    assert row.share_of_naive_default == pytest.approx(0.5) and row.share_of_naive_highest == pytest.approx(0.25)
+    text = describe_stream_priority_effect(effect)
+    assert "bucketed 1000 MB overhead 20.0 → 10.0 ms (50% → 25% of naive's)" in text
+    assert "naive overhead 40.0 → 40.0 ms;" in text
+    assert "no-communication step moved -1.0 ms (201.0 → 200.0 ms)" in text
+    assert "bucketed 1000 MB 18.0 → 8.0 ms" in text
+
+
+def test_prioritized_compute_is_a_no_op_off_cuda():
+    with prioritized_compute("cpu") as stream:
+        assert stream is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_prioritized_compute_outranks_the_default_stream_keeps_order_and_runs_the_backward():
+    x = torch.zeros(1 << 22, device="cuda")
+    x.add_(1)  # queued on the caller's stream before the block
+    w = nn.Parameter(torch.ones(8, device="cuda"))
+    hook_streams = []
+    w.register_post_accumulate_grad_hook(lambda p: hook_streams.append(torch.cuda.current_stream()))
+    caller = torch.cuda.current_stream()
+    with prioritized_compute("cuda") as stream:
+        assert torch.cuda.current_stream() == stream and stream.priority < caller.priority
+        x.mul_(3)
+        (w * 2).sum().backward()
+    x.add_(1)  # after the block, on the caller's stream again
+    assert torch.cuda.current_stream() == caller
+    assert x[0].item() == 7 and x[-1].item() == 7  # (0 + 1) * 3 + 1: the three kernels ran in order
+    assert hook_streams == [stream], "the gradient hook did not run on the stream of the forward pass"
+    assert torch.equal(w.grad, torch.full_like(w, 2.0))
 
 
 def test_overhead_model_optimum_matches_brute_force():

@@ -13,7 +13,10 @@ is split into three synchronized phases, timed with `timeit.default_timer`:
 
     step = the sum;   overhead = step - step of "no-communication" (the same step, no all-reduce)
 
-An untimed no-communication run warms the process up first. Each step starts with an untimed
+On a GPU every rank runs its steps on a CUDA stream of higher priority than NCCL's
+(`prioritize_compute`, compute_stream.py), so the all-reduces that overlap the backward pass take
+the SMs compute leaves free instead of competing for them; `prioritize_compute=False` measures
+the default (equal priorities). An untimed no-communication run warms the process up first. Each step starts with an untimed
 barrier, so no rank's time includes waiting for a peer's previous step. Per-rank times are
 gathered with all_gather_object; means and standard deviations are over all ranks and measured
 steps, `rank_spread_ms` is the gap between the slowest and fastest rank's mean. A flavour can
@@ -27,6 +30,7 @@ Runs under `spawn` (notebooks) and torchrun alike:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -41,6 +45,7 @@ import torch
 import torch.nn as nn
 
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
+from cs336_systems.distributed.compute_stream import prioritized_compute
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_flat import DDPFlat
 from cs336_systems.distributed.ddp_flavours import FLAVOURS, DDPFlavour, NoCommunication, expand_flavours
@@ -70,6 +75,7 @@ class DDPBenchmarkConfig:
     world_size: int = 2
     backend: str | None = "auto"
     profile: tuple[str, ...] = ()  # flavour labels that also record one profiled step
+    prioritize_compute: bool = True  # GPU: steps on a CUDA stream that outranks NCCL's (compute_stream.py)
     vocab_size: int = VOCAB_SIZE
     lr: float = 1e-4
     seed: int = 0
@@ -201,13 +207,27 @@ def _summarize(flavour: DDPFlavour, info: dict, per_rank: list[list]) -> dict:
     return row
 
 
+def compute_priority(config: DDPBenchmarkConfig, device: torch.device) -> str:
+    """The `compute_priority` column: "highest" when the steps ran on a prioritized CUDA stream."""
+    if device.type != "cuda":
+        return "n/a (no CUDA streams)"
+    return "highest" if config.prioritize_compute else "default"
+
+
 def _benchmark_worker(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
+    # Everything a flavour allocates lives and dies inside this block, on the one stream it opened.
+    with prioritized_compute(ctx.device) if config.prioritize_compute else contextlib.nullcontext():
+        return _benchmark_flavours(ctx, config)
+
+
+def _benchmark_flavours(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     inputs, targets = local_batch(ctx, config)
     common = dict(
         size=config.size, world_size=ctx.world_size, backend=ctx.backend, global_batch_size=config.global_batch_size,
         context_length=config.context_length, warmup=config.warmup, steps=config.steps,
+        compute_priority=compute_priority(config, ctx.device),
     )
     # Untimed: the first model built in a process pays one-time costs (allocator growth, kernel
     # and thread-pool start-up) that would otherwise land on the first flavour measured.
@@ -250,12 +270,54 @@ def format_bytes(n: float) -> str:
 def describe_setup(df: pd.DataFrame) -> str:
     """The benchmark's setting, stated from the rows themselves."""
     r = df[df.status == "ok"].iloc[0]
+    stream = {
+        "highest": " Every step runs on a CUDA stream of the highest priority, above NCCL's (compute_stream.py).",
+        "default": " Every step runs at the default CUDA stream priority, the same as NCCL's.",
+    }.get(r.get("compute_priority"), "")
     return (
         f"Model **{r['size']}** ({r.parameters / 1e6:,.1f} M parameters, {format_bytes(r.gradient_bytes)} of fp32 gradients), "
         f"global batch {r.global_batch_size} sequences of {r.context_length} tokens ({r.global_batch_size // r.world_size} per rank), "
         f"{r.world_size} ranks on {r.backend}, fp32, AdamW; {r.warmup} warm-up and {r.steps} measured steps per flavour, "
-        f"all flavours in one run, each with a fresh model and optimizer."
+        f"all flavours in one run, each with a fresh model and optimizer.{stream}"
     )
+
+
+def stream_priority_effect(prioritized: pd.DataFrame, default: pd.DataFrame) -> pd.DataFrame:
+    """Per flavour measured in both runs (`add_overheads` tables): step, forward+backward and
+    overhead at the default and at the highest compute-stream priority, and each overhead as a
+    share of the naive overhead of its own run."""
+    def columns(df: pd.DataFrame, tag: str) -> pd.DataFrame:
+        ok = df[df.status == "ok"].set_index("flavour")
+        naive = ok.loc["naive", "overhead_ms"] if "naive" in ok.index else math.nan
+        out = ok[["step_ms", "fwd_bwd_ms", "overhead_ms"]].add_suffix(f"_{tag}")
+        out[f"share_of_naive_{tag}"] = ok.overhead_ms / naive if naive > 0 else math.nan
+        return out
+
+    both = columns(default, "default").join(columns(prioritized, "highest"), how="inner")
+    return both.reset_index()
+
+
+def describe_stream_priority_effect(effect: pd.DataFrame) -> str:
+    """The comparison of `stream_priority_effect` in words, from its numbers."""
+    rows = effect.set_index("flavour")
+    parts = []
+    for flavour, r in rows.drop(index="no-communication", errors="ignore").iterrows():
+        part = f"{flavour} overhead {r.overhead_ms_default:.1f} → {r.overhead_ms_highest:.1f} ms"
+        if flavour != "naive" and not math.isnan(r.share_of_naive_default) and not math.isnan(r.share_of_naive_highest):
+            part += f" ({100 * r.share_of_naive_default:.0f}% → {100 * r.share_of_naive_highest:.0f}% of naive's)"
+        parts.append(part)
+    text = "From the default to the highest compute-stream priority: " + "; ".join(parts) + "."
+    if "no-communication" not in rows.index:
+        return text
+    base = rows.loc["no-communication"]
+    text += (f" The no-communication step moved {base.step_ms_highest - base.step_ms_default:+.1f} ms "
+             f"({base.step_ms_default:.1f} → {base.step_ms_highest:.1f} ms), with nothing running beside the compute.")
+    overlapped = [f for f in rows.index if f not in ("no-communication", "naive")]
+    if overlapped:
+        text += " Forward+backward slowdown against no communication, where the overlapped all-reduces act: " + "; ".join(
+            f"{f} {rows.loc[f].fwd_bwd_ms_default - base.fwd_bwd_ms_default:.1f} → "
+            f"{rows.loc[f].fwd_bwd_ms_highest - base.fwd_bwd_ms_highest:.1f} ms" for f in overlapped) + "."
+    return text
 
 
 def plot_step_breakdown(df: pd.DataFrame, title: str = ""):
@@ -301,12 +363,15 @@ def main() -> None:
     parser.add_argument("--bucket-sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--default-stream-priority", action="store_true",
+                        help="run the steps at the default CUDA stream priority instead of above NCCL's")
     parser.add_argument("--out", type=Path, default=Path("ddp_benchmark.csv"))
     a = parser.parse_args()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config = DDPBenchmarkConfig(
         size=a.size, global_batch_size=a.global_batch_size, context_length=a.context_length, flavours=tuple(a.flavours),
         bucket_sizes_mb=tuple(a.bucket_sizes_mb), warmup=a.warmup, steps=a.steps, world_size=world_size,
+        prioritize_compute=not a.default_stream_priority,
     )
     rows, _ = launch_from_env(_benchmark_worker, (config,))
     if int(os.environ.get("RANK", "0")) == 0:

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
+from cs336_systems.distributed.compute_stream import prioritized_compute
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_flavours import DDPFlavour
 from cs336_systems.distributed.launch import DistContext, spawn
@@ -120,7 +121,9 @@ def _grads_in_buckets(ddp: DDPBucketed) -> bool:
 def _equivalence_worker(ctx: DistContext, flavours: Sequence[DDPFlavour], model_names: Sequence[str], steps: int) -> list[dict]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(1)
-    return [train_and_compare(ctx, f, m, steps) for m in model_names for f in flavours]
+    # On a GPU, on the prioritized stream the benchmarks run on: the hooks then fire on that stream.
+    with prioritized_compute(ctx.device):
+        return [train_and_compare(ctx, f, m, steps) for m in model_names for f in flavours]
 
 
 def check_equivalence(

@@ -75,6 +75,17 @@ class DDPFlavour:
         return wrappers[self.name](module)
 
 
+def flavour_of(row) -> DDPFlavour:
+    """The flavour a row of a benchmark table (`kind` and option columns) was measured with;
+    empty (NaN) option cells read as None."""
+    def option(name: str):
+        value = row.get(name)
+        return None if value is None or value != value else value
+
+    ctas = option("max_ctas")
+    return DDPFlavour(row["kind"], option("bucket_size_mb"), None if ctas is None else int(ctas), option("tail_bucket_mb"))
+
+
 def expand_flavours(
     names: Iterable[str], bucket_sizes_mb: Iterable[float | None] = (None,), max_ctas: Iterable[int | None] = (None,),
     tail_bucket_mb: Iterable[float | None] = (None,),
