@@ -354,6 +354,29 @@ def test_triton_fp32_single_tf32_on_gpu():
         torch.set_float32_matmul_precision(previous)
 
 
+@gpu
+@needs_cuda
+def test_triton_compiled_at_several_lengths_on_gpu():
+    """torch.compile traces the kernels at the first length, then again with the length symbolic
+    (dynamic shapes) at the next: every length, also across configuration buckets, stays correct."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compiled = torch.compile(FlashAttentionTriton.apply)
+    gen = torch.Generator().manual_seed(0)
+    for n in (256, 384, 1000, 4096):
+        q, k, v = (torch.randn(1, 4, n, 64, generator=gen).to("cuda", torch.bfloat16).requires_grad_() for _ in range(3))
+        grad = torch.randn(1, 4, n, 64, generator=gen).to("cuda", torch.bfloat16)
+        out = compiled(q, k, v, True)
+        out.backward(grad)
+        ref_out, _, (q64, k64, v64) = reference(q, k, v, True)
+        ref_out.backward(grad.double())
+        errors = {name: rel_error(x, ref) for name, x, ref in
+                  (("O", out, ref_out), ("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad))}
+        assert all(e < TOL[torch.bfloat16] for e in errors.values()), (n, errors)
+    torch._dynamo.reset()
+
+
 def test_fp32_input_precision_follows_torch():
     from cs336_systems.attention.flash_triton import input_precision
 

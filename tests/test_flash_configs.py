@@ -102,6 +102,30 @@ def test_config_for_reads_the_user_cache(user_cache):
     assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == KernelConfig(16, 16, 2, 1)
 
 
+def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache):
+    """torch.compile makes a length symbolic when a second one arrives (dynamic shapes); the lookup
+    must then still give each length its bucket's configuration instead of failing to trace."""
+    import torch._dynamo
+
+    cpu = torch.device("cpu")
+    table = flash_configs.config_table()
+    table.store("cpu", ProblemKey("forward", 64, "bfloat16", True, 128), KernelConfig(16, 32, 2, 1), user_cache)
+    table.store("cpu", ProblemKey("forward", 64, "bfloat16", True, 4096), KernelConfig(64, 16, 8, 3), user_cache)
+
+    def tile_code(x, y):  # the configuration, as a tensor so the compiled graph returns it
+        c = config_for("forward", 64, torch.bfloat16, True, x.shape[0], y.shape[0], cpu)
+        return x.new_tensor([c.q_tile, c.k_tile, c.num_warps, c.num_stages])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(tile_code, dynamic=True, fullgraph=True)
+    for n_q, n_k, expected in [(100, 100, (16, 32, 2, 1)), (120, 90, (16, 32, 2, 1)), (3000, 3000, (64, 16, 8, 3)),
+                               (100, 4000, (64, 16, 8, 3)), (110, 70, (16, 32, 2, 1))]:
+        x, y = torch.zeros(n_q), torch.zeros(n_k)
+        assert tuple(compiled(x, y).int().tolist()) == expected, (n_q, n_k)
+        assert tuple(tile_code(x, y).int().tolist()) == expected
+    torch._dynamo.reset()
+
+
 def test_each_kernel_runs_its_own_configuration(user_cache):
     """Forward, dK/dV and dQ with three different tile shapes still give the float64 answer."""
     from cs336_systems.attention.flash_triton import FlashAttentionTriton, kernels_interpreted

@@ -64,9 +64,13 @@ class ProblemKey:
 
     @classmethod
     def of(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int) -> ProblemKey:
+        return cls.at_bucket(kernel, head_dim_tile, dtype, is_causal, seq_bucket(max(n_q, n_k)))
+
+    @classmethod
+    def at_bucket(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int) -> ProblemKey:
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
-        return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), seq_bucket(max(n_q, n_k)))
+        return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), bucket)
 
     def to_str(self) -> str:
         return f"{self.kernel}|d{self.head_dim_tile}|{self.dtype}|{'causal' if self.is_causal else 'full'}|n{self.seq_bucket}"
@@ -78,7 +82,15 @@ class ProblemKey:
 
 
 def seq_bucket(n: int) -> int:
-    return 1 << max(4, math.ceil(math.log2(max(n, 1))))
+    """The power of two >= n (at least 16) whose tuned configurations serve sequence length n.
+
+    Computed by comparisons only, so that n may be symbolic: under torch.compile with dynamic
+    shapes each comparison becomes a guard on n's range, the bucket a constant of the graph, and
+    a new sequence length recompiles only when it leaves its bucket."""
+    bucket = 16
+    while n > bucket:
+        bucket *= 2
+    return bucket
 
 
 def default_config(kernel: str, head_dim_tile: int, element_size: int) -> KernelConfig:
@@ -180,11 +192,12 @@ def device_name(device: torch.device) -> str:
 
 
 @torch.compiler.assume_constant_result
-def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, n_q: int, n_k: int,
+def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, bucket: int,
             element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
-    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph.
+    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph,
+    # so every argument must be a constant too (the sequence lengths enter only as their bucket).
     device = torch.device(device_type, device_index) if device_type == "cuda" else torch.device(device_type)
-    key = ProblemKey.of(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, n_q, n_k)
+    key = ProblemKey.at_bucket(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, bucket)
     found = config_table().lookup(device_name(device), key)
     config = found or default_config(kernel, head_dim_tile, element_size)
     return (config.q_tile, config.k_tile, config.num_warps, config.num_stages)
@@ -204,8 +217,9 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
     if not compiling and (config := _ANSWERS.get(key)) is not None:
         return config
     index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
+    bucket = seq_bucket(max(n_q, n_k))
     config = KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
-                                   n_q, n_k, dtype.itemsize, device.type, index))
+                                   bucket, dtype.itemsize, device.type, index))
     if not compiling:
         _ANSWERS[key] = config
     return config
