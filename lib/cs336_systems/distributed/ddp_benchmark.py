@@ -16,12 +16,12 @@ is split into three synchronized phases, timed with `timeit.default_timer`:
 On a GPU every rank runs its steps on a CUDA stream of higher priority than NCCL's
 (`prioritize_compute`, compute_stream.py), so the all-reduces that overlap the backward pass take
 the SMs compute leaves free instead of competing for them; `prioritize_compute=False` measures
-the default (equal priorities). An untimed no-communication run warms the process up first. Each step starts with an untimed
-barrier, so no rank's time includes waiting for a peer's previous step. Per-rank times are
-gathered with all_gather_object; means and standard deviations are over all ranks and measured
-steps, `rank_spread_ms` is the gap between the slowest and fastest rank's mean. A flavour can
-also record one profiled step (chrome trace -> ddp_timeline.timeline_events). A flavour that
-runs out of memory becomes a row with status "OOM".
+the default (equal priorities). An untimed no-communication run warms the process up first.
+Each step starts with an untimed barrier, so no rank's time includes waiting for a peer's
+previous step. Per-rank times are gathered with all_gather_object; means and standard deviations
+are over all ranks and measured steps, `rank_spread_ms` is the gap between the slowest and
+fastest rank's mean. A flavour can also record one profiled step (chrome trace ->
+ddp_timeline.timeline_events). A flavour that runs out of memory becomes a row with status "OOM".
 
 Runs under `spawn` (notebooks) and torchrun alike:
     torchrun --nproc-per-node 2 -m cs336_systems.distributed.ddp_benchmark --size xl --out ddp.csv
