@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton  # noqa: E402
-from cs336_systems.attention.flash_triton import kernels_interpreted  # noqa: E402
+from cs336_systems.attention.flash_triton import kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
 
@@ -191,6 +191,39 @@ def test_triton_accepts_strided_inputs(small_tiles, triton_device):
     q, k, v = (torch.randn(2, 33, 2, 16, device=triton_device).transpose(1, 2) for _ in range(3))
     ref, _, _ = reference(q, k, v, True)
     assert rel_error(FlashAttentionTriton.apply(q, k, v, True), ref) < 1e-3
+
+
+def test_tma_compatible():
+    x = torch.empty(2, 40, 64, dtype=torch.bfloat16)
+    assert tma_compatible(x)
+    assert not tma_compatible(x.transpose(1, 2)), "last stride not 1"
+    assert not tma_compatible(torch.empty(2, 40, 20, dtype=torch.bfloat16)), "rows of 40 bytes"
+    assert tma_compatible(torch.empty(2, 40, 20, dtype=torch.float32)), "rows of 80 bytes"
+    assert not tma_compatible(torch.empty(2 * 40 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 40, 64)), "start off by 2 bytes"
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_triton_descriptor_and_pointer_reads_agree(small_tiles, triton_device, is_causal):
+    """The same problem read through tensor descriptors (aligned inputs) and through block pointers
+    (inputs starting 2 bytes off alignment): same outputs and gradients, ragged length and padded d."""
+    gen = torch.Generator().manual_seed(0)
+    shape = (2, 37, 24)
+    size = torch.Size(shape).numel()
+    results = []
+    for offset in (0, 1):
+        leaves = [torch.randn(size + offset, generator=gen).to(triton_device, torch.bfloat16) for _ in range(3)]
+        q, k, v = (t[offset:].view(shape).requires_grad_() for t in leaves)
+        if offset:  # same values as the aligned run
+            with torch.no_grad():
+                for t, aligned in zip((q, k, v), results[0][1]):
+                    t.copy_(aligned)
+        assert reads_by_tma(q, k, v) == (offset == 0 and (HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9
+                                                           or not HAS_CUDA))
+        out = FlashAttentionTriton.apply(q, k, v, is_causal)
+        out.backward(torch.ones_like(out))
+        results.append(([out.detach(), q.grad, k.grad, v.grad], [q.detach(), k.detach(), v.detach()]))
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), results[0][0], results[1][0]):
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2, msg=name)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])

@@ -185,10 +185,51 @@ def flash_backward_triton(
     return grad_q.view(q.shape), grad_k.view(k.shape), grad_v.view(v.shape)
 
 
-def _meta(d: int, is_causal: bool, dtype: torch.dtype, config: KernelConfig) -> dict:
+_TMA_BY_DEVICE: dict[int, bool] = {}
+
+
+def _has_tma(device: torch.device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _TMA_BY_DEVICE:
+        _TMA_BY_DEVICE[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _TMA_BY_DEVICE[index]
+
+
+def tma_compatible(t: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can read `t`: unit last stride, 16-byte-aligned start and strides.
+
+    Storage offset rather than data_ptr, so it also answers for torch.compile's fake tensors
+    (PyTorch's allocators align every storage to at least 16 bytes)."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.storage_offset() * size % 16 == 0
+            and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def reads_by_tma(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels read these (batch, N, d) tensors through tensor descriptors (`flash_triton_tiles`):
+    on a GPU with the Tensor Memory Accelerator (compute capability >= 9) or under the interpreter
+    (so CPU tests cover that path), when every tensor is `tma_compatible`."""
+    device = tensors[0].device
+    if not (INTERPRETED or (device.type == "cuda" and _has_tma(device))):
+        return False
+    if not all(tma_compatible(t) for t in tensors):
+        return False
+    if not INTERPRETED and not torch.compiler.is_compiling():
+        # Descriptors built on the device need scratch memory from Triton's allocator. It is a
+        # per-thread setting and the backward runs on autograd's thread, so set it at every launch
+        # (torch.compile's launcher sets its own).
+        triton.set_allocator(_descriptor_scratch)
+    return True
+
+
+def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _meta(d: int, is_causal: bool, dtype: torch.dtype, config: KernelConfig, use_tma: bool) -> dict:
     return dict(
         D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=config.q_tile, K_TILE_SIZE=config.k_tile,
-        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(dtype),
+        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(dtype), USE_TMA=use_tma,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -199,7 +240,7 @@ def launch_forward(q3, k3, v3, out, lse, is_causal: bool, config: KernelConfig):
     return flash_fwd_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
         q3, k3, v3, out, lse,
         *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(), *lse.stride(),
-        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, reads_by_tma(q3, k3, v3)),
     )
 
 
@@ -210,7 +251,7 @@ def launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal: bool, c
         q3, k3, v3, do3, lse2, delta, grad_k, grad_v,
         *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride(),
         *grad_k.stride(), *grad_v.stride(),
-        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, reads_by_tma(q3, k3, v3, do3)),
     )
 
 
@@ -222,5 +263,5 @@ def launch_dq(q3, k3, v3, out3, do3, lse2, delta, grad_q, is_causal: bool, confi
     return flash_bwd_dq_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
         q3, k3, v3, out3, do3, lse2, delta, grad_q,
         *q3.stride(), *k3.stride(), *v3.stride(), *out3.stride(), *do3.stride(), *lse2.stride(), *grad_q.stride(),
-        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, reads_by_tma(q3, k3, v3, out3, do3)),
     )

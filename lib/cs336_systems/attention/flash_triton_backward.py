@@ -26,26 +26,27 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cs336_systems.attention.flash_triton_forward import LOG2E, load_tile
+from cs336_systems.attention.flash_triton_forward import LOG2E
+from cs336_systems.attention.flash_triton_tiles import load_rows, row_source
 
 
 @triton.jit
 def _dkdv_query_tiles(
     dk, dv, k, v,
-    Q_block_ptr, dO_block_ptr, L_ptr, Delta_ptr, stride_lq,
+    Q_source, dO_source, batch_index, L_ptr, Delta_ptr, stride_lq,
     q_lo, q_hi, key_pos, offset, qk_scale, N_QUERIES,
     Q_TILE_SIZE: tl.constexpr,
+    D_TILE: tl.constexpr,
     MASKED: tl.constexpr,
     is_causal: tl.constexpr,
     EVEN_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Accumulate dK^(j), dV^(j) over query tiles [q_lo, q_hi); masks only when MASKED."""
-    Q_block_ptr = Q_block_ptr.advance((q_lo, 0))
-    dO_block_ptr = dO_block_ptr.advance((q_lo, 0))
     for q_start in range(q_lo, q_hi, Q_TILE_SIZE):
-        q = load_tile(Q_block_ptr, MASKED, EVEN_D)
-        do = load_tile(dO_block_ptr, MASKED, EVEN_D)
+        q = load_rows(Q_source, batch_index, q_start, Q_TILE_SIZE, D_TILE, MASKED, EVEN_D, USE_TMA)
+        do = load_rows(dO_source, batch_index, q_start, Q_TILE_SIZE, D_TILE, MASKED, EVEN_D, USE_TMA)
         query_index = q_start + tl.arange(0, Q_TILE_SIZE)
         if MASKED:
             in_range = query_index < N_QUERIES
@@ -67,9 +68,6 @@ def _dkdv_query_tiles(
         dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, acc=dk, input_precision=INPUT_PRECISION)
-
-        Q_block_ptr = Q_block_ptr.advance((Q_TILE_SIZE, 0))
-        dO_block_ptr = dO_block_ptr.advance((Q_TILE_SIZE, 0))
     return dk, dv
 
 
@@ -92,9 +90,11 @@ def flash_bwd_dkdv_kernel(
     K_TILE_SIZE: tl.constexpr,
     is_causal: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     key_tile_index = tl.program_id(0)  # causal: tile 0 sees every query, so the heaviest programs start first
-    batch_index = tl.program_id(1).to(tl.int64)
+    tile_batch = tl.program_id(1)
+    batch_index = tile_batch.to(tl.int64)
     k_start = key_tile_index * K_TILE_SIZE
     offset = N_KEYS - N_QUERIES  # position of query 0
     EVEN_D: tl.constexpr = D == D_TILE
@@ -110,48 +110,37 @@ def flash_bwd_dkdv_kernel(
         q_full = q_lo + tl.cdiv(tl.maximum(last_key_query - q_lo, 0), Q_TILE_SIZE) * Q_TILE_SIZE
     q_full_end = q_full + (tl.maximum(N_QUERIES - q_full, 0) // Q_TILE_SIZE) * Q_TILE_SIZE
 
-    K_block_ptr = tl.make_block_ptr(
-        K_ptr + batch_index * stride_kb, shape=(N_KEYS, D), strides=(stride_kk, stride_kd),
-        offsets=(k_start, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    V_block_ptr = tl.make_block_ptr(
-        V_ptr + batch_index * stride_vb, shape=(N_KEYS, D), strides=(stride_vk, stride_vd),
-        offsets=(k_start, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    Q_block_ptr = tl.make_block_ptr(
-        Q_ptr + batch_index * stride_qb, shape=(N_QUERIES, D), strides=(stride_qq, stride_qd),
-        offsets=(0, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    dO_block_ptr = tl.make_block_ptr(
-        dO_ptr + batch_index * stride_dob, shape=(N_QUERIES, D), strides=(stride_doq, stride_dod),
-        offsets=(0, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
-    )
+    K_source = row_source(K_ptr, tile_batch, stride_kb, stride_kk, stride_kd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
+    V_source = row_source(V_ptr, tile_batch, stride_vb, stride_vk, stride_vd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
+    Q_source = row_source(Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
+    dO_source = row_source(dO_ptr, tile_batch, stride_dob, stride_doq, stride_dod, N_QUERIES, D, Q_TILE_SIZE, D_TILE,
+                           USE_TMA)
     L_row_ptr = L_ptr + batch_index * stride_lb
     Delta_row_ptr = Delta_ptr + batch_index * stride_lb
 
     # Padded key rows (past N_KEYS) load as zeros; their dK, dV rows are never stored, and no
     # other row depends on them, so the key side needs no mask.
-    k = load_tile(K_block_ptr, True, EVEN_D)
-    v = load_tile(V_block_ptr, True, EVEN_D)
+    k = load_rows(K_source, tile_batch, k_start, K_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
+    v = load_rows(V_source, tile_batch, k_start, K_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
     dk = tl.zeros((K_TILE_SIZE, D_TILE), dtype=tl.float32)
     dv = tl.zeros((K_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
     key_pos = k_start + tl.arange(0, K_TILE_SIZE)
 
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, Q_block_ptr, dO_block_ptr, L_row_ptr, Delta_row_ptr, stride_lq,
+        dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
         q_lo, tl.minimum(q_full, N_QUERIES), key_pos, offset, qk_scale, N_QUERIES,
-        Q_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+        Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, Q_block_ptr, dO_block_ptr, L_row_ptr, Delta_row_ptr, stride_lq,
+        dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
         q_full, q_full_end, key_pos, offset, qk_scale, N_QUERIES,
-        Q_TILE_SIZE, False, is_causal, EVEN_D, INPUT_PRECISION,
+        Q_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, Q_block_ptr, dO_block_ptr, L_row_ptr, Delta_row_ptr, stride_lq,
+        dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
         q_full_end, N_QUERIES, key_pos, offset, qk_scale, N_QUERIES,
-        Q_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+        Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
 
     dK_block_ptr = tl.make_block_ptr(
@@ -169,21 +158,21 @@ def flash_bwd_dkdv_kernel(
 @triton.jit
 def _dq_key_tiles(
     dq, q, do, lse, delta,
-    K_block_ptr, V_block_ptr,
+    K_source, V_source, batch_index,
     k_lo, k_hi, query_pos, qk_scale, N_KEYS,
     K_TILE_SIZE: tl.constexpr,
+    D_TILE: tl.constexpr,
     MASKED: tl.constexpr,
     is_causal: tl.constexpr,
     EVEN_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Accumulate dQ_i over key tiles [k_lo, k_hi); masks only when MASKED."""
-    K_block_ptr = K_block_ptr.advance((k_lo, 0))
-    V_block_ptr = V_block_ptr.advance((k_lo, 0))
     lse2 = lse * LOG2E
     for k_start in range(k_lo, k_hi, K_TILE_SIZE):
-        k = load_tile(K_block_ptr, MASKED, EVEN_D)
-        v = load_tile(V_block_ptr, MASKED, EVEN_D)
+        k = load_rows(K_source, batch_index, k_start, K_TILE_SIZE, D_TILE, MASKED, EVEN_D, USE_TMA)
+        v = load_rows(V_source, batch_index, k_start, K_TILE_SIZE, D_TILE, MASKED, EVEN_D, USE_TMA)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
@@ -195,8 +184,6 @@ def _dq_key_tiles(
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, acc=dq, input_precision=INPUT_PRECISION)
-        K_block_ptr = K_block_ptr.advance((K_TILE_SIZE, 0))
-        V_block_ptr = V_block_ptr.advance((K_TILE_SIZE, 0))
     return dq
 
 
@@ -219,44 +206,31 @@ def flash_bwd_dq_kernel(
     K_TILE_SIZE: tl.constexpr,
     is_causal: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     query_tile_index = tl.program_id(0)
     if is_causal:
         query_tile_index = tl.num_programs(0) - 1 - query_tile_index  # the longest loops first
-    batch_index = tl.program_id(1).to(tl.int64)
+    tile_batch = tl.program_id(1)
+    batch_index = tile_batch.to(tl.int64)
     q_start = query_tile_index * Q_TILE_SIZE
     offset = N_KEYS - N_QUERIES
     EVEN_D: tl.constexpr = D == D_TILE
 
-    Q_block_ptr = tl.make_block_ptr(
-        Q_ptr + batch_index * stride_qb, shape=(N_QUERIES, D), strides=(stride_qq, stride_qd),
-        offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    dO_block_ptr = tl.make_block_ptr(
-        dO_ptr + batch_index * stride_dob, shape=(N_QUERIES, D), strides=(stride_doq, stride_dod),
-        offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    K_block_ptr = tl.make_block_ptr(
-        K_ptr + batch_index * stride_kb, shape=(N_KEYS, D), strides=(stride_kk, stride_kd),
-        offsets=(0, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    V_block_ptr = tl.make_block_ptr(
-        V_ptr + batch_index * stride_vb, shape=(N_KEYS, D), strides=(stride_vk, stride_vd),
-        offsets=(0, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-
-    O_block_ptr = tl.make_block_ptr(
-        O_ptr + batch_index * stride_ob, shape=(N_QUERIES, D), strides=(stride_oq, stride_od),
-        offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
-    )
+    Q_source = row_source(Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
+    dO_source = row_source(dO_ptr, tile_batch, stride_dob, stride_doq, stride_dod, N_QUERIES, D, Q_TILE_SIZE, D_TILE,
+                           USE_TMA)
+    O_source = row_source(O_ptr, tile_batch, stride_ob, stride_oq, stride_od, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
+    K_source = row_source(K_ptr, tile_batch, stride_kb, stride_kk, stride_kd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
+    V_source = row_source(V_ptr, tile_batch, stride_vb, stride_vk, stride_vd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
 
     query_index = q_start + tl.arange(0, Q_TILE_SIZE)
     in_range = query_index < N_QUERIES
-    q = load_tile(Q_block_ptr, True, EVEN_D)
-    do = load_tile(dO_block_ptr, True, EVEN_D)
+    q = load_rows(Q_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
+    do = load_rows(dO_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
     lse = tl.load(L_ptr + batch_index * stride_lb + query_index * stride_lq, mask=in_range, other=0.0)
     # D_i = rowsum(dO_i * O_i), stored for the dK/dV kernel that runs next.
-    delta = tl.sum(load_tile(O_block_ptr, True, EVEN_D).to(tl.float32) * do.to(tl.float32), axis=1)
+    delta = tl.sum(load_rows(O_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA).to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, delta, mask=in_range)
     dq = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
@@ -270,12 +244,12 @@ def flash_bwd_dq_kernel(
         k_stop = tl.minimum(N_KEYS, q_start + Q_TILE_SIZE + offset)
 
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_block_ptr, V_block_ptr, 0, k_full, query_pos, qk_scale, N_KEYS,
-        K_TILE_SIZE, False, is_causal, EVEN_D, INPUT_PRECISION,
+        dq, q, do, lse, delta, K_source, V_source, tile_batch, 0, k_full, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_block_ptr, V_block_ptr, k_full, k_stop, query_pos, qk_scale, N_KEYS,
-        K_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_full, k_stop, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
 
     dQ_block_ptr = tl.make_block_ptr(

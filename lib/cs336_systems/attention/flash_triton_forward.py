@@ -26,44 +26,30 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from cs336_systems.attention.flash_triton_tiles import load_rows, row_source
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 MASKED_SCORE_OFFSET: tl.constexpr = tl.constexpr(-1e6)
 
 
 @triton.jit
-def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
-    """Load a (rows, D_TILE) tile, checking rows only where a tile can pass the end, columns only when D < D_TILE."""
-    if CHECK_ROWS:
-        if EVEN_D:
-            tile = tl.load(block_ptr, boundary_check=(0,), padding_option="zero")
-        else:
-            tile = tl.load(block_ptr, boundary_check=(0, 1), padding_option="zero")
-    else:
-        if EVEN_D:
-            tile = tl.load(block_ptr)
-        else:
-            tile = tl.load(block_ptr, boundary_check=(1,), padding_option="zero")
-    return tile
-
-
-@triton.jit
 def _forward_key_tiles(
     o_i, l_i, m_i, q,
-    K_block_ptr, V_block_ptr,
+    K_source, V_source, batch_index,
     k_lo, k_hi, query_pos, qk_scale, N_KEYS,
     K_TILE_SIZE: tl.constexpr,
+    D_TILE: tl.constexpr,
     MASKED: tl.constexpr,
     is_causal: tl.constexpr,
     EVEN_D: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Fold key tiles [k_lo, k_hi) into the running (O, l, m); masks only when MASKED."""
-    K_block_ptr = K_block_ptr.advance((k_lo, 0))
-    V_block_ptr = V_block_ptr.advance((k_lo, 0))
     for k_start in range(k_lo, k_hi, K_TILE_SIZE):
-        k = load_tile(K_block_ptr, MASKED, EVEN_D)
-        v = load_tile(V_block_ptr, MASKED, EVEN_D)
+        k = load_rows(K_source, batch_index, k_start, K_TILE_SIZE, D_TILE, MASKED, EVEN_D, USE_TMA)
+        v = load_rows(V_source, batch_index, k_start, K_TILE_SIZE, D_TILE, MASKED, EVEN_D, USE_TMA)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if MASKED:
             s = s * qk_scale
@@ -82,8 +68,6 @@ def _forward_key_tiles(
         o_i = o_i * alpha[:, None]
         o_i = tl.dot(p.to(v.dtype), v, acc=o_i, input_precision=INPUT_PRECISION)
         m_i = m_new
-        K_block_ptr = K_block_ptr.advance((K_TILE_SIZE, 0))
-        V_block_ptr = V_block_ptr.advance((K_TILE_SIZE, 0))
     return o_i, l_i, m_i
 
 
@@ -104,29 +88,19 @@ def flash_fwd_kernel(
     K_TILE_SIZE: tl.constexpr,
     is_causal: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     query_tile_index = tl.program_id(0)
     if is_causal:
         query_tile_index = tl.num_programs(0) - 1 - query_tile_index
-    batch_index = tl.program_id(1).to(tl.int64)  # batch * stride can pass 2^31 elements
+    tile_batch = tl.program_id(1)
+    batch_index = tile_batch.to(tl.int64)  # batch * stride can pass 2^31 elements
     q_start = query_tile_index * Q_TILE_SIZE
     EVEN_D: tl.constexpr = D == D_TILE
 
-    Q_block_ptr = tl.make_block_ptr(
-        Q_ptr + batch_index * stride_qb,
-        shape=(N_QUERIES, D), strides=(stride_qq, stride_qd),
-        offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    K_block_ptr = tl.make_block_ptr(
-        K_ptr + batch_index * stride_kb,
-        shape=(N_KEYS, D), strides=(stride_kk, stride_kd),
-        offsets=(0, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
-    )
-    V_block_ptr = tl.make_block_ptr(
-        V_ptr + batch_index * stride_vb,
-        shape=(N_KEYS, D), strides=(stride_vk, stride_vd),
-        offsets=(0, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
-    )
+    Q_source = row_source(Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
+    K_source = row_source(K_ptr, tile_batch, stride_kb, stride_kk, stride_kd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
+    V_source = row_source(V_ptr, tile_batch, stride_vb, stride_vk, stride_vd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
     O_block_ptr = tl.make_block_ptr(
         O_ptr + batch_index * stride_ob,
         shape=(N_QUERIES, D), strides=(stride_oq, stride_od),
@@ -138,7 +112,7 @@ def flash_fwd_kernel(
         offsets=(q_start,), block_shape=(Q_TILE_SIZE,), order=(0,),
     )
 
-    q = load_tile(Q_block_ptr, True, EVEN_D)
+    q = load_rows(Q_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
     o_i = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     l_i = tl.zeros((Q_TILE_SIZE,), dtype=tl.float32)
     m_i = tl.full((Q_TILE_SIZE,), float("-inf"), dtype=tl.float32)
@@ -154,12 +128,12 @@ def flash_fwd_kernel(
         k_stop = tl.minimum(N_KEYS, first_query_pos + Q_TILE_SIZE)
 
     o_i, l_i, m_i = _forward_key_tiles(
-        o_i, l_i, m_i, q, K_block_ptr, V_block_ptr, 0, k_full, query_pos, qk_scale, N_KEYS,
-        K_TILE_SIZE, False, is_causal, EVEN_D, INPUT_PRECISION,
+        o_i, l_i, m_i, q, K_source, V_source, tile_batch, 0, k_full, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     o_i, l_i, m_i = _forward_key_tiles(
-        o_i, l_i, m_i, q, K_block_ptr, V_block_ptr, k_full, k_stop, query_pos, qk_scale, N_KEYS,
-        K_TILE_SIZE, True, is_causal, EVEN_D, INPUT_PRECISION,
+        o_i, l_i, m_i, q, K_source, V_source, tile_batch, k_full, k_stop, query_pos, qk_scale, N_KEYS,
+        K_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
 
     o_i = o_i / l_i[:, None]
