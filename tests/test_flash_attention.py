@@ -200,6 +200,10 @@ def test_tma_compatible():
     assert not tma_compatible(torch.empty(2, 40, 20, dtype=torch.bfloat16)), "rows of 40 bytes"
     assert tma_compatible(torch.empty(2, 40, 20, dtype=torch.float32)), "rows of 80 bytes"
     assert not tma_compatible(torch.empty(2 * 40 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 40, 64)), "start off by 2 bytes"
+    if kernels_interpreted() or (HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9):
+        device = "cuda" if HAS_CUDA else "cpu"
+        assert reads_by_tma(torch.empty(2, 40, 64, dtype=torch.bfloat16, device=device))
+        assert not reads_by_tma(torch.empty(2, 40, 64, dtype=torch.float32, device=device)), "fp32 keeps block pointers"
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])

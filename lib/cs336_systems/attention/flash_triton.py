@@ -207,10 +207,14 @@ def tma_compatible(t: torch.Tensor) -> bool:
 
 def reads_by_tma(*tensors: torch.Tensor) -> bool:
     """Whether the kernels read these (batch, N, d) tensors through tensor descriptors (`flash_triton_tiles`):
-    on a GPU with the Tensor Memory Accelerator (compute capability >= 9) or under the interpreter
-    (so CPU tests cover that path), when every tensor is `tma_compatible`."""
+    16-bit inputs on a GPU with the Tensor Memory Accelerator (compute capability >= 9) or under the
+    interpreter (so CPU tests cover that path), when every tensor is `tma_compatible`.
+
+    fp32 keeps block pointers: there the products may run on the FMA units from registers, and
+    reading the descriptors' swizzled shared-memory tiles made the fp32 backward 4-9x slower at
+    d >= 64 (H100, notebook 10 at commit 98260e0), while 16-bit inputs gained (forward 5-8%)."""
     device = tensors[0].device
-    if not (INTERPRETED or (device.type == "cuda" and _has_tma(device))):
+    if tensors[0].element_size() != 2 or not (INTERPRETED or (device.type == "cuda" and _has_tma(device))):
         return False
     if not all(tma_compatible(t) for t in tensors):
         return False
