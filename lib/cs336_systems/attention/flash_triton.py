@@ -8,6 +8,7 @@ per key tile, no atomics) or the compiled PyTorch equations 13-19 (`backward_imp
 Inputs (..., N, d) of any leading shape are flattened to (batch·heads, N, d); N_q and N_k may
 differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
 `torch.set_float32_matmul_precision` (see `input_precision`).
+16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`).
 On CPU tensors the kernels run only under TRITON_INTERPRET=1, set before triton is imported.
 """
 

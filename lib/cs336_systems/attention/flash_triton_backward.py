@@ -230,7 +230,8 @@ def flash_bwd_dq_kernel(
     do = load_rows(dO_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
     lse = tl.load(L_ptr + batch_index * stride_lb + query_index * stride_lq, mask=in_range, other=0.0)
     # D_i = rowsum(dO_i * O_i), stored for the dK/dV kernel that runs next.
-    delta = tl.sum(load_rows(O_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA).to(tl.float32) * do.to(tl.float32), axis=1)
+    o = load_rows(O_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, delta, mask=in_range)
     dq = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
