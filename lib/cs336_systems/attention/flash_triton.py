@@ -217,14 +217,19 @@ def reads_by_tma(*tensors: torch.Tensor) -> bool:
     device = tensors[0].device
     if tensors[0].element_size() != 2 or not (INTERPRETED or (device.type == "cuda" and _has_tma(device))):
         return False
-    if not all(tma_compatible(t) for t in tensors):
-        return False
-    if not INTERPRETED and not torch.compiler.is_compiling():
-        # Descriptors built on the device need scratch memory from Triton's allocator. It is a
-        # per-thread setting and the backward runs on autograd's thread, so set it at every launch
-        # (torch.compile's launcher sets its own).
+    return all(tma_compatible(t) for t in tensors)
+
+
+def _prepare_tma_reads(*tensors: torch.Tensor) -> bool:
+    """`reads_by_tma`, and when it holds, Triton's allocator ready for the launch that follows.
+
+    Descriptors built on the device need scratch memory from Triton's allocator. It is a per-thread
+    setting and the backward runs on autograd's thread, so it is set at every launch (torch.compile's
+    launcher sets its own)."""
+    use_tma = reads_by_tma(*tensors)
+    if use_tma and not INTERPRETED and not torch.compiler.is_compiling():
         triton.set_allocator(_descriptor_scratch)
-    return True
+    return use_tma
 
 
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
@@ -245,7 +250,7 @@ def launch_forward(q3, k3, v3, out, lse, is_causal: bool, config: KernelConfig):
     return flash_fwd_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
         q3, k3, v3, out, lse,
         *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(), *lse.stride(),
-        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, reads_by_tma(q3, k3, v3)),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, _prepare_tma_reads(q3, k3, v3)),
     )
 
 
@@ -256,7 +261,7 @@ def launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal: bool, c
         q3, k3, v3, do3, lse2, delta, grad_k, grad_v,
         *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride(),
         *grad_k.stride(), *grad_v.stride(),
-        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, reads_by_tma(q3, k3, v3, do3)),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, _prepare_tma_reads(q3, k3, v3, do3)),
     )
 
 
@@ -268,5 +273,5 @@ def launch_dq(q3, k3, v3, out3, do3, lse2, delta, grad_q, is_causal: bool, confi
     return flash_bwd_dq_kernel[(triton.cdiv(n_q, config.q_tile), batch)](
         q3, k3, v3, out3, do3, lse2, delta, grad_q,
         *q3.stride(), *k3.stride(), *v3.stride(), *out3.stride(), *do3.stride(), *lse2.stride(), *grad_q.stride(),
-        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, reads_by_tma(q3, k3, v3, out3, do3)),
+        n_q, n_k, d**-0.5, **_meta(d, is_causal, q3.dtype, config, _prepare_tma_reads(q3, k3, v3, out3, do3)),
     )
