@@ -414,6 +414,36 @@ def test_triton_compiled_at_several_lengths_on_gpu():
     torch._dynamo.reset()
 
 
+@gpu
+@needs_cuda
+def test_triton_launches_skip_the_jit_once_compiled_on_gpu(monkeypatch):
+    """A launch signature's first call goes through Triton's JIT, later ones launch the compiled
+    kernel directly (`triton_launch.CachedLauncher`); inputs of the same shape whose addresses
+    Triton specializes differently (fp32 rows starting 4 bytes past 16-byte alignment: no
+    vectorized loads) go through the JIT again. Every result matches float64."""
+    from cs336_systems.attention import flash_triton as ft
+
+    jit_runs = []
+    for launcher in (ft._FORWARD, ft._DQ, ft._DKDV):
+        monkeypatch.setattr(launcher, "signatures", {})
+        run = launcher.kernel.run
+        monkeypatch.setattr(launcher.kernel, "run", lambda *a, _run=run, **kw: (jit_runs.append(1), _run(*a, **kw))[1])
+    shape = (2, 3, 300, 64)
+    size = torch.Size(shape).numel()
+    gen = torch.Generator().manual_seed(0)
+    for offset, jit_runs_after in ((0, 3), (0, 3), (1, 6), (1, 6)):
+        q, k, v = (torch.randn(size + offset, generator=gen).to("cuda")[offset:].view(shape).requires_grad_()
+                   for _ in range(3))
+        grad = torch.randn(shape, generator=gen).to("cuda")
+        out = FlashAttentionTriton.apply(q, k, v, True)
+        out.backward(grad)
+        assert len(jit_runs) == jit_runs_after, (offset, len(jit_runs))
+        ref_out, _, (q64, k64, v64) = reference(q, k, v, True)
+        ref_out.backward(grad.double())
+        for name, x, ref in (("O", out, ref_out), ("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad)):
+            assert rel_error(x, ref) < TOL[torch.float32], (offset, name, rel_error(x, ref))
+
+
 def test_fp32_input_precision_follows_torch():
     from cs336_systems.attention.flash_triton import input_precision
 

@@ -1,0 +1,138 @@
+"""CachedLauncher: which launches go through Triton's JIT and which reuse a compiled kernel.
+
+The launch logic is tested with a stand-in kernel (no GPU needed); test_flash_attention.py's GPU
+tests run the real kernels through it, including a signature that differs only in alignment.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cs336_systems.attention import triton_launch
+from cs336_systems.attention.triton_launch import CachedLauncher
+
+STREAM = 1234
+
+
+class StandInCompiled:
+    """What `kernel[grid](...)` returns: indexable by a grid, launched with all arguments and a stream."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, stream: self.launches.append((grid, args, stream))
+
+
+class StandInKernel:
+    """A @triton.jit function's surface: `params` (name, is_constexpr) and `kernel[grid](*args, **meta)`."""
+
+    def __init__(self, names_and_constexpr):
+        self.params = [SimpleNamespace(name=n, is_constexpr=c) for n, c in names_and_constexpr]
+        self.jit_calls = []
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            compiled = StandInCompiled()
+            self.jit_calls.append((grid, args, meta, compiled))
+            return compiled
+        return run
+
+
+def cuda_tensor(dtype=torch.bfloat16, address=4096):
+    """What the launcher reads of a tensor: device, dtype, address."""
+    return SimpleNamespace(device=torch.device("cuda"), dtype=dtype, data_ptr=lambda: address)
+
+
+def kernel_and_launcher(device=0):
+    kernel = StandInKernel([("X", False), ("Y", False), ("stride", False), ("N", False), ("BLOCK", True), ("FLAG", True)])
+    return kernel, CachedLauncher(kernel, device_and_stream=lambda: (device, STREAM))
+
+
+def launch(launcher, x=None, y=None, n=100, block=64, warps=4):
+    return launcher((3,), (x or cuda_tensor(), y or cuda_tensor()), (16, n), dict(FLAG=True, BLOCK=block, num_warps=warps))
+
+
+def test_second_call_of_a_signature_launches_the_compiled_kernel():
+    kernel, launcher = kernel_and_launcher()
+    x, y = cuda_tensor(), cuda_tensor()
+    first = launcher((3,), (x, y), (16, 100), dict(FLAG=True, BLOCK=64, num_warps=4))
+    assert len(kernel.jit_calls) == 1 and first is kernel.jit_calls[0][3]
+    second = launcher((3,), (x, y), (16, 100), dict(FLAG=True, BLOCK=64, num_warps=4))
+    assert second is first and len(kernel.jit_calls) == 1, "no second trip through the JIT"
+    # the grid padded to three dimensions; constexprs in parameter order, not in the order given
+    assert first.launches == [((3, 1, 1), (x, y, 16, 100, 64, True), STREAM)]
+
+
+@pytest.mark.parametrize("change", [
+    dict(n=101), dict(n=96), dict(block=128), dict(warps=8),
+    dict(x=cuda_tensor(dtype=torch.float16)), dict(x=cuda_tensor(address=4096 + 2)), dict(y=cuda_tensor(address=4096 + 8)),
+], ids=["int value", "int multiple of 16", "constexpr", "launch option", "dtype", "misaligned 2 bytes", "misaligned 8 bytes"])
+def test_any_change_triton_specializes_on_goes_through_the_jit(change):
+    kernel, launcher = kernel_and_launcher()
+    launch(launcher)
+    launch(launcher)
+    assert len(kernel.jit_calls) == 1
+    launch(launcher, **change)
+    assert len(kernel.jit_calls) == 2
+    launch(launcher, **change)
+    assert len(kernel.jit_calls) == 2, "the new signature is remembered too"
+
+
+def test_aligned_addresses_share_a_signature():
+    kernel, launcher = kernel_and_launcher()
+    launch(launcher, x=cuda_tensor(address=4096))
+    launch(launcher, x=cuda_tensor(address=8192 + 16))
+    assert len(kernel.jit_calls) == 1
+
+
+def test_another_device_goes_through_the_jit():
+    kernel = StandInKernel([("X", False), ("Y", False), ("stride", False), ("N", False), ("BLOCK", True), ("FLAG", True)])
+    device = [0]
+    launcher = CachedLauncher(kernel, device_and_stream=lambda: (device[0], STREAM))
+    launch(launcher)
+    device[0] = 1
+    launch(launcher)
+    assert len(kernel.jit_calls) == 2
+
+
+def test_cpu_tensors_interpreter_and_tracing_take_the_jit_path(monkeypatch):
+    kernel, launcher = kernel_and_launcher()
+    cpu = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, data_ptr=lambda: 0)
+    for _ in range(2):
+        launch(launcher, x=cpu)
+    assert len(kernel.jit_calls) == 2 and not launcher.signatures
+
+    interpreted = StandInKernel([])
+    del interpreted.params  # the interpreter's kernels describe no parameters
+    launcher = CachedLauncher(interpreted)
+    for _ in range(2):
+        launch(launcher)
+    assert len(interpreted.jit_calls) == 2
+
+    kernel, launcher = kernel_and_launcher()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for _ in range(2):
+        launch(launcher)
+    assert len(kernel.jit_calls) == 2 and not launcher.signatures
+
+
+def test_signature_cache_starts_over_when_full(monkeypatch):
+    monkeypatch.setattr(triton_launch, "MAX_SIGNATURES", 3)
+    kernel, launcher = kernel_and_launcher()
+    for n in range(4):
+        launch(launcher, n=n)
+    assert len(launcher.signatures) == 1 and len(kernel.jit_calls) == 4
+
+
+def test_constexpr_before_a_runtime_parameter_is_refused():
+    kernel = StandInKernel([("X", False), ("BLOCK", True), ("N", False)])
+    with pytest.raises(ValueError, match="constexpr parameter after the runtime ones"):
+        CachedLauncher(kernel)
+
+
+def test_wrong_number_of_runtime_arguments_is_refused():
+    kernel, launcher = kernel_and_launcher()
+    with pytest.raises(ValueError, match="takes 4 runtime arguments, got 2 tensors and 1 scalars"):
+        launcher((3,), (cuda_tensor(), cuda_tensor()), (16,), dict(FLAG=True, BLOCK=64))
