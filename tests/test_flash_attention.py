@@ -206,6 +206,25 @@ def test_tma_compatible():
         assert not reads_by_tma(torch.empty(2, 40, 64, dtype=torch.float32, device=device)), "fp32 keeps block pointers"
 
 
+def test_as_rows_reads_in_place_where_leading_dimensions_merge():
+    from cs336_systems.attention.flash_triton import _output_strides, as_rows
+
+    x = torch.empty(2, 3, 40, 16)
+    assert as_rows(x)[0] is x and as_rows(x)[1] == (40 * 16, 16, 1)
+    assert as_rows(x[:, 1])[0].data_ptr() == x[:, 1].data_ptr() and as_rows(x[:, 1])[1] == (3 * 40 * 16, 16, 1)
+    assert as_rows(x[0])[1] == (40 * 16, 16, 1) and as_rows(x[0, 0])[1] == (40 * 16, 16, 1), "3-D, and 2-D: one batch"
+    assert as_rows(x[:1, :1])[1] == (40 * 16, 16, 1), "size-1 leading dimensions step nowhere"
+    model_view = torch.arange(2 * 40 * 3 * 16.0).view(2, 40, 3, 16).transpose(1, 2)  # (batch, seq, heads, d) as heads-first
+    rows, strides = as_rows(model_view)
+    assert rows.shape == (6, 40, 16) and strides == (40 * 16, 16, 1) and rows.is_contiguous(), "copied: 2 and 3 do not merge"
+    assert torch.equal(rows, model_view.reshape(6, 40, 16))
+    assert as_rows(x.transpose(-1, -2))[1] == (40 * 16, 1, 16), "row and column strides are kept as they are"
+    lse = torch.empty(2, 3, 40)
+    assert as_rows(lse, row_dims=1)[1] == (40, 1)
+    with pytest.raises(ValueError, match=r"output of shape \(2, 3, 40, 16\).*merge into one batch stride"):
+        _output_strides(torch.empty(2, 40, 3, 16).transpose(1, 2))
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_triton_descriptor_and_pointer_reads_agree(small_tiles, triton_device, is_causal):
     """The same problem read through tensor descriptors (aligned inputs) and through block pointers

@@ -1,11 +1,12 @@
 """FlashAttention-2 as an autograd Function around the Triton kernels.
 
 Forward: `flash_fwd_kernel` on a grid (ceil(N_q / Q_TILE), batch·heads); saves L (shape
-q.shape[:-1], fp32), Q, K, V, O (as (batch·heads, N, d) views) and the causal flag. Backward: either the two Triton kernels
+q.shape[:-1], fp32), Q, K, V, O and the causal flag. Backward: either the two Triton kernels
 (`backward_impl = "triton"`, the default: dQ and D = rowsum(O * dO) per query tile, then dK/dV
 per key tile, no atomics) or the compiled PyTorch equations 13-19 (`backward_impl = "pytorch"`).
 
-Inputs (..., N, d) of any leading shape are flattened to (batch·heads, N, d); N_q and N_k may
+Inputs (..., N, d) of any leading shape are read as (batch·heads, N, d) (`as_rows`: in place where
+the leading dimensions merge into one stride, else from a contiguous copy); N_q and N_k may
 differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
 `torch.set_float32_matmul_precision` (see `input_precision`).
 16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`).
@@ -129,19 +130,9 @@ class FlashAttentionTriton(torch.autograd.Function):
         if backward_impl not in BACKWARD_IMPLS:
             raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
         check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-        (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-        if q.dim() == 3:
-            q3, k3, v3 = q, k, v
-        else:
-            q3, k3, v3 = q.reshape(-1, n_q, d), k.reshape(-1, n_k, d), v.reshape(-1, n_k, d)
-        batch = q3.shape[0]
-        out = torch.empty((batch, n_q, d), dtype=q.dtype, device=q.device)
-        lse = torch.empty((batch, n_q), dtype=torch.float32, device=q.device)
-        launch_forward(q3, k3, v3, out, lse, bool(is_causal), FlashAttentionTriton._config("forward", q, n_k, is_causal))
-        if q.dim() != 3:
-            out, lse = out.view(q.shape), lse.view(q.shape[:-1])
-        # The inputs, not their (batch, N, d) forms: where reshaping copied, saving the copy would
-        # hold that memory until the backward.
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        launch_forward(q, k, v, out, lse, bool(is_causal), FlashAttentionTriton._config("forward", q, k.shape[-2], is_causal))
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = bool(is_causal)
         ctx.backward_impl = backward_impl
@@ -151,21 +142,12 @@ class FlashAttentionTriton(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
         lse, q, k, v, out = ctx.saved_tensors
-        if q.dim() == 3:
-            q3, k3, v3, out3, do3 = q, k, v, out, grad_out
-        else:
-            (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-            q3, k3, v3 = q.reshape(-1, n_q, d), k.reshape(-1, n_k, d), v.reshape(-1, n_k, d)
-            out3, do3 = out.reshape(-1, n_q, d), grad_out.reshape(-1, n_q, d)
         if ctx.backward_impl == "pytorch":
             grads = flash_backward(
-                q3, k3, v3, out3, do3, lse.reshape(out3.shape[:-1]), ctx.is_causal,
-                compiled=FlashAttentionPytorch.compile_backward,
+                q, k, v, out, grad_out, lse, ctx.is_causal, compiled=FlashAttentionPytorch.compile_backward
             )
         else:
-            grads = flash_backward_triton(q3, k3, v3, out3, do3, lse, ctx.is_causal)
-        if q.dim() != 3:
-            grads = [g.view(t.shape) for g, t in zip(grads, (q, k, v))]
+            grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal)
         return (*grads, None, None)
 
 
@@ -177,27 +159,67 @@ def flash_attention_triton(
 
 
 def flash_backward_triton(
-    q3: torch.Tensor,
-    k3: torch.Tensor,
-    v3: torch.Tensor,
-    out3: torch.Tensor,
-    grad_out3: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    grad_out: torch.Tensor,
     lse: torch.Tensor,
     is_causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of (batch, N, d) tensors (L: batch·N_q values, any shape) from the two backward kernels."""
-    n_q, n_k = q3.shape[1], k3.shape[1]
+    """dQ, dK, dV (shapes and dtypes of q, k, v) from the two backward kernels."""
+    shapes = (q.shape, k.shape, v.shape)
+    q, k, v = (as_rows(t)[0] for t in (q, k, v))  # one copy, not one per kernel, where rows do not merge
     # An upstream gradient can be a broadcast (o.sum() gives stride-0 ones). The kernels could read
     # it in place, but at the leaderboard shape on an H100 streaming stride-0 tiles took the dK/dV
     # kernel from 2.1 to 2.9 ms; the dense copy costs 0.02 ms.
-    do3 = grad_out3.contiguous()
-    lse2 = lse.reshape(-1, n_q).contiguous()
-    delta = torch.empty_like(lse2)  # written by the dQ kernel, read by the dK/dV kernel
-    grad_q, grad_k, grad_v = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
-    launch_dq(q3, k3, v3, out3, do3, lse2, delta, grad_q, is_causal, FlashAttentionTriton._config("dq", q3, n_k, is_causal))
-    launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal,
-                FlashAttentionTriton._config("dkdv", q3, n_k, is_causal))
+    grad_out, lse = grad_out.contiguous(), lse.contiguous()
+    delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel
+    grad_q, grad_k, grad_v = (torch.empty(shape, dtype=q.dtype, device=q.device) for shape in shapes)
+    n_k = k.shape[-2]
+    launch_dq(q, k, v, out, grad_out, lse, delta, grad_q, is_causal, FlashAttentionTriton._config("dq", q, n_k, is_causal))
+    launch_dkdv(q, k, v, grad_out, lse, delta, grad_k, grad_v, is_causal,
+                FlashAttentionTriton._config("dkdv", q, n_k, is_causal))
     return grad_q, grad_k, grad_v
+
+
+def _batch_stride(t: torch.Tensor, row_dims: int) -> int | None:
+    """The one stride that steps through t's leading dimensions (all but the last `row_dims`) as a
+    single batch dimension, or None where they do not merge (where reshape would copy)."""
+    shape, strides = t.shape, t.stride()
+    stride_b = span = None
+    for i in range(len(shape) - row_dims - 1, -1, -1):
+        if shape[i] == 1:
+            continue
+        if stride_b is None:
+            stride_b = strides[i]
+        elif strides[i] != span:
+            return None
+        span = shape[i] * strides[i]
+    if stride_b is None:  # a single batch element: any stride serves, this one keeps the rows' alignment
+        stride_b = shape[-row_dims] * strides[-row_dims]
+    return stride_b
+
+
+def as_rows(t: torch.Tensor, row_dims: int = 2) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """`t` as the kernels read it, a batch of (N, d) matrices (row_dims = 2) or of length-N rows (1):
+    `t` itself and its strides (batch, then its own last `row_dims`) where the leading dimensions
+    merge into one stride, else a contiguous (batch, ...) copy and its strides. No view is made:
+    at short sequences every tensor operation on the host is visible latency."""
+    stride_b = _batch_stride(t, row_dims)
+    if stride_b is None:
+        t = t.reshape(-1, *t.shape[len(t.shape) - row_dims:])
+        stride_b = t.stride(0)
+    return t, (stride_b, *t.stride()[len(t.shape) - row_dims:])
+
+
+def _output_strides(t: torch.Tensor, row_dims: int = 2) -> tuple[int, ...]:
+    """`as_rows` strides of a tensor a kernel writes: a copy would lose what the kernel writes."""
+    stride_b = _batch_stride(t, row_dims)
+    if stride_b is None:
+        raise ValueError(f"output of shape {tuple(t.shape)} and strides {t.stride()}: its leading dimensions must "
+                         f"merge into one batch stride (allocate it contiguous)")
+    return (stride_b, *t.stride()[len(t.shape) - row_dims:])
 
 
 _TMA_BY_DEVICE: dict[int, bool] = {}
@@ -264,35 +286,37 @@ _DKDV = CachedLauncher(flash_bwd_dkdv_kernel)
 _DQ = CachedLauncher(flash_bwd_dq_kernel)
 
 
-def launch_forward(q3, k3, v3, out, lse, is_causal: bool, config: KernelConfig):
-    """O and L of (batch, N, d) inputs into `out`, `lse`: grid (query tiles, batch). Returns the compiled kernel."""
-    (batch, n_q, d), n_k = q3.shape, k3.shape[1]
+def launch_forward(q, k, v, out, lse, is_causal: bool, config: KernelConfig):
+    """O and L of (..., N, d) inputs into `out` (q's shape) and `lse` (q.shape[:-1]): grid (query
+    tiles, batch), batch = the leading dimensions. Returns the compiled kernel."""
+    (q, sq), (k, sk), (v, sv) = as_rows(q), as_rows(k), as_rows(v)
+    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
     return _FORWARD(
-        (triton.cdiv(n_q, config.q_tile), batch), (q3, k3, v3, out, lse),
-        (*q3.stride(), *k3.stride(), *v3.stride(), *out.stride(), *lse.stride(), n_q, n_k),
-        _meta(d, is_causal, q3.dtype, config, _prepare_tma_reads(q3, k3, v3)),
+        (triton.cdiv(n_q, config.q_tile), q.numel() // (n_q * d)), (q, k, v, out, lse),
+        (*sq, *sk, *sv, *_output_strides(out), *_output_strides(lse, 1), n_q, n_k),
+        _meta(d, is_causal, q.dtype, config, _prepare_tma_reads(q, k, v)),
     )
 
 
-def launch_dkdv(q3, k3, v3, do3, lse2, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig):
-    """dK, dV into `grad_k`, `grad_v`: grid (key tiles, batch). Returns the compiled kernel."""
-    (batch, n_q, d), n_k = q3.shape, k3.shape[1]
+def launch_dkdv(q, k, v, do, lse, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig):
+    """dK, dV of (..., N, d) tensors into `grad_k`, `grad_v`: grid (key tiles, batch). `lse` and
+    `delta` (q.shape[:-1]) share strides. Returns the compiled kernel."""
+    (q, sq), (k, sk), (v, sv), (do, sdo) = as_rows(q), as_rows(k), as_rows(v), as_rows(do)
+    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
     return _DKDV(
-        (triton.cdiv(n_k, config.k_tile), batch), (q3, k3, v3, do3, lse2, delta, grad_k, grad_v),
-        (*q3.stride(), *k3.stride(), *v3.stride(), *do3.stride(), *lse2.stride(), *grad_k.stride(), *grad_v.stride(),
-         n_q, n_k),
-        _meta(d, is_causal, q3.dtype, config, _prepare_tma_reads(q3, k3, v3, do3)),
+        (triton.cdiv(n_k, config.k_tile), q.numel() // (n_q * d)), (q, k, v, do, lse, delta, grad_k, grad_v),
+        (*sq, *sk, *sv, *sdo, *_output_strides(lse, 1), *_output_strides(grad_k), *_output_strides(grad_v), n_q, n_k),
+        _meta(d, is_causal, q.dtype, config, _prepare_tma_reads(q, k, v, do)),
     )
 
 
-def launch_dq(q3, k3, v3, out3, do3, lse2, delta, grad_q, is_causal: bool, config: KernelConfig):
-    """dQ into `grad_q` and D = rowsum(O * dO) into `delta` (shaped as lse2): grid (query tiles, batch).
-
-    Returns the compiled kernel."""
-    (batch, n_q, d), n_k = q3.shape, k3.shape[1]
+def launch_dq(q, k, v, out, do, lse, delta, grad_q, is_causal: bool, config: KernelConfig):
+    """dQ of (..., N, d) tensors into `grad_q` and D = rowsum(O * dO) into `delta` (strides of `lse`):
+    grid (query tiles, batch). Returns the compiled kernel."""
+    (q, sq), (k, sk), (v, sv), (out, so), (do, sdo) = as_rows(q), as_rows(k), as_rows(v), as_rows(out), as_rows(do)
+    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
     return _DQ(
-        (triton.cdiv(n_q, config.q_tile), batch), (q3, k3, v3, out3, do3, lse2, delta, grad_q),
-        (*q3.stride(), *k3.stride(), *v3.stride(), *out3.stride(), *do3.stride(), *lse2.stride(), *grad_q.stride(),
-         n_q, n_k),
-        _meta(d, is_causal, q3.dtype, config, _prepare_tma_reads(q3, k3, v3, out3, do3)),
+        (triton.cdiv(n_q, config.q_tile), q.numel() // (n_q * d)), (q, k, v, out, do, lse, delta, grad_q),
+        (*sq, *sk, *sv, *so, *sdo, *_output_strides(lse, 1), *_output_strides(grad_q), n_q, n_k),
+        _meta(d, is_causal, q.dtype, config, _prepare_tma_reads(q, k, v, out, do)),
     )
