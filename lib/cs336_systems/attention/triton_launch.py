@@ -2,7 +2,7 @@
 
 `kernel[grid](*args, **meta)` (Triton's `JITFunction.run`) binds every argument, computes each
 one's specialization, builds a cache key from them and only then reaches the compiled kernel's
-launcher. For our kernels (20-30 arguments) that is 50-65 µs of host time per launch on the
+launcher. For our kernels (20-30 arguments) that is 48-64 µs of host time per launch on the
 H100 hosts we measured, against about 13 µs for the launcher it ends in, and at short sequences
 the host is the latency: at N = 1,024, d = 64, one head, our whole forward took 94-115 µs of
 host time per call and SDPA-flash's 23-30 µs, for GPU kernels of 12 and 10 µs.
@@ -46,7 +46,7 @@ class CachedLauncher:
     `launcher(grid, tensors, scalars, meta)` launches `kernel[grid](*tensors, *scalars, **meta)`:
     `tensors` the pointer arguments, `scalars` the integer and float arguments after them,
     `meta` the constexpr arguments by name plus launch options (num_warps, num_stages).
-    Returns the compiled kernel (None under the interpreter).
+    Returns the compiled kernel (under the interpreter, what its `kernel[grid]` returns).
     """
 
     def __init__(self, kernel, device_and_stream: Callable[[], tuple[int, int]] = _current_device_and_stream):
