@@ -117,8 +117,9 @@ def candidate_configs(kernel: str, head_dim_tile: int, element_size: int) -> lis
     the forward and dQ programs keep a query tile resident (large Q_TILE), the dK/dV program
     a key tile (large K_TILE) while query tiles stream through."""
     if element_size >= 4 and head_dim_tile >= 64:
-        # IEEE fp32 products hold their operands in registers: only small tiles avoid spilling.
-        shapes = [(16, 16, 4, 1), (32, 32, 4, 2), (32, 32, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (16, 32, 4, 1)]
+        # IEEE fp32 products hold their operands in registers: small tiles, or 8 warps to share them.
+        shapes = [(16, 16, 4, 1), (32, 32, 4, 2), (32, 32, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (16, 32, 4, 1),
+                  (32, 32, 8, 1), (32, 64, 8, 1), (64, 32, 8, 1), (64, 64, 8, 1)]
     else:
         shapes = {
             "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
