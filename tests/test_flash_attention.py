@@ -225,6 +225,51 @@ def test_as_rows_reads_in_place_where_leading_dimensions_merge():
         _output_strides(torch.empty(2, 40, 3, 16).transpose(1, 2))
 
 
+def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypatch):
+    """A launch plan (grid, strides, copies, constexprs) is derived once per geometry and reused;
+    the same shape with other strides, another fp32 matmul precision or a misaligned start gets
+    its own plan, and every call stays correct."""
+    from cs336_systems.attention import flash_triton as ft
+
+    monkeypatch.setattr(ft, "_PLANS", {})
+    gen = torch.Generator().manual_seed(0)
+    contiguous = [torch.randn(2, 3, 40, 16, generator=gen).to(triton_device) for _ in range(3)]
+    # (batch, seq, heads, d) viewed heads-first: same shape, leading dimensions that do not merge
+    model_view = [torch.randn(2, 40, 3, 16, generator=gen).to(triton_device).transpose(1, 2) for _ in range(3)]
+    for inputs, plans_after in ((contiguous, 1), (contiguous, 1), (model_view, 2), (contiguous, 2)):
+        out = FlashAttentionTriton.apply(*inputs, True)
+        assert len(ft._PLANS) == plans_after
+        assert rel_error(out, reference(*inputs, True)[0]) < 1e-3
+    plans = list(ft._PLANS.values())
+    assert plans[0].copies == (False,) * 5 and plans[1].copies == (True, True, True, False, False)
+    assert plans[0].scalars[:3] == (40 * 16, 16, 1) and plans[1].scalars[:3] == (40 * 16, 16, 1), "the copy's strides"
+
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        FlashAttentionTriton.apply(*contiguous, True)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert [plan.meta["INPUT_PRECISION"] for plan in ft._PLANS.values()][-1] == "tf32x3" != plans[0].meta["INPUT_PRECISION"]
+
+    leaves = [torch.randn(2 * 40 * 64 + 1, generator=gen).to(triton_device, torch.bfloat16) for _ in range(3)]
+    for offset in (0, 1):
+        q, k, v = (t[offset:offset + 2 * 40 * 64].view(2, 40, 64) for t in leaves)
+        out = FlashAttentionTriton.apply(q, k, v, False)
+        assert list(ft._PLANS.values())[-1].meta["USE_TMA"] == (offset == 0 and reads_by_tma(leaves[0][:64]))
+        assert rel_error(out, reference(q, k, v, False)[0]) < 1e-2
+
+
+def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
+    from cs336_systems.attention.flash_triton import launch_dq
+    from cs336_systems.attention.flash_configs import KernelConfig
+
+    q = torch.randn(2, 40, 16, device=triton_device)
+    lse, delta = torch.zeros(2, 40, device=triton_device), torch.zeros(40, 2, device=triton_device).t()
+    with pytest.raises(ValueError, match=r"per-row vectors with one set of strides.*\(40, 1\) and \(1, 2\)"):
+        launch_dq(q, q, q, q, q, lse, delta, torch.empty_like(q), False, KernelConfig(16, 16, 4, 1))
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_triton_descriptor_and_pointer_reads_agree(small_tiles, triton_device, is_causal):
     """The same problem read through tensor descriptors (aligned inputs) and through block pointers
@@ -443,7 +488,7 @@ def test_triton_launches_skip_the_jit_once_compiled_on_gpu(monkeypatch):
     from cs336_systems.attention import flash_triton as ft
 
     jit_runs = []
-    for launcher in (ft._FORWARD, ft._DQ, ft._DKDV):
+    for launcher in ft._LAUNCHERS.values():
         monkeypatch.setattr(launcher, "signatures", {})
         run = launcher.kernel.run
         monkeypatch.setattr(launcher.kernel, "run", lambda *a, _run=run, **kw: (jit_runs.append(1), _run(*a, **kw))[1])

@@ -10,12 +10,15 @@ the leading dimensions merge into one stride, else from a contiguous copy); N_q 
 differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
 `torch.set_float32_matmul_precision` (see `input_precision`).
 16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`).
-Kernels are launched through `triton_launch.CachedLauncher`, which skips Triton's per-call
-argument binding after a launch signature's first call (the host is the latency at short N).
+At short N the host is the latency, so a launch does little work per call: its grid, strides and
+constexprs are derived once per geometry (`_launch`), and `triton_launch.CachedLauncher` skips
+Triton's per-call argument binding after a launch signature's first call.
 On CPU tensors the kernels run only under TRITON_INTERPRET=1, set before triton is imported.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -169,7 +172,8 @@ def flash_backward_triton(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (shapes and dtypes of q, k, v) from the two backward kernels."""
     shapes = (q.shape, k.shape, v.shape)
-    q, k, v = (as_rows(t)[0] for t in (q, k, v))  # one copy, not one per kernel, where rows do not merge
+    # One copy, not one per kernel, where the leading dimensions do not merge.
+    q, k, v = (t if t.is_contiguous() else as_rows(t)[0] for t in (q, k, v))
     # An upstream gradient can be a broadcast (o.sum() gives stride-0 ones). The kernels could read
     # it in place, but at the leaderboard shape on an H100 streaming stride-0 tiles took the dK/dV
     # kernel from 2.1 to 2.9 ms; the dense copy costs 0.02 ms.
@@ -232,14 +236,22 @@ def _has_tma(device: torch.device) -> bool:
     return _TMA_BY_DEVICE[index]
 
 
-def tma_compatible(t: torch.Tensor) -> bool:
-    """Whether a tensor descriptor can read `t`: unit last stride, 16-byte-aligned start and strides.
+def tma_compatible(t: torch.Tensor, strides: tuple[int, ...] | None = None) -> bool:
+    """Whether a tensor descriptor can read `t` with these strides (default: its own): unit last
+    stride, 16-byte-aligned start and strides.
 
     Storage offset rather than data_ptr, so it also answers for torch.compile's fake tensors
     (PyTorch's allocators align every storage to at least 16 bytes)."""
     size = t.element_size()
-    return (t.stride(-1) == 1 and t.storage_offset() * size % 16 == 0
-            and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+    strides = t.stride() if strides is None else strides
+    return (strides[-1] == 1 and t.storage_offset() * size % 16 == 0
+            and all(stride * size % 16 == 0 for stride in strides[:-1]))
+
+
+def _tma_device(t: torch.Tensor) -> bool:
+    """16-bit elements on a GPU with the Tensor Memory Accelerator (compute capability >= 9), or the interpreter."""
+    device = t.device
+    return t.element_size() == 2 and (INTERPRETED or (device.type == "cuda" and _has_tma(device)))
 
 
 def reads_by_tma(*tensors: torch.Tensor) -> bool:
@@ -250,73 +262,124 @@ def reads_by_tma(*tensors: torch.Tensor) -> bool:
     fp32 keeps block pointers: there the products may run on the FMA units from registers, and
     reading the descriptors' swizzled shared-memory tiles made the fp32 backward 4-9x slower at
     d >= 64 (H100, notebook 10 at commit 98260e0), while 16-bit inputs gained (forward 5-8%)."""
-    device = tensors[0].device
-    if tensors[0].element_size() != 2 or not (INTERPRETED or (device.type == "cuda" and _has_tma(device))):
-        return False
-    return all(tma_compatible(t) for t in tensors)
-
-
-def _prepare_tma_reads(*tensors: torch.Tensor) -> bool:
-    """`reads_by_tma`, and when it holds, Triton's allocator ready for the launch that follows.
-
-    Descriptors built on the device need scratch memory from Triton's allocator. It is a per-thread
-    setting and the backward runs on autograd's thread, so it is set at every launch (torch.compile's
-    launcher sets its own)."""
-    use_tma = reads_by_tma(*tensors)
-    if use_tma and not INTERPRETED and not torch.compiler.is_compiling():
-        triton.set_allocator(_descriptor_scratch)
-    return use_tma
+    return _tma_device(tensors[0]) and all(tma_compatible(t) for t in tensors)
 
 
 def _descriptor_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _meta(d: int, is_causal: bool, dtype: torch.dtype, config: KernelConfig, use_tma: bool) -> dict:
-    return dict(
-        # scale is a constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
-        scale=d**-0.5, D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=config.q_tile, K_TILE_SIZE=config.k_tile,
-        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(dtype), USE_TMA=use_tma,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+# Each kernel's tensor arguments in order, by role: "read" a (..., N, d) input, read in place where
+# its leading dimensions merge (else from a contiguous copy) and through tensor descriptors where
+# `reads_by_tma` allows; "write" a (..., N, d) output; "lse" a (..., N) vector of per-row values,
+# "lse_like" one with the previous one's strides (the kernels take one pair for both).
+_ROLES = {
+    "forward": ("read", "read", "read", "write", "lse"),
+    "dkdv": ("read", "read", "read", "read", "lse", "lse_like", "write", "write"),
+    "dq": ("read", "read", "read", "read", "read", "lse", "lse_like", "write"),
+}
+_LAUNCHERS = {
+    "forward": CachedLauncher(flash_fwd_kernel),
+    "dkdv": CachedLauncher(flash_bwd_dkdv_kernel),
+    "dq": CachedLauncher(flash_bwd_dq_kernel),
+}
+
+
+class _LaunchPlan(NamedTuple):
+    """What a launch derives from its tensors' geometry (`_launch_plan`)."""
+
+    grid: tuple[int, int]
+    copies: tuple[bool, ...]  # per tensor: read from a contiguous (batch, N, d) copy
+    scalars: tuple[int, ...]  # the strides in the kernel's order, then N_QUERIES, N_KEYS
+    meta: dict  # constexprs and launch options
+
+
+def _launch_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig) -> _LaunchPlan:
+    roles = _ROLES[kernel]
+    if len(tensors) != len(roles):
+        raise ValueError(f"the {kernel} kernel takes {len(roles)} tensors, got {len(tensors)}")
+    q, k = tensors[0], tensors[1]
+    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
+    copies, strides, use_tma = [], [], _tma_device(q)
+    for t, role in zip(tensors, roles):
+        copy = False
+        if role == "read":
+            rows, t_strides = as_rows(t)
+            copy = rows is not t
+            use_tma = use_tma and tma_compatible(rows, t_strides)
+        elif role == "write":
+            t_strides = _output_strides(t)
+        elif role == "lse":
+            lse = t
+            t_strides = lse_strides = _output_strides(t, 1)
+        else:
+            if _output_strides(t, 1) != lse_strides:
+                raise ValueError(f"the {kernel} kernel reads its per-row vectors with one set of strides: got shapes "
+                                 f"{tuple(lse.shape)} and {tuple(t.shape)}, strides {lse.stride()} and {t.stride()}")
+            t_strides = ()
+        copies.append(copy)
+        strides.extend(t_strides)
+    rows_of_grid, tile = (n_k, config.k_tile) if kernel == "dkdv" else (n_q, config.q_tile)
+    return _LaunchPlan(
+        grid=(-(-rows_of_grid // tile), q.numel() // (n_q * d)),  # triton.cdiv is a JIT helper: slow from Python
+        copies=tuple(copies),
+        scalars=(*strides, n_q, n_k),
+        meta=dict(
+            # scale is a constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
+            scale=d**-0.5, D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=config.q_tile, K_TILE_SIZE=config.k_tile,
+            is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype), USE_TMA=use_tma,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        ),
     )
 
 
-_FORWARD = CachedLauncher(flash_fwd_kernel)
-_DKDV = CachedLauncher(flash_bwd_dkdv_kernel)
-_DQ = CachedLauncher(flash_bwd_dq_kernel)
+# At short sequences the host is the latency, and deriving a plan from shapes and strides took about
+# as long as the launch itself: one plan per geometry, kept (past MAX_PLANS the cache starts over).
+_PLANS: dict[tuple, _LaunchPlan] = {}
+MAX_PLANS = 4096
+
+
+def _launch(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig):
+    """Launch `kernel` on `tensors` (laid out as `_ROLES[kernel]`); returns the compiled kernel.
+
+    The plan's key holds everything it is derived from: the tensors' shapes, strides and
+    16-byte alignment of their starts, dtype and device (descriptor reads), the configuration,
+    causality and the fp32 matmul precision."""
+    compiling = torch.compiler.is_compiling()
+    if compiling:  # shapes may be symbolic; traced once anyway
+        plan = _launch_plan(kernel, tensors, is_causal, config)
+    else:
+        q = tensors[0]
+        key = (kernel, config, bool(is_causal), q.dtype, q.device, torch.get_float32_matmul_precision(),
+               *[(t.shape, t.stride(), t.storage_offset() * t.element_size() % 16) for t in tensors])
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _launch_plan(kernel, tensors, is_causal, config)
+            if len(_PLANS) >= MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    if True in plan.copies:
+        tensors = tuple(t.reshape(-1, *t.shape[-2:]) if copy else t for t, copy in zip(tensors, plan.copies))
+    if plan.meta["USE_TMA"] and not INTERPRETED and not compiling:
+        # Descriptors built on the device need scratch memory from Triton's allocator: a per-thread
+        # setting, and the backward runs on autograd's thread (torch.compile's launcher sets its own).
+        triton.set_allocator(_descriptor_scratch)
+    return _LAUNCHERS[kernel](plan.grid, tensors, plan.scalars, plan.meta)
 
 
 def launch_forward(q, k, v, out, lse, is_causal: bool, config: KernelConfig):
     """O and L of (..., N, d) inputs into `out` (q's shape) and `lse` (q.shape[:-1]): grid (query
     tiles, batch), batch = the leading dimensions. Returns the compiled kernel."""
-    (q, sq), (k, sk), (v, sv) = as_rows(q), as_rows(k), as_rows(v)
-    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-    return _FORWARD(
-        (triton.cdiv(n_q, config.q_tile), q.numel() // (n_q * d)), (q, k, v, out, lse),
-        (*sq, *sk, *sv, *_output_strides(out), *_output_strides(lse, 1), n_q, n_k),
-        _meta(d, is_causal, q.dtype, config, _prepare_tma_reads(q, k, v)),
-    )
+    return _launch("forward", (q, k, v, out, lse), is_causal, config)
 
 
 def launch_dkdv(q, k, v, do, lse, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig):
     """dK, dV of (..., N, d) tensors into `grad_k`, `grad_v`: grid (key tiles, batch). `lse` and
     `delta` (q.shape[:-1]) share strides. Returns the compiled kernel."""
-    (q, sq), (k, sk), (v, sv), (do, sdo) = as_rows(q), as_rows(k), as_rows(v), as_rows(do)
-    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-    return _DKDV(
-        (triton.cdiv(n_k, config.k_tile), q.numel() // (n_q * d)), (q, k, v, do, lse, delta, grad_k, grad_v),
-        (*sq, *sk, *sv, *sdo, *_output_strides(lse, 1), *_output_strides(grad_k), *_output_strides(grad_v), n_q, n_k),
-        _meta(d, is_causal, q.dtype, config, _prepare_tma_reads(q, k, v, do)),
-    )
+    return _launch("dkdv", (q, k, v, do, lse, delta, grad_k, grad_v), is_causal, config)
 
 
 def launch_dq(q, k, v, out, do, lse, delta, grad_q, is_causal: bool, config: KernelConfig):
     """dQ of (..., N, d) tensors into `grad_q` and D = rowsum(O * dO) into `delta` (strides of `lse`):
     grid (query tiles, batch). Returns the compiled kernel."""
-    (q, sq), (k, sk), (v, sv), (out, so), (do, sdo) = as_rows(q), as_rows(k), as_rows(v), as_rows(out), as_rows(do)
-    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-    return _DQ(
-        (triton.cdiv(n_q, config.q_tile), q.numel() // (n_q * d)), (q, k, v, out, do, lse, delta, grad_q),
-        (*sq, *sk, *sv, *so, *sdo, *_output_strides(lse, 1), *_output_strides(grad_q), n_q, n_k),
-        _meta(d, is_causal, q.dtype, config, _prepare_tma_reads(q, k, v, out, do)),
-    )
+    return _launch("dq", (q, k, v, out, do, lse, delta, grad_q), is_causal, config)
