@@ -359,7 +359,7 @@ def _launch(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, con
                 _PLANS.clear()
             _PLANS[key] = plan
     if True in plan.copies:
-        tensors = tuple(t.reshape(-1, *t.shape[-2:]) if copy else t for t, copy in zip(tensors, plan.copies))
+        tensors = tuple(as_rows(t)[0] if copy else t for t, copy in zip(tensors, plan.copies))
     if plan.meta["USE_TMA"] and not INTERPRETED and not compiling:
         # Descriptors built on the device need scratch memory from Triton's allocator: a per-thread
         # setting, and the backward runs on autograd's thread (torch.compile's launcher sets its own).
