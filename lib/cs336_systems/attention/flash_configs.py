@@ -97,40 +97,47 @@ def default_config(kernel: str, head_dim_tile: int, element_size: int) -> Kernel
     """Untuned tiles that fit the shared memory of any recent NVIDIA GPU (v0 of the tuning record).
 
     The backward keeps two (K_TILE, D) tiles resident and streams two (Q_TILE, D) tiles per stage.
-    fp32 products in IEEE precision run on the CUDA cores with both operands in registers: from
-    d = 64 on, 64-row tiles spill (measured on an H100: 3,100 spilled registers and 15x the time
-    of 32x32 tiles for dK/dV at d = 64), so fp32 takes 32x32 tiles there and 16x16 from d = 128.
+    fp32 tiles take twice the shared memory of 16-bit ones, so from d = 128 on they are halved.
     """
-    if element_size >= 4 and head_dim_tile >= 64:
-        return KernelConfig(32, 32, 4, 2) if head_dim_tile == 64 else KernelConfig(16, 16, 4, 1)
     if head_dim_tile <= 64:
         q_tile, k_tile, warps = 64, 64, 4
     elif head_dim_tile <= 128:
-        q_tile, k_tile, warps = 64, 32, 4
+        q_tile, k_tile, warps = (64, 32, 4) if element_size <= 2 else (32, 32, 4)
     else:
-        q_tile, k_tile, warps = 32, 32, 8
+        q_tile, k_tile, warps = (32, 32, 8) if element_size <= 2 else (16, 32, 4)
     return KernelConfig(q_tile, k_tile, warps, 2)
 
 
+# What the tuner tries besides the default, per kernel. Shapes follow where each kernel's work sits:
+# the forward and dQ programs keep a query tile resident (large Q_TILE), the dK/dV program a key
+# tile (large K_TILE) while query tiles stream through.
+_CANDIDATES_16BIT = {
+    "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
+                (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4)],
+    "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (64, 64, 4, 3),
+             (32, 64, 4, 4), (64, 128, 8, 4), (64, 64, 4, 4)],
+    "dq": [(128, 32, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
+           (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)],
+}
+# fp32 at d = 128: tiles whose fp32 operands, twice the bytes, still fit Hopper's 227 KiB with
+# two stages (tf32x3 also keeps each operand's hi and lo parts).
+_CANDIDATES_FP32_D128 = {
+    "forward": [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (128, 64, 8, 1),
+                (32, 64, 4, 2)],
+    "dkdv": [(32, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 3), (16, 64, 4, 2), (64, 64, 4, 1),
+             (32, 128, 8, 1)],
+    "dq": [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2), (64, 64, 4, 1),
+           (128, 64, 8, 1)],
+}
+
+
 def candidate_configs(kernel: str, head_dim_tile: int, element_size: int) -> list[KernelConfig]:
-    """What the tuner tries, the default first. Shapes follow where each kernel's work sits:
-    the forward and dQ programs keep a query tile resident (large Q_TILE), the dK/dV program
-    a key tile (large K_TILE) while query tiles stream through."""
-    if element_size >= 4 and head_dim_tile >= 64:
-        # IEEE fp32 products hold their operands in registers: small tiles, or 8 warps to share them.
-        shapes = [(16, 16, 4, 1), (32, 32, 4, 2), (32, 32, 4, 1), (32, 64, 4, 1), (64, 32, 4, 1), (16, 32, 4, 1),
-                  (32, 32, 8, 1), (32, 64, 8, 1), (64, 32, 8, 1), (64, 64, 8, 1)]
-    else:
-        shapes = {
-            "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
-                        (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4)],
-            "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (64, 64, 4, 3),
-                     (32, 64, 4, 4), (64, 128, 8, 4), (64, 64, 4, 4)],
-            "dq": [(128, 32, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
-                   (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)],
-        }[kernel]
+    """What the tuner tries, the default first (`_CANDIDATES_16BIT`; fp32 at d >= 128 smaller tiles)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    shapes = (_CANDIDATES_FP32_D128 if element_size >= 4 and head_dim_tile >= 128 else _CANDIDATES_16BIT)[kernel]
     if head_dim_tile > 128:
-        shapes = [s for s in shapes if s[0] * s[1] <= 64 * 64]
+        shapes = [s for s in shapes if s[0] * s[1] <= (64 * 64 if element_size <= 2 else 32 * 64)]
     configs = [default_config(kernel, head_dim_tile, element_size)]
     configs += [KernelConfig(*s) for s in shapes if KernelConfig(*s) not in configs]
     return configs
