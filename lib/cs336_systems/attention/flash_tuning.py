@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"N={n} d={d} {dtype}: {time.perf_counter() - start:.1f} s")
                 print(tuning_summary(df).to_string(index=False))
                 if args.csv:
-                    out = df.assign(seq_len=n, head_dim=d, dtype=dtype, is_causal=not args.no_causal)
+                    out = df.assign(seq_len=n, head_dim=d, dtype=dtype, is_causal=not args.no_causal, batch=args.batch)
                     out.to_csv(args.csv, mode="a", header=not args.csv.exists(), index=False)
 
 
