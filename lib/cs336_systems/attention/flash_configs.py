@@ -120,7 +120,7 @@ _CANDIDATES_16BIT = {
            (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)],
 }
 # fp32 at d = 128: tiles whose fp32 operands, twice the bytes, still fit Hopper's 227 KiB with
-# two stages (tf32x3 also keeps each operand's hi and lo parts); 16-row tiles for short sequences,
+# two stages; 16-row tiles for short sequences,
 # where one head's grid has fewer programs than the GPU has SMs.
 _CANDIDATES_FP32_D128 = {
     "forward": [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (128, 64, 8, 1),
