@@ -119,9 +119,8 @@ _CANDIDATES_16BIT = {
     "dq": [(128, 32, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
            (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)],
 }
-# fp32 at d = 128: tiles whose fp32 operands, twice the bytes, still fit Hopper's 227 KiB with
-# two stages; 16-row tiles for short sequences,
-# where one head's grid has fewer programs than the GPU has SMs.
+# fp32 at d = 128: tiles whose fp32 operands, twice the bytes, still fit Hopper's 227 KiB with two
+# stages, and 16-row tiles for short sequences, where one head's grid has fewer programs than SMs.
 _CANDIDATES_FP32_D128 = {
     "forward": [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (128, 64, 8, 1),
                 (32, 64, 4, 2), (16, 64, 4, 2)],
