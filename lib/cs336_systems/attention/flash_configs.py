@@ -28,6 +28,11 @@ KERNELS = ("forward", "dkdv", "dq")
 SHIPPED_TABLE = Path(__file__).with_name("flash_configs.json")
 
 
+def check_kernel(kernel: str) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+
+
 def user_cache_path() -> Path:
     env = os.environ.get("CS336_FLASH_CONFIGS")
     return Path(env) if env else Path.home() / ".cache" / "cs336_systems" / "flash_configs.json"
@@ -68,8 +73,7 @@ class ProblemKey:
 
     @classmethod
     def at_bucket(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int) -> ProblemKey:
-        if kernel not in KERNELS:
-            raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+        check_kernel(kernel)
         return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), bucket)
 
     def to_str(self) -> str:
@@ -133,8 +137,7 @@ _CANDIDATES_FP32_D128 = {
 
 def candidate_configs(kernel: str, head_dim_tile: int, element_size: int) -> list[KernelConfig]:
     """What the tuner tries, the default first (`_CANDIDATES_16BIT`; fp32 at d >= 128 smaller tiles)."""
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+    check_kernel(kernel)
     shapes = (_CANDIDATES_FP32_D128 if element_size >= 4 and head_dim_tile >= 128 else _CANDIDATES_16BIT)[kernel]
     if head_dim_tile > 128:
         shapes = [s for s in shapes if s[0] * s[1] <= (64 * 64 if element_size <= 2 else 32 * 64)]
