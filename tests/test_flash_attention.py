@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton  # noqa: E402
+from cs336_systems.attention.flash_gluon import gluon_forward_applies, gluon_forward_eligible  # noqa: E402
 from cs336_systems.attention.flash_triton import kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
@@ -204,6 +205,28 @@ def test_tma_compatible():
         device = "cuda" if HAS_CUDA else "cpu"
         assert reads_by_tma(torch.empty(2, 40, 64, dtype=torch.bfloat16, device=device))
         assert not reads_by_tma(torch.empty(2, 40, 64, dtype=torch.float32, device=device)), "fp32 keeps block pointers"
+
+
+@pytest.mark.parametrize(
+    "d, n_q, n_k, dtype, batch, major, expected",
+    [
+        (64, 16384, 16384, torch.bfloat16, 16, 9, True),  # the leaderboard on an H100
+        (128, 4096, 4096, torch.float16, 64, 9, True),
+        (64, 16384, 16384, torch.bfloat16, 1, 9, False),  # 128 CTAs for 132 SMs: the Triton kernel's finer grid
+        (64, 16384, 16384, torch.bfloat16, 16, 8, False),  # no warpgroup matmuls before Hopper
+        (64, 16384, 16384, torch.bfloat16, 16, 10, False),  # nor Hopper's on Blackwell
+        (64, 16384, 16384, torch.float32, 16, 9, False),
+        (32, 16384, 16384, torch.bfloat16, 16, 9, False),  # head dimensions 64 and 128 only
+        (64, 16384, 8192, torch.bfloat16, 16, 9, False),  # N_q != N_k
+    ],
+)
+def test_gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, expected):
+    assert gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, 132) is expected
+
+
+def test_gluon_forward_never_applies_off_gpu():
+    q = torch.randn(16, 4096, 64, dtype=torch.bfloat16)
+    assert not gluon_forward_applies(q, q, q, interpreted=False)
 
 
 def test_as_rows_reads_in_place_where_leading_dimensions_merge():

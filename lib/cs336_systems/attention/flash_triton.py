@@ -10,6 +10,8 @@ the leading dimensions merge into one stride, else from a contiguous copy); N_q 
 differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
 `torch.set_float32_matmul_precision` (see `input_precision`).
 16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`).
+On Hopper, 16-bit forwards at d = 64 and 128 with enough work to fill the GPU run the warp-specialized
+Gluon kernel instead (`flash_gluon`); the backward kernels are the same either way.
 At short N the host is the latency, so a launch does little work per call: its grid, strides and
 constexprs are derived once per geometry (`_launch`), and `triton_launch.CachedLauncher` skips
 Triton's per-call argument binding after a launch signature's first call.
@@ -25,6 +27,7 @@ import triton
 from torch.autograd.function import once_differentiable
 
 from cs336_systems.attention.flash_configs import KernelConfig, config_for
+from cs336_systems.attention.flash_gluon import gluon_forward_applies, launch_forward_gluon
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch, flash_backward
 from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
@@ -141,7 +144,11 @@ class FlashAttentionTriton(torch.autograd.Function):
         check_triton_inputs(q, k, v, is_causal, INTERPRETED)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        launch_forward(q, k, v, out, lse, bool(is_causal), FlashAttentionTriton._config("forward", q, k.shape[-2], is_causal))
+        if gluon_forward_applies(q, k, v, INTERPRETED):
+            launch_forward_gluon(q, k, v, out, lse, bool(is_causal))
+        else:
+            launch_forward(q, k, v, out, lse, bool(is_causal),
+                           FlashAttentionTriton._config("forward", q, k.shape[-2], is_causal))
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = bool(is_causal)
         ctx.backward_impl = backward_impl

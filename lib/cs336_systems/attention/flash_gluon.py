@@ -1,0 +1,140 @@
+"""When and how the forward pass runs the Gluon kernel for Hopper (`flash_gluon_forward`).
+
+`gluon_forward_applies` decides per call; `launch_forward_gluon` launches. The Triton kernel
+(`flash_triton_forward`) remains the forward everywhere else: under the interpreter, before and
+after Hopper (`warpgroup_mma` is Hopper's instruction), for fp32, head dimensions other than 64
+and 128 (the two measured), N_q != N_k, rows a tensor descriptor cannot read, a `tiles` override,
+and small grids. Small grids: a CTA here holds 2 * 64 query rows, twice the Triton kernel's
+64-row programs, so it needs twice the batch (or sequence) to fill the SMs; below
+`MIN_CTAS_PER_SM` CTAs per SM the Triton kernel's finer grid wins (see `docs/flash_attention_tuning.md`).
+
+Under torch.compile the launch goes through the custom op `cs336::flash_fwd_gluon`: Dynamo can
+trace `@triton.jit` launches but not Gluon's tensor-descriptor arguments.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+
+# Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an
+# H100 80GB at batch·heads 16, N = 16,384, causal, bf16 (2026-11-23, docs/flash_attention_tuning.md, v7).
+GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
+CONSUMER_REGS, PRODUCER_REGS = 232, 40
+MIN_CTAS_PER_SM = 4
+GLUON_DTYPES = (torch.bfloat16, torch.float16)
+
+_SM_COUNTS: dict[int, tuple[int, int]] = {}
+
+
+def _device_facts(device: torch.device) -> tuple[int, int]:
+    """(compute capability major, SM count) of a CUDA device, read once."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        props = torch.cuda.get_device_properties(index)
+        _SM_COUNTS[index] = (props.major, props.multi_processor_count)
+    return _SM_COUNTS[index]
+
+
+def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
+                           sm_count: int) -> bool:
+    """The shape, dtype and device half of `gluon_forward_applies` (module docstring)."""
+    if dtype not in GLUON_DTYPES or d not in GLUON_TILES or n_q != n_k or capability_major != 9:
+        return False
+    return triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM * sm_count
+
+
+def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreted: bool) -> bool:
+    """Whether the forward of these (..., N, d) inputs runs the Gluon kernel (module docstring)."""
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton, as_rows, tma_compatible
+
+    if interpreted or q.device.type != "cuda" or FlashAttentionTriton.tiles is not None:
+        return False
+    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
+    if not gluon_forward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *_device_facts(q.device)):
+        return False
+    for t in (q, k, v):
+        rows, strides = as_rows(t)
+        if rows is not t or not tma_compatible(rows, strides):  # in place, through descriptors, or not at all
+            return False
+    return True
+
+
+class _Layouts(NamedTuple):
+    q: object
+    kv: object
+
+
+_LAYOUTS: dict[tuple, _Layouts] = {}
+
+
+def _shared_layouts(dtype: torch.dtype, d: int) -> _Layouts:
+    """The swizzled shared-memory layouts of the Q (and O) tiles and the K, V tiles."""
+    key = (dtype, d)
+    if key not in _LAYOUTS:
+        import triton.language as tl
+        from triton.experimental.gluon.language import NVMMASharedLayout
+
+        element = tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+        q_tile, k_tile, _ = GLUON_TILES[d]
+        _LAYOUTS[key] = _Layouts(NVMMASharedLayout.get_default_for([1, q_tile, d], element),
+                                 NVMMASharedLayout.get_default_for([1, k_tile, d], element))
+    return _LAYOUTS[key]
+
+
+def _descriptor(t: torch.Tensor, stride_b: int, rows: int, layout):
+    """A (batch, N, d) tensor descriptor of `t` with (1, rows, d) blocks.
+
+    Built without TensorDescriptor's constructor checks, which cost about 10 µs per descriptor:
+    `gluon_forward_applies` has checked what they check (unit last stride, 16-byte alignment)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    n, d = t.shape[-2:]
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.padding, desc.layout = t, "zero", layout
+    desc.shape = [t.numel() // (n * d), n, d]
+    desc.strides = [stride_b, t.stride(-2), 1]
+    desc.block_shape = [1, rows, d]
+    return desc
+
+
+def _launch(q, k, v, out, lse, is_causal: bool) -> None:
+    from cs336_systems.attention.flash_gluon_forward import flash_fwd_gluon_kernel
+    from cs336_systems.attention.flash_triton import _output_strides, as_rows
+
+    n, d = q.shape[-2:]
+    q_tile, k_tile, stages = GLUON_TILES[d]
+    layouts = _shared_layouts(q.dtype, d)
+    (q_b, *_), (k_b, *_), (v_b, *_) = (as_rows(t)[1] for t in (q, k, v))
+    o_b = _output_strides(out)[0]
+    l_b, l_n = _output_strides(lse, 1)
+    batch = q.numel() // (n * d)
+    grid = (triton.cdiv(n, 2 * q_tile), batch)
+    flash_fwd_gluon_kernel[grid](
+        _descriptor(q, q_b, q_tile, layouts.q), _descriptor(k, k_b, k_tile, layouts.kv),
+        _descriptor(v, v_b, k_tile, layouts.kv), _descriptor(out, o_b, q_tile, layouts.q),
+        lse, l_b, l_n, n, n,
+        scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal),
+        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+    )
+
+
+@torch.library.custom_op("cs336::flash_fwd_gluon", mutates_args=("out", "lse"))
+def _flash_fwd_gluon_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                        is_causal: bool) -> None:
+    _launch(q, k, v, out, lse, is_causal)
+
+
+@_flash_fwd_gluon_op.register_fake
+def _(q, k, v, out, lse, is_causal) -> None:
+    return None
+
+
+def launch_forward_gluon(q, k, v, out, lse, is_causal: bool) -> None:
+    """O and L of (..., N, d) inputs into `out` (q's shape, contiguous rows) and `lse` (q.shape[:-1])."""
+    if torch.compiler.is_compiling():
+        torch.ops.cs336.flash_fwd_gluon(q, k, v, out, lse, bool(is_causal))
+    else:  # the custom op's dispatch costs host time that eager calls need not pay
+        _launch(q, k, v, out, lse, is_causal)
