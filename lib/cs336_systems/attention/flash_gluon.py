@@ -4,9 +4,12 @@
 (`flash_triton_forward`) remains the forward everywhere else: under the interpreter, before and
 after Hopper (`warpgroup_mma` is Hopper's instruction), for fp32, head dimensions other than 64
 and 128 (the two measured), N_q != N_k, rows a tensor descriptor cannot read, a `tiles` override,
-and small grids. Small grids: a CTA here holds 2 * 64 query rows, twice the Triton kernel's
-64-row programs, so it needs twice the batch (or sequence) to fill the SMs; below
-`MIN_CTAS_PER_SM` CTAs per SM the Triton kernel's finer grid wins (see `docs/flash_attention_tuning.md`).
+and small problems. A CTA here holds 2 * 64 query rows, twice the Triton kernel's 64-row
+programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch (Triton's
+argument binding, four descriptors) costs more host time. On an H100 (2026-11-23, forward alone,
+bf16, causal) it was 4-14% faster at N >= 16,384 with at least 3.9 CTAs per SM (batch·heads 1 at
+N = 65,536; 4 and 16 at N = 16,384), and up to 2.8x slower at N <= 8,192 or with fewer CTAs than SMs:
+hence `MIN_SEQ_LEN` and `MIN_CTAS_PER_SM` (docs/flash_attention_tuning.md, v7).
 
 Under torch.compile the launch goes through the custom op `cs336::flash_fwd_gluon`: Dynamo can
 trace `@triton.jit` launches but not Gluon's tensor-descriptor arguments.
@@ -23,7 +26,8 @@ import triton
 # H100 80GB at batch·heads 16, N = 16,384, causal, bf16 (2026-11-23, docs/flash_attention_tuning.md, v7).
 GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
-MIN_CTAS_PER_SM = 4
+MIN_CTAS_PER_SM = 3
+MIN_SEQ_LEN = 16384
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
 
 _SM_COUNTS: dict[int, tuple[int, int]] = {}
@@ -42,6 +46,8 @@ def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch
                            sm_count: int) -> bool:
     """The shape, dtype and device half of `gluon_forward_applies` (module docstring)."""
     if dtype not in GLUON_DTYPES or d not in GLUON_TILES or n_q != n_k or capability_major != 9:
+        return False
+    if n_q < MIN_SEQ_LEN:
         return False
     return triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM * sm_count
 
