@@ -30,16 +30,16 @@ MIN_CTAS_PER_SM = 3
 MIN_SEQ_LEN = 16384
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
 
-_SM_COUNTS: dict[int, tuple[int, int]] = {}
+_DEVICE_FACTS: dict[int, tuple[int, int]] = {}
 
 
 def _device_facts(device: torch.device) -> tuple[int, int]:
     """(compute capability major, SM count) of a CUDA device, read once."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
+    if index not in _DEVICE_FACTS:
         props = torch.cuda.get_device_properties(index)
-        _SM_COUNTS[index] = (props.major, props.multi_processor_count)
-    return _SM_COUNTS[index]
+        _DEVICE_FACTS[index] = (props.major, props.multi_processor_count)
+    return _DEVICE_FACTS[index]
 
 
 def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,

@@ -45,8 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+from cs336_systems.attention.flash_triton_forward import LN2, LOG2E  # gl.constexpr is tl.constexpr
 
 
 @gluon.jit
@@ -89,9 +88,9 @@ def _producer(q_desc, k_desc, v_desc, buffers, barriers, batch, q_start, n_tiles
 
 
 @gluon.jit
-def _consumer(h: gl.constexpr, is_causal: gl.constexpr, o_desc, buffers, barriers,
-              L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale):
+def _consumer(h: gl.constexpr, is_causal: gl.constexpr, o_desc, buffers, barriers, work):
     """Query rows [q_start + h Q_TILE, + Q_TILE): the overlapped loop over key tiles, then O and L."""
+    L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale = work
     q_smem, k_smem, v_smem = buffers
     q_ready, k_ready, v_ready, k_empty, v_empty = barriers
     NUM_WARPS: gl.constexpr = 4
@@ -139,9 +138,11 @@ def _consumer(h: gl.constexpr, is_causal: gl.constexpr, o_desc, buffers, barrier
         s = warpgroup_mma_wait(1, deps=[s_token])
         mbarrier.arrive(k_empty.index(slot))
         if j < n_full:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, False, is_causal, s_layout)
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, False,
+                                               is_causal, s_layout)
         else:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, True, is_causal, s_layout)
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, True,
+                                               is_causal, s_layout)
         o, p_op = warpgroup_mma_wait(0, deps=[o_token, p_op])
         mbarrier.arrive(v_empty.index(prev))
         o = o * gl.convert_layout(alpha, row_o)[:, None]
@@ -163,27 +164,23 @@ def _consumer(h: gl.constexpr, is_causal: gl.constexpr, o_desc, buffers, barrier
 # Constexprs do not pass through warp_specialize's argument tuples: the half and the causality are
 # fixed per function.
 @gluon.jit
-def _consumer0_causal(
-        o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale):
-    _consumer(0, True, o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale)
+def _consumer0_causal(o_desc, buffers, barriers, work):
+    _consumer(0, True, o_desc, buffers, barriers, work)
 
 
 @gluon.jit
-def _consumer0_full(
-        o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale):
-    _consumer(0, False, o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale)
+def _consumer0_full(o_desc, buffers, barriers, work):
+    _consumer(0, False, o_desc, buffers, barriers, work)
 
 
 @gluon.jit
-def _consumer1_causal(
-        o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale):
-    _consumer(1, True, o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale)
+def _consumer1_causal(o_desc, buffers, barriers, work):
+    _consumer(1, True, o_desc, buffers, barriers, work)
 
 
 @gluon.jit
-def _consumer1_full(
-        o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale):
-    _consumer(1, False, o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale)
+def _consumer1_full(o_desc, buffers, barriers, work):
+    _consumer(1, False, o_desc, buffers, barriers, work)
 
 
 @gluon.jit
@@ -230,8 +227,8 @@ def flash_fwd_gluon_kernel(
     qk_scale = scale * LOG2E
     buffers = (q_smem, k_smem, v_smem)
     barriers = (q_ready, k_ready, v_ready, k_empty, v_empty)
-    consumer_args = (o_desc, buffers, barriers, L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS,
-                     qk_scale)
+    work = (L_ptr, stride_lb, stride_lq, batch, q_start, n_tiles, N_QUERIES, N_KEYS, qk_scale)
+    consumer_args = (o_desc, buffers, barriers, work)
     producer_args = (q_desc, k_desc, v_desc, buffers, barriers, batch, q_start, n_tiles)
     if is_causal:
         gl.warp_specialize([(_consumer0_causal, consumer_args), (_consumer1_causal, consumer_args),
