@@ -1,4 +1,5 @@
-"""When and how the forward pass runs the Gluon kernel for Hopper (`flash_gluon_forward`).
+"""When and how the forward and backward passes run the Gluon kernels for Hopper
+(`flash_gluon_forward`, `flash_gluon_backward`).
 
 `gluon_forward_applies` decides per call; `launch_forward_gluon` launches. The Triton kernel
 (`flash_triton_forward`) remains the forward everywhere else: under the interpreter, before and
@@ -11,13 +12,17 @@ bf16, causal) it was 4-14% faster at N >= 16,384 with at least 3.9 CTAs per SM (
 N = 65,536; 4 and 16 at N = 16,384), and up to 2.8x slower at N <= 8,192 or with fewer CTAs than SMs:
 hence `MIN_SEQ_LEN` and `MIN_CTAS_PER_SM` (docs/flash_attention_tuning.md, v7).
 
-Under torch.compile the launch goes through the custom op `cs336::flash_fwd_gluon`: Dynamo can
-trace `@triton.jit` launches but not Gluon's tensor-descriptor arguments.
+The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) takes the same limits, which its
+grid shares, and is further limited to causal attention at d = 64: on an H100 (2026-11-23, batch·heads
+16, N = 16,384, bf16) it took 3.50 against 3.71 ms for the two Triton kernels causal, and 7.46
+against 7.41 ms without the mask (docs/flash_attention_tuning.md, v8).
+
+Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
+`cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
+arguments.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
@@ -25,6 +30,10 @@ import triton
 # Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an
 # H100 80GB at batch·heads 16, N = 16,384, causal, bf16 (2026-11-23, docs/flash_attention_tuning.md, v7).
 GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
+# Per head dimension: (Q_TILE, K_HALF key rows per consumer warpgroup, STAGES) of the fused backward,
+# the best of a sweep at the same shape (2026-11-23, docs/flash_attention_tuning.md, v8).
+GLUON_BWD_TILES = {64: (64, 64, 2)}
+PREPROCESS_ROWS = 64
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
 MIN_CTAS_PER_SM = 3
 MIN_SEQ_LEN = 16384
@@ -68,25 +77,31 @@ def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, int
     return True
 
 
-class _Layouts(NamedTuple):
-    q: object
-    kv: object
+def gluon_backward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
+                            sm_count: int, is_causal: bool) -> bool:
+    """The shape, dtype and device half of `gluon_backward_applies`: the forward's scope, causal, d = 64."""
+    return (bool(is_causal) and d in GLUON_BWD_TILES
+            and gluon_forward_eligible(d, n_q, n_k, dtype, batch, capability_major, sm_count))
 
 
-_LAYOUTS: dict[tuple, _Layouts] = {}
+def gluon_backward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                           interpreted: bool) -> bool:
+    """Whether the backward of these inputs runs the fused Gluon kernel (module docstring)."""
+    return bool(is_causal) and q.shape[-1] in GLUON_BWD_TILES and gluon_forward_applies(q, k, v, interpreted)
 
 
-def _shared_layouts(dtype: torch.dtype, d: int) -> _Layouts:
-    """The swizzled shared-memory layouts of the Q (and O) tiles and the K, V tiles."""
-    key = (dtype, d)
+_LAYOUTS: dict[tuple, object] = {}
+
+
+def _shared_layouts(dtype: torch.dtype, d: int, rows: int):
+    """The swizzled shared-memory layout of a (1, rows, d) tile."""
+    key = (dtype, d, rows)
     if key not in _LAYOUTS:
         import triton.language as tl
         from triton.experimental.gluon.language import NVMMASharedLayout
 
-        element = tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
-        q_tile, k_tile, _ = GLUON_TILES[d]
-        _LAYOUTS[key] = _Layouts(NVMMASharedLayout.get_default_for([1, q_tile, d], element),
-                                 NVMMASharedLayout.get_default_for([1, k_tile, d], element))
+        element = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+        _LAYOUTS[key] = NVMMASharedLayout.get_default_for([1, rows, d], element)
     return _LAYOUTS[key]
 
 
@@ -112,19 +127,80 @@ def _launch(q, k, v, out, lse, is_causal: bool) -> None:
 
     n, d = q.shape[-2:]
     q_tile, k_tile, stages = GLUON_TILES[d]
-    layouts = _shared_layouts(q.dtype, d)
+    q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_tile)
     (q_b, *_), (k_b, *_), (v_b, *_) = (as_rows(t)[1] for t in (q, k, v))
     o_b = _output_strides(out)[0]
     l_b, l_n = _output_strides(lse, 1)
     batch = q.numel() // (n * d)
     grid = (triton.cdiv(n, 2 * q_tile), batch)
     flash_fwd_gluon_kernel[grid](
-        _descriptor(q, q_b, q_tile, layouts.q), _descriptor(k, k_b, k_tile, layouts.kv),
-        _descriptor(v, v_b, k_tile, layouts.kv), _descriptor(out, o_b, q_tile, layouts.q),
+        _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_tile, kv_layout),
+        _descriptor(v, v_b, k_tile, kv_layout), _descriptor(out, o_b, q_tile, q_layout),
         lse, l_b, l_n, n, n,
         scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal),
         CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
     )
+
+
+def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None):
+    from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel
+    from cs336_systems.attention.flash_triton import _output_strides, as_rows
+
+    n, d = q.shape[-2:]
+    q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
+    consumer_regs, producer_regs = regs or (CONSUMER_REGS, PRODUCER_REGS)
+    q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_half)
+    (q_b, *_), (k_b, *_), (v_b, *_), (do_b, *_) = (as_rows(t)[1] for t in (q, k, v, do))
+    dk_b, dv_b = _output_strides(grad_k)[0], _output_strides(grad_v)[0]
+    l_b, l_n = _output_strides(lse, 1)
+    flash_bwd_gluon_kernel[(triton.cdiv(n, 2 * k_half), q.numel() // (n * d))](
+        _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
+        _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
+        _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout),
+        _descriptor(dq_acc, n * d, q_tile, _shared_layouts(torch.float32, d, q_tile)),
+        lse, delta, l_b, l_n, n,
+        scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal),
+        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4,
+    )
+
+
+def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
+    from cs336_systems.attention.flash_triton import _output_strides, as_rows
+    from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
+
+    n, d = q.shape[-2:]
+    batch = q.numel() // (n * d)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    dq_acc = torch.empty((batch, n, d), dtype=torch.float32, device=q.device)
+    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    (o_b, o_n, _), (do_b, do_n, _) = as_rows(out)[1], as_rows(do)[1]
+    l_b, l_n = _output_strides(delta, 1)
+    flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
+        out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
+    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, tiles, regs)
+    return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
+
+
+@torch.library.custom_op("cs336::flash_bwd_gluon", mutates_args=())
+def _flash_bwd_gluon_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, do: torch.Tensor,
+                        lse: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(q, k, v, out, do, lse, is_causal)
+
+
+@_flash_bwd_gluon_op.register_fake
+def _(q, k, v, out, do, lse, is_causal):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
+    """dQ, dK, dV of (..., N, d) tensors in one pass (`flash_gluon_backward`): D and a zeroed fp32 dQ
+    accumulator from `flash_bwd_preprocess_kernel`, the fused kernel, then dQ converted to q's dtype.
+    `out` and `do` have unit column stride and rows that `as_rows` reads in place. `tiles` =
+    (Q_TILE, K_HALF, STAGES) and `regs` = (consumer, producer) registers override the shipped ones."""
+    if torch.compiler.is_compiling():
+        return torch.ops.cs336.flash_bwd_gluon(q, k, v, out, do, lse, bool(is_causal))
+    return _backward(q, k, v, out, do, lse, is_causal, tiles, regs)
 
 
 @torch.library.custom_op("cs336::flash_fwd_gluon", mutates_args=("out", "lse"))

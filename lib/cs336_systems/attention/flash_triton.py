@@ -11,7 +11,8 @@ differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 pr
 `torch.set_float32_matmul_precision` (see `input_precision`).
 16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`).
 On Hopper, 16-bit forwards at d = 64 and 128 with enough work to fill the GPU run the warp-specialized
-Gluon kernel instead (`flash_gluon`); the backward kernels are the same either way.
+Gluon kernel instead (`flash_gluon`), and so do causal backwards at d = 64 (one fused kernel, dQ
+summed by TMA reduce-add).
 At short N the host is the latency, so a launch does little work per call: its grid, strides and
 constexprs are derived once per geometry (`_launch`), and `triton_launch.CachedLauncher` skips
 Triton's per-call argument binding after a launch signature's first call.
@@ -27,7 +28,12 @@ import triton
 from torch.autograd.function import once_differentiable
 
 from cs336_systems.attention.flash_configs import KernelConfig, config_for
-from cs336_systems.attention.flash_gluon import gluon_forward_applies, launch_forward_gluon
+from cs336_systems.attention.flash_gluon import (
+    flash_backward_gluon,
+    gluon_backward_applies,
+    gluon_forward_applies,
+    launch_forward_gluon,
+)
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch, flash_backward
 from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
@@ -183,7 +189,8 @@ def flash_backward_triton(
     lse: torch.Tensor,
     is_causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV (shapes and dtypes of q, k, v) from the two backward kernels."""
+    """dQ, dK, dV (shapes and dtypes of q, k, v) from the two Triton kernels or, where
+    `gluon_backward_applies`, the fused Gluon kernel."""
     shapes = (q.shape, k.shape, v.shape)
     # One copy, not one per kernel, where the leading dimensions do not merge.
     q, k, v = (t if t.is_contiguous() else as_rows(t)[0] for t in (q, k, v))
@@ -191,6 +198,9 @@ def flash_backward_triton(
     # it in place, but at the leaderboard shape on an H100 streaming stride-0 tiles took the dK/dV
     # kernel from 2.1 to 2.9 ms; the dense copy costs 0.02 ms.
     grad_out, lse = grad_out.contiguous(), lse.contiguous()
+    if gluon_backward_applies(q, k, v, is_causal, INTERPRETED):
+        grads = flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
+        return tuple(grad.view(shape) for grad, shape in zip(grads, shapes))
     delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel
     grad_q, grad_k, grad_v = (torch.empty(shape, dtype=q.dtype, device=q.device) for shape in shapes)
     n_k = k.shape[-2]

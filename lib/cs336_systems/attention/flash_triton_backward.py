@@ -258,3 +258,28 @@ def flash_bwd_dq_kernel(
         offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
     )
     tl.store(dQ_block_ptr, (dq * scale).to(dQ_ptr.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def flash_bwd_preprocess_kernel(
+    O_ptr, dO_ptr, Delta_ptr, dQ_acc_ptr,
+    stride_ob, stride_oq, stride_dob, stride_doq, stride_lb, stride_lq,
+    N_QUERIES,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """D = rowsum(dO * O) for ROWS rows, and those rows of the fp32 dQ accumulator (contiguous
+    (batch, N, D)) zeroed: what the fused backward (`flash_gluon_backward`) needs before it runs.
+    Rows have unit column stride; D is a power of two."""
+    batch = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    in_range = rows < N_QUERIES
+    o = tl.load(O_ptr + batch * stride_ob + rows[:, None] * stride_oq + cols[None, :], mask=in_range[:, None],
+                other=0.0)
+    do = tl.load(dO_ptr + batch * stride_dob + rows[:, None] * stride_doq + cols[None, :], mask=in_range[:, None],
+                 other=0.0)
+    tl.store(Delta_ptr + batch * stride_lb + rows * stride_lq, tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1),
+             mask=in_range)
+    tl.store(dQ_acc_ptr + (batch * N_QUERIES + rows[:, None]) * D + cols[None, :], tl.zeros((ROWS, D), tl.float32),
+             mask=in_range[:, None])

@@ -1,0 +1,265 @@
+"""FlashAttention-2 backward for Hopper in Gluon: dQ, dK and dV in one pass (5 matmuls per tile
+instead of the Triton kernels' 7), with a TMA producer warp and two consumer warpgroups that overlap
+the exponentials with their matmuls.
+
+A CTA owns key rows K^(j), V^(j) and loops over query tiles Q_i, dO_i with L_i and D_i =
+rowsum(dO_i * O_i) (`flash_bwd_preprocess_kernel`, which also zeroes the fp32 dQ accumulator). In
+base 2 with s = log2(e) scale, per tile, transposed so that P^T and dS^T have the key rows the CTA owns:
+
+    S^T = K^(j) Q_i^T;   P^T = 2^(s S^T - log2(e) L_i);   dP^T = V^(j) dO_i^T;   dS^T = P^T * (dP^T - D_i)
+    dV^(j) += P^T dO_i;   dK^(j) += dS^T Q_i;   dQ_i += scale * dS K^(j)   (dK scaled at the end)
+
+dQ_i gets a part from every key block, so the parts are summed in global memory: each tile's
+(Q_TILE, d) fp32 part goes from registers to shared memory and is added by TMA
+(`cp.reduce.async.bulk.tensor ... .add`, `_tma_reduce_add`), asynchronously and without per-thread
+atomics; the next tile's work runs while it completes.
+
+The schedule per tile, per consumer warpgroup (`tl.dot` would wait for each product as it is issued):
+
+    issue S^T, dP^T (K and V are register operands, read from shared memory once);  wait S^T
+    P^T = 2^(...) -> shared memory;  issue dV += P^T dO_i;  wait dP^T
+    dS^T -> shared memory;  issue dK += dS^T Q_i and dQ part = dS K^(j);  wait all;  release the slot
+    the previous tile's reduce-add done: dQ part -> shared memory, reduce-add issued
+
+P^T and dS^T go through shared memory rather than staying register operands: with dK, dV, S^T, dP^T
+and the K, V operands live, register operands for them made ptxas serialize the warpgroup matmuls.
+
+A CTA holds 2 K_HALF key rows. A producer warp copies the K, V rows once and then Q_i, dO_i by TMA
+into a ring of STAGES shared-memory slots (an mbarrier per slot counts the bytes in); two consumer
+warpgroups, one per K_HALF key rows, read the same slots and release each (a second mbarrier,
+count 2) once both are done with it, so one warpgroup's exponentials meet the other's matmuls.
+
+Causal CTAs start at the query tile holding their first key (key blocks run first to last, the
+longest loops first); each warpgroup skips the query tiles before its own first key and masks the
+tiles that cross its diagonal. Rows past N need no mask: TMA zero-fills them in Q and dO, and L
+and D load as 0 there, so those queries add P^T * 0 to dV and dS^T = P^T * (0 - 0) to dK and dQ;
+key rows past N are computed but dropped by the TMA stores, as are dQ rows past N by the reduce-add.
+dK and dV go out through the K and V slots.
+
+Scope (`flash_gluon.gluon_backward_applies`): that of the Gluon forward, causal, d = 64.
+"""
+
+from __future__ import annotations
+
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """global[coord ...] += src by TMA (`cp.reduce.async.bulk.tensor ... .add`): Triton's `tl` descriptor
+    atomic_add, which Gluon 3.6's `tma` module does not wrap. Completes like a TMA store (`tma.store_wait`)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, n_tiles):
+    """Both halves of K and V, then Q_i and dO_i of query tile t into slot t % STAGES once both
+    consumers have released it."""
+    q_smem, do_smem, k_smem, v_smem = buffers[0], buffers[1], buffers[2], buffers[3]
+    kv_ready, ready, empty = barriers
+    STAGES: gl.constexpr = q_smem.shape[0]
+    Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
+    K_HALF: gl.constexpr = k_desc.block_type.shape[1]
+    for h in gl.static_range(2):
+        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [batch, k_start + h * K_HALF, 0], kv_ready.index(h), k_smem.index(h))
+        tma.async_copy_global_to_shared(v_desc, [batch, k_start + h * K_HALF, 0], kv_ready.index(h), v_smem.index(h))
+    for t in range(n_tiles):
+        slot = t % STAGES
+        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        q_start = q_lo + t * Q_TILE
+        tma.async_copy_global_to_shared(q_desc, [batch, q_start, 0], ready.index(slot), q_smem.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [batch, q_start, 0], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _step(k_tile, k_op, v_op, q_tile, do_tile, p_buf, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
+          s_zero, dq_zero, MASKED: gl.constexpr):
+    """dK, dV after one query tile, and this tile's part of dQ_i: dS K^(j) (unscaled); the module
+    docstring's schedule."""
+    s_token = warpgroup_mma(k_op, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dp_token = warpgroup_mma(v_op, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s_t = warpgroup_mma_wait(1, deps=[s_token])
+    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+    if MASKED:
+        p_t = gl.where(key_pos[:, None] <= query_pos[None, :], p_t, 0.0)
+    p_buf.store(p_t.to(q_tile.dtype))
+    fence_async_shared()
+    dv_token = warpgroup_mma(p_buf, do_tile, dv, is_async=True)
+    dp_t = warpgroup_mma_wait(1, deps=[dp_token])
+    ds_buf.store((p_t * (dp_t - delta[None, :])).to(q_tile.dtype))
+    fence_async_shared()
+    dk_token = warpgroup_mma(ds_buf, q_tile, dk, is_async=True)
+    dq_token = warpgroup_mma(ds_buf.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq_token])
+    return dk, dv, dq
+
+
+@gluon.jit
+def _query_tiles(dk, dv, loop, t_lo, t_hi, MASKED: gl.constexpr):
+    """dK, dV over query tiles [t_lo, t_hi) (masked only when MASKED), each tile's dQ part added to
+    dQ by TMA reduce-add."""
+    k_tile, k_op, v_op, q_smem, do_smem, p_buf, ds_buf, dq_buf, dq_desc, ready, empty, L_row, Delta_row, stride_lq, \
+        key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch = loop
+    STAGES: gl.constexpr = q_smem.shape[0]
+    Q_TILE: gl.constexpr = q_smem.shape[2]
+    D: gl.constexpr = q_smem.shape[3]
+    for t in range(t_lo, t_hi):
+        slot = t % STAGES
+        q_start = q_lo + t * Q_TILE
+        query_pos = q_start + gl.arange(0, Q_TILE, layout=gl.SliceLayout(0, s_zero.type.layout))
+        in_range = query_pos < N_QUERIES
+        lse2 = gl.load(L_row + query_pos * stride_lq, mask=in_range, other=0.0) * LOG2E
+        delta = gl.load(Delta_row + query_pos * stride_lq, mask=in_range, other=0.0)
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        dk, dv, dq = _step(k_tile, k_op, v_op, q_smem.index(slot).reshape([Q_TILE, D]),
+                           do_smem.index(slot).reshape([Q_TILE, D]), p_buf, ds_buf, dk, dv, lse2, delta, key_pos,
+                           query_pos, qk_scale, s_zero, dq_zero, MASKED)
+        mbarrier.arrive(empty.index(slot))
+        tma.store_wait(0)  # the previous tile's reduce-add has read dq_buf
+        dq_buf.reshape([Q_TILE, D]).store(dq * scale)
+        fence_async_shared()
+        _tma_reduce_add(dq_desc, [batch, q_start, 0], dq_buf)
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(h: gl.constexpr, is_causal: gl.constexpr, out_descs, buffers, barriers, work):
+    """Key rows [k_start + h K_HALF, + K_HALF): the loop over query tiles, then dK and dV."""
+    L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, N_QUERIES, qk_scale, scale = work
+    dk_desc, dv_desc, dq_desc = out_descs
+    q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem = buffers
+    kv_ready, ready, empty = barriers
+    NUM_WARPS: gl.constexpr = 4
+    STAGES: gl.constexpr = q_smem.shape[0]
+    Q_TILE: gl.constexpr = q_smem.shape[2]
+    K_HALF: gl.constexpr = k_smem.shape[2]
+    D: gl.constexpr = q_smem.shape[3]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, Q_TILE, 16])
+    dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                         instr_shape=[16, D, 16])
+
+    my_k = k_start + h * K_HALF
+    key_pos = my_k + gl.arange(0, K_HALF, layout=gl.SliceLayout(1, s_layout))
+    t_first = 0
+    t_full = 0
+    if is_causal:
+        t_first = (my_k - q_lo) // Q_TILE
+        t_full = gl.cdiv(my_k + K_HALF - 1 - q_lo, Q_TILE)
+    k_tile = k_smem.index(h).reshape([K_HALF, D])
+    v_tile = v_smem.index(h).reshape([K_HALF, D])
+    L_row = L_ptr + batch.to(gl.int64) * stride_lb
+    Delta_row = Delta_ptr + batch.to(gl.int64) * stride_lb
+    dk = gl.zeros([K_HALF, D], gl.float32, layout=dkv_layout)
+    dv = gl.zeros([K_HALF, D], gl.float32, layout=dkv_layout)
+    s_zero = gl.zeros([K_HALF, Q_TILE], gl.float32, layout=s_layout)
+    dq_zero = gl.zeros([Q_TILE, D], gl.float32, layout=dkv_layout)
+
+    mbarrier.wait(kv_ready.index(h), 0)
+    # K and V as register operands of S^T and dP^T: those products then read only Q and dO from shared memory
+    k_op = k_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    v_op = v_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    loop = (k_tile, k_op, v_op, q_smem, do_smem, p_smem.index(h), ds_smem.index(h), dq_smem.index(h), dq_desc, ready,
+            empty, L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch)
+    for t in range(t_first):
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        mbarrier.arrive(empty.index(slot))
+    dk, dv = _query_tiles(dk, dv, loop, t_first, t_full, True)
+    dk, dv = _query_tiles(dk, dv, loop, t_full, n_tiles, False)
+
+    k_tile.store((dk * scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [batch, my_k, 0], k_smem.index(h))
+    tma.async_copy_shared_to_global(dv_desc, [batch, my_k, 0], v_smem.index(h))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer0_causal(out_descs, buffers, barriers, work):
+    _consumer(0, True, out_descs, buffers, barriers, work)
+
+
+@gluon.jit
+def _consumer0_full(out_descs, buffers, barriers, work):
+    _consumer(0, False, out_descs, buffers, barriers, work)
+
+
+@gluon.jit
+def _consumer1_causal(out_descs, buffers, barriers, work):
+    _consumer(1, True, out_descs, buffers, barriers, work)
+
+
+@gluon.jit
+def _consumer1_full(out_descs, buffers, barriers, work):
+    _consumer(1, False, out_descs, buffers, barriers, work)
+
+
+@gluon.jit
+def flash_bwd_gluon_kernel(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
+    L_ptr, Delta_ptr, stride_lb, stride_lq,
+    N_QUERIES,
+    scale: gl.constexpr,
+    STAGES: gl.constexpr,
+    is_causal: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    dtype: gl.constexpr = q_desc.dtype
+    Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
+    K_HALF: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = q_desc.block_type.shape[2]
+    k_start = gl.program_id(0) * (2 * K_HALF)
+    batch = gl.program_id(1)
+    q_lo = 0
+    if is_causal:
+        q_lo = (k_start // Q_TILE) * Q_TILE
+    n_tiles = gl.cdiv(N_QUERIES - q_lo, Q_TILE)
+
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K_HALF, Q_TILE], dtype)
+    p_smem = gl.allocate_shared_memory(dtype, [2, K_HALF, Q_TILE], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, K_HALF, Q_TILE], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, Q_TILE, D], dq_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+
+    buffers = (q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem)
+    barriers = (kv_ready, ready, empty)
+    work = (L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, N_QUERIES, scale * LOG2E, scale)
+    consumer_args = ((dk_desc, dv_desc, dq_desc), buffers, barriers, work)
+    producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, n_tiles)
+    if is_causal:
+        gl.warp_specialize([(_consumer0_causal, consumer_args), (_consumer1_causal, consumer_args),
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([(_consumer0_full, consumer_args), (_consumer1_full, consumer_args),
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
