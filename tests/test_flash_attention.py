@@ -608,7 +608,8 @@ def test_gluon_forward_on_gpu(monkeypatch, d, is_causal, dtype):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(2, 3, 1000, 64), (1, 4, 2048, 64)], ids=["ragged", "tiled"])
+@pytest.mark.parametrize("shape", [(2, 3, 1000, 64), (1, 4, 2048, 64), (1, 2, 960, 64)],
+                         ids=["ragged", "tiled", "last_rows_past_n"])  # 960: a warpgroup's 64 keys all past N
 def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     """The fused Gluon backward (dQ by TMA reduce-add) against float64, eager and under torch.compile
     (its custom op), the size limits lifted."""

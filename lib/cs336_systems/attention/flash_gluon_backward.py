@@ -159,9 +159,9 @@ def _consumer(h: gl.constexpr, is_causal: gl.constexpr, out_descs, buffers, barr
     key_pos = my_k + gl.arange(0, K_HALF, layout=gl.SliceLayout(1, s_layout))
     t_first = 0
     t_full = 0
-    if is_causal:
-        t_first = (my_k - q_lo) // Q_TILE
-        t_full = gl.cdiv(my_k + K_HALF - 1 - q_lo, Q_TILE)
+    if is_causal:  # clamped: in the last key block these rows can lie wholly past N, beyond the last query tile
+        t_first = gl.minimum((my_k - q_lo) // Q_TILE, n_tiles)
+        t_full = gl.minimum(gl.cdiv(my_k + K_HALF - 1 - q_lo, Q_TILE), n_tiles)
     k_tile = k_smem.index(h).reshape([K_HALF, D])
     v_tile = v_smem.index(h).reshape([K_HALF, D])
     L_row = L_ptr + batch.to(gl.int64) * stride_lb
