@@ -14,8 +14,8 @@ hence `MIN_SEQ_LEN` and `MIN_CTAS_PER_SM` (docs/flash_attention_tuning.md, v7).
 
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) takes the same limits, which its
 grid shares, and is further limited to causal attention at d = 64: on an H100 (2026-11-23, batch·heads
-16, N = 16,384, bf16) it took 3.50 against 3.71 ms for the two Triton kernels causal, and 7.46
-against 7.41 ms without the mask (docs/flash_attention_tuning.md, v8).
+16, N = 16,384, bf16) it took 3.50-3.63 against 3.71 ms for the two Triton kernels causal, and
+7.46-7.56 against 7.41 ms without the mask (docs/flash_attention_tuning.md, v8).
 
 Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
 `cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
@@ -30,8 +30,9 @@ import triton
 # Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an
 # H100 80GB at batch·heads 16, N = 16,384, causal, bf16 (2026-11-23, docs/flash_attention_tuning.md, v7).
 GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
-# Per head dimension: (Q_TILE, K_HALF key rows per consumer warpgroup, STAGES) of the fused backward,
-# the best of a sweep at the same shape (2026-11-23, docs/flash_attention_tuning.md, v8).
+# Per head dimension: (Q_TILE, K_HALF key rows per consumer warpgroup, STAGES) of the fused backward:
+# 64-row tiles are what the registers allow; 2 stages and 232/40 registers were the best of 2-3 stages and
+# two register splits at the same shape (2026-11-23, docs/flash_attention_tuning.md, v8).
 GLUON_BWD_TILES = {64: (64, 64, 2)}
 PREPROCESS_ROWS = 64
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
@@ -77,17 +78,21 @@ def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, int
     return True
 
 
+def _in_backward_scope(d: int, is_causal: bool) -> bool:
+    return bool(is_causal) and d in GLUON_BWD_TILES
+
+
 def gluon_backward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
                             sm_count: int, is_causal: bool) -> bool:
     """The shape, dtype and device half of `gluon_backward_applies`: the forward's scope, causal, d = 64."""
-    return (bool(is_causal) and d in GLUON_BWD_TILES
-            and gluon_forward_eligible(d, n_q, n_k, dtype, batch, capability_major, sm_count))
+    return _in_backward_scope(d, is_causal) and gluon_forward_eligible(d, n_q, n_k, dtype, batch, capability_major,
+                                                                       sm_count)
 
 
 def gluon_backward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                            interpreted: bool) -> bool:
     """Whether the backward of these inputs runs the fused Gluon kernel (module docstring)."""
-    return bool(is_causal) and q.shape[-1] in GLUON_BWD_TILES and gluon_forward_applies(q, k, v, interpreted)
+    return _in_backward_scope(q.shape[-1], is_causal) and gluon_forward_applies(q, k, v, interpreted)
 
 
 _LAYOUTS: dict[tuple, object] = {}
