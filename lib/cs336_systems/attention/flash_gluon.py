@@ -147,7 +147,7 @@ def _launch(q, k, v, out, lse, is_causal: bool) -> None:
     )
 
 
-def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None):
+def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles=None, regs=None):
     from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel
     from cs336_systems.attention.flash_triton import _output_strides, as_rows
 
@@ -164,12 +164,11 @@ def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal:
         _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout),
         _descriptor(dq_acc, n * d, q_tile, _shared_layouts(torch.float32, d, q_tile)),
         lse, delta, l_b, l_n, n,
-        scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal),
-        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4,
+        scale=d**-0.5, STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4,
     )
 
 
-def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
+def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
     from cs336_systems.attention.flash_triton import _output_strides, as_rows
     from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
 
@@ -183,18 +182,18 @@ def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
     l_b, l_n = _output_strides(delta, 1)
     flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
         out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
-    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, tiles, regs)
+    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles, regs)
     return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
 
 
 @torch.library.custom_op("cs336::flash_bwd_gluon", mutates_args=())
 def _flash_bwd_gluon_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, do: torch.Tensor,
-                        lse: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(q, k, v, out, do, lse, is_causal)
+                        lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(q, k, v, out, do, lse)
 
 
 @_flash_bwd_gluon_op.register_fake
-def _(q, k, v, out, do, lse, is_causal):
+def _(q, k, v, out, do, lse):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -203,9 +202,11 @@ def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, reg
     accumulator from `flash_bwd_preprocess_kernel`, the fused kernel, then dQ converted to q's dtype.
     `out` and `do` have unit column stride and rows that `as_rows` reads in place. `tiles` =
     (Q_TILE, K_HALF, STAGES) and `regs` = (consumer, producer) registers override the shipped ones."""
+    if not is_causal:
+        raise ValueError("the Gluon backward is causal only (flash_gluon.gluon_backward_applies)")
     if torch.compiler.is_compiling():
-        return torch.ops.cs336.flash_bwd_gluon(q, k, v, out, do, lse, bool(is_causal))
-    return _backward(q, k, v, out, do, lse, is_causal, tiles, regs)
+        return torch.ops.cs336.flash_bwd_gluon(q, k, v, out, do, lse)
+    return _backward(q, k, v, out, do, lse, tiles, regs)
 
 
 @torch.library.custom_op("cs336::flash_fwd_gluon", mutates_args=("out", "lse"))

@@ -36,7 +36,8 @@ and D load as 0 there, so those queries add P^T * 0 to dV and dS^T = P^T * (0 - 
 key rows past N are computed but dropped by the TMA stores, as are dQ rows past N by the reduce-add.
 dK and dV go out through the K and V slots.
 
-Scope (`flash_gluon.gluon_backward_applies`): that of the Gluon forward, causal, d = 64.
+Causal only: without the mask the kernel measured no faster than the Triton kernels (tuning record,
+v8). Scope (`flash_gluon.gluon_backward_applies`): that of the Gluon forward, causal, d = 64.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(h: gl.constexpr, is_causal: gl.constexpr, out_descs, buffers, barriers, work):
+def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     """Key rows [k_start + h K_HALF, + K_HALF): the loop over query tiles, then dK and dV."""
     L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, N_QUERIES, qk_scale, scale = work
     dk_desc, dv_desc, dq_desc = out_descs
@@ -157,11 +158,10 @@ def _consumer(h: gl.constexpr, is_causal: gl.constexpr, out_descs, buffers, barr
 
     my_k = k_start + h * K_HALF
     key_pos = my_k + gl.arange(0, K_HALF, layout=gl.SliceLayout(1, s_layout))
-    t_first = 0
-    t_full = 0
-    if is_causal:  # clamped: in the last key block these rows can lie wholly past N, beyond the last query tile
-        t_first = gl.minimum((my_k - q_lo) // Q_TILE, n_tiles)
-        t_full = gl.minimum(gl.cdiv(my_k + K_HALF - 1 - q_lo, Q_TILE), n_tiles)
+    # Tiles before t_first see none of these keys, tiles before t_full cross their diagonal. Clamped: in the
+    # last key block these rows can lie wholly past N, beyond the last query tile.
+    t_first = gl.minimum((my_k - q_lo) // Q_TILE, n_tiles)
+    t_full = gl.minimum(gl.cdiv(my_k + K_HALF - 1 - q_lo, Q_TILE), n_tiles)
     k_tile = k_smem.index(h).reshape([K_HALF, D])
     v_tile = v_smem.index(h).reshape([K_HALF, D])
     L_row = L_ptr + batch.to(gl.int64) * stride_lb
@@ -192,24 +192,15 @@ def _consumer(h: gl.constexpr, is_causal: gl.constexpr, out_descs, buffers, barr
     tma.store_wait(0)
 
 
+# Constexprs do not pass through warp_specialize's argument tuples: the half is fixed per function.
 @gluon.jit
-def _consumer0_causal(out_descs, buffers, barriers, work):
-    _consumer(0, True, out_descs, buffers, barriers, work)
-
-
-@gluon.jit
-def _consumer0_full(out_descs, buffers, barriers, work):
-    _consumer(0, False, out_descs, buffers, barriers, work)
+def _consumer0(out_descs, buffers, barriers, work):
+    _consumer(0, out_descs, buffers, barriers, work)
 
 
 @gluon.jit
-def _consumer1_causal(out_descs, buffers, barriers, work):
-    _consumer(1, True, out_descs, buffers, barriers, work)
-
-
-@gluon.jit
-def _consumer1_full(out_descs, buffers, barriers, work):
-    _consumer(1, False, out_descs, buffers, barriers, work)
+def _consumer1(out_descs, buffers, barriers, work):
+    _consumer(1, out_descs, buffers, barriers, work)
 
 
 @gluon.jit
@@ -219,7 +210,6 @@ def flash_bwd_gluon_kernel(
     N_QUERIES,
     scale: gl.constexpr,
     STAGES: gl.constexpr,
-    is_causal: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -229,9 +219,7 @@ def flash_bwd_gluon_kernel(
     D: gl.constexpr = q_desc.block_type.shape[2]
     k_start = gl.program_id(0) * (2 * K_HALF)
     batch = gl.program_id(1)
-    q_lo = 0
-    if is_causal:
-        q_lo = (k_start // Q_TILE) * Q_TILE
+    q_lo = (k_start // Q_TILE) * Q_TILE  # causal: earlier query tiles see none of these keys
     n_tiles = gl.cdiv(N_QUERIES - q_lo, Q_TILE)
 
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], q_desc.layout)
@@ -257,9 +245,5 @@ def flash_bwd_gluon_kernel(
     work = (L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, N_QUERIES, scale * LOG2E, scale)
     consumer_args = ((dk_desc, dv_desc, dq_desc), buffers, barriers, work)
     producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, n_tiles)
-    if is_causal:
-        gl.warp_specialize([(_consumer0_causal, consumer_args), (_consumer1_causal, consumer_args),
-                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([(_consumer0_full, consumer_args), (_consumer1_full, consumer_args),
-                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
+                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
