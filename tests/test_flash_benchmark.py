@@ -134,6 +134,7 @@ def test_every_implementation_runs_and_passes_the_check_on_cpu(triton_on_cpu):
     assert list(df.status) == ["ok", "ok", "ok"], df[["impl", "status", "max_rel_error", "note"]]
     assert (df.max_rel_error < 1e-5).all()
     assert (df[[f"{p}_ms" for p in fb.PASSES]].astype(float) > 0).all().all()
+    assert df[[f"{p}_device_ms" for p in fb.PASSES]].isna().all().all()  # CUDA graphs: GPU only
     flops = fb.attention_flops(1, 1, 32, 16)["forward_backward"]
     row = df.iloc[0]
     assert row.forward_backward_tflops == pytest.approx(flops / (row.forward_backward_ms * 1e-3) / 1e12)
@@ -237,6 +238,49 @@ def test_compare_latencies_flags_slow_points_and_failures():
         (1024, "backward"), (1024, "forward_backward"), (2048, "forward"), (2048, "backward"), (2048, "forward_backward"),
     }
     assert cmp.set_index(["seq_len", "pass"]).loc[(1024, "backward"), "ratio"] == pytest.approx(1.25)
+
+
+def test_compare_latencies_on_device_time_and_the_eager_overhead():
+    def with_device(row, fwd, bwd):
+        return {**row, "forward_device_ms": fwd, "backward_device_ms": bwd, "forward_backward_device_ms": fwd + bwd}
+
+    df = fb._tidy(pd.DataFrame([
+        with_device(result_row("triton", fwd=3.0, bwd=4.0), 0.5, 1.0),
+        with_device(result_row("sdpa_flash", fwd=1.0, bwd=2.0), 0.5, 0.8),
+        result_row("triton", seq_len=2048), result_row("sdpa_flash", seq_len=2048),  # device times not measured
+    ]))
+    eager = fb.compare_latencies(df, "triton", "sdpa_flash", 1.10)
+    device = fb.compare_latencies(df, "triton", "sdpa_flash", 1.10, value="device_ms").set_index(["seq_len", "pass"])
+    assert eager.slower.sum() == 3
+    assert device.loc[(1024, "forward"), "ratio"] == 1.0 and device.loc[(1024, "backward"), "ratio"] == 1.25
+    assert list(device[device.slower].index) == [(1024, "backward"), (1024, "forward_backward")]
+    assert device.loc[2048].ratio.isna().all() and not device.loc[2048].slower.any()
+    both = fb.eager_and_device(df).set_index(["impl", "pass"])
+    assert len(both) == 6  # the 2048 rows have no device time
+    assert both.loc[("triton", "backward"), "outside_ms"] == 3.0
+    assert both.loc[("sdpa_flash", "forward_backward"), "outside_ms"] == pytest.approx(3.0 - 1.3)
+
+
+@pytest.mark.gpu
+def test_device_time_replays_the_eager_kernels_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    impl = fb.implementation("triton")
+    q, k, v = (torch.randn(1, 2, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn_like(q)
+    impl.apply(q, k, v, True).backward(grad_out)
+    eager = [t.grad.clone() for t in (q, k, v)]
+    captured = {}
+
+    def forward_backward():
+        impl.apply(q, k, v, True).backward(grad_out)
+        captured["grads"] = [t.grad for t in (q, k, v)]
+
+    times = fb.measure_device_ms(forward_backward, fb.TimingSettings(warmup_ms=1, rep_ms=5), grad_to_none=(q, k, v))
+    assert times and min(times) > 0
+    assert q.grad is None  # reset after the measurement
+    for replayed, expected in zip(captured["grads"], eager):  # what the last replay wrote
+        torch.testing.assert_close(replayed, expected)
 
 
 # --- leaderboard ------------------------------------------------------------------------------------

@@ -15,6 +15,11 @@ run), of `timeit` around synchronized calls on CPU (do_bench needs a GPU):
   forward+backward   f(q, k, v).backward(dO)
 with q, k, v gradients reset to None before every run, so no accumulation kernel is timed.
 
+Device time of each pass (CUDA only, `{pass}_device_ms`): the same call captured once in a CUDA
+graph and the graph replayed under do_bench, so only its kernels are timed. Where the eager call's
+host work (Python, dispatch, launches) takes longer than its kernels, the latency above measures
+that host work; the device time says what the kernels take (`measure_device_ms`).
+
 FLOPs counted as the matmuls of the algorithm (FlashAttention-2 paper convention):
   forward    4·B·H·N²·d   (S = Q Kᵀ and O = P V, 2·N²·d each), halved with the causal mask
   backward   2.5 × forward (five matmuls: S recomputed, dV = Pᵀ dO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀ Q)
@@ -135,6 +140,37 @@ def measure_times_ms(
     return triton.testing.do_bench(
         fn, warmup=settings.warmup_ms, rep=rep, grad_to_none=list(grad_to_none) or None, return_mode="all"
     )
+
+
+def measure_device_ms(
+    fn: Callable[[], object], settings: TimingSettings = TimingSettings(), grad_to_none: Sequence[torch.Tensor] = (),
+) -> list[float]:
+    """Milliseconds of each replay of a CUDA graph holding one call of `fn`: its kernels' time without
+    the host's. Gradients in `grad_to_none` are None when the call is captured, so the graph allocates
+    them (from its own pool) rather than accumulating. The warm-up calls run on a side stream before
+    capture, as torch.cuda.graph asks."""
+    import triton.testing
+
+    def reset_grads() -> None:
+        for t in grad_to_none:
+            t.grad = None
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            reset_grads()
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    reset_grads()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        return triton.testing.do_bench(graph.replay, warmup=settings.warmup_ms, rep=settings.rep_ms, return_mode="all")
+    finally:
+        reset_grads()
+        del graph
 
 
 def measure_matmul_tflops(
@@ -262,6 +298,42 @@ def time_passes(
     return times
 
 
+def device_passes(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, settings: TimingSettings,
+) -> dict[str, list[float]]:
+    """`time_passes`'s three calls, each timed as a replayed CUDA graph (`measure_device_ms`)."""
+    grads = (q, k, v)
+    times = {}
+    with impl.context():
+        times["forward"] = measure_device_ms(lambda: impl.apply(q, k, v, is_causal), settings, grads)
+        out = impl.apply(q, k, v, is_causal)
+        times["backward"] = measure_device_ms(lambda: out.backward(grad_out, retain_graph=True), settings, grads)
+        del out
+        times["forward_backward"] = measure_device_ms(
+            lambda: impl.apply(q, k, v, is_causal).backward(grad_out), settings, grads
+        )
+    return times
+
+
+def _device_columns(impl: Implementation, q, k, v, grad_out, is_causal: bool, settings: TimingSettings) -> dict:
+    """`{pass}_device_ms` medians on CUDA (none elsewhere); a capture that fails leaves them out and says
+    why in `note`: the latencies stand, and the row shows that this one was not measured."""
+    if q.device.type != "cuda":
+        return {}
+    free_device_memory()  # a graph allocates from its own pool, which the eager runs' cached blocks would crowd
+    try:
+        times = device_passes(impl, q, k, v, grad_out, is_causal, settings)
+    except Exception as err:  # noqa: BLE001 - recorded in the row; the eager measurement is the result
+        kind = "out of memory" if is_out_of_memory(err) else type(err).__name__
+        failure = dict(note=f"device time not measured ({kind}): {_first_line(str(err))}")
+    else:
+        return {f"{p}_device_ms": statistics.median(times[p]) for p in PASSES}
+    q.grad = k.grad = v.grad = None
+    free_device_memory()  # here, once the exception no longer holds the failed capture's tensors
+    return failure
+
+
 def _first_line(text: str, limit: int = 240) -> str:
     return text.strip().splitlines()[0][:limit] if text.strip() else ""
 
@@ -301,7 +373,9 @@ def benchmark_implementation(
         if failure is None:
             raise
     else:
-        return _measured_row(errors, times, TOLERANCE[q.dtype])
+        row = _measured_row(errors, times, TOLERANCE[q.dtype])
+        row.update(_device_columns(impl, q, k, v, grad_out, is_causal, settings))
+        return row
     free_device_memory()  # here, once the exception no longer holds the failed call's tensors
     return failure
 
@@ -378,14 +452,15 @@ def flash_benchmark(
 
 RESULT_COLUMNS = [
     "impl", "backend", "batch", "heads", "seq_len", "head_dim", "dtype", "is_causal", "status",
-    *(f"{p}_ms" for p in PASSES), *(f"{p}_tflops" for p in PASSES), "max_rel_error", "worst_tensor", "runs", "note",
+    *(f"{p}_ms" for p in PASSES), *(f"{p}_device_ms" for p in PASSES), *(f"{p}_tflops" for p in PASSES),
+    "max_rel_error", "worst_tensor", "runs", "note",
 ]
 
 
 def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     for col in RESULT_COLUMNS:
-        if col not in df:
-            df[col] = pd.NA
+        if col not in df:  # times and rates stay numeric (NaN), so a column no row measured still compares
+            df[col] = float("nan") if col.endswith(("_ms", "_tflops")) else pd.NA
     return df[RESULT_COLUMNS]
 
 
@@ -422,13 +497,14 @@ def comparison_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def compare_latencies(
     df: pd.DataFrame, impl: str, baseline: str, factor: float = 1.0, *,
-    min_seq_len: int = 0, dtypes: Iterable[str] | None = None,
+    min_seq_len: int = 0, dtypes: Iterable[str] | None = None, value: str = "ms",
 ) -> pd.DataFrame:
     """`impl` against `baseline` at every grid point where the baseline ran (status "ok"), per pass.
 
-    One row per (configuration, pass): both latencies, ratio = impl / baseline, and `slower`,
-    true where the ratio exceeds `factor` or `impl` itself did not run correctly (any status but
-    "ok", with the ratio left NaN).
+    One row per (configuration, pass): both times (columns `{pass}_{value}`: "ms" the eager latency,
+    "device_ms" the device time), ratio = impl / baseline, and `slower`, true where the ratio exceeds
+    `factor` or `impl` itself did not run correctly (any status but "ok", with the ratio left NaN).
+    A time that was not measured (NaN) gives a NaN ratio that is not `slower`: callers count those.
     """
     keys = ["dtype", "head_dim", "seq_len"]
     sel = df[df.seq_len >= min_seq_len]
@@ -439,12 +515,51 @@ def compare_latencies(
     rows = []
     for r in both.itertuples():
         for p in PASSES:
-            ms, base_ms = float(getattr(r, f"{p}_ms")), float(getattr(r, f"{p}_ms_baseline"))
+            ms, base_ms = float(getattr(r, f"{p}_{value}")), float(getattr(r, f"{p}_{value}_baseline"))
             ratio = ms / base_ms if r.status == "ok" else float("nan")
             rows.append({"dtype": r.dtype, "head_dim": r.head_dim, "seq_len": r.seq_len, "pass": p,
                          "status": r.status, "ms": ms, "baseline_ms": base_ms, "ratio": ratio,
                          "slower": r.status != "ok" or ratio > factor})
     return pd.DataFrame(rows, columns=[*keys, "pass", "status", "ms", "baseline_ms", "ratio", "slower"])
+
+
+def bar_verdict(name: str, cmp: pd.DataFrame, shown: int = 15) -> tuple[str, str]:
+    """A bar checked on a `compare_latencies` table: ("PASS" | "FAIL" | "not checked", a markdown line
+    naming the offending point-passes, the first `shown` of them, and any that had no measurement)."""
+    from cs336_systems.report.tables import fmt_ms
+
+    points = cmp.drop_duplicates(["dtype", "head_dim", "seq_len"]).shape[0]
+    if points == 0:
+        return "not checked", f"**{name}: not checked** — no point of this run's grid has both measurements."
+    bad = cmp[cmp.slower]
+    unmeasured = int(((cmp.status == "ok") & cmp.ratio.isna()).sum())
+    verdict = "PASS" if bad.empty else "FAIL"
+    text = f"**{name}: {verdict}** — {points} points compared (× 3 passes), {len(bad)} offending"
+    text += f", {unmeasured} point-passes without both times." if unmeasured else "."
+    if not bad.empty:
+        text += " Offending: " + ", ".join(
+            f"{r['dtype']} d = {r['head_dim']} N = {r['seq_len']:,} {r['pass'].replace('_', '+')}: "
+            + (f"{fmt_ms(r['ms'])} vs {fmt_ms(r['baseline_ms'])} ({r['ratio']:.2f}×)" if r["status"] == "ok"
+               else f"ours {r['status']}")
+            for r in bad.head(shown).to_dict("records")) + (" …" if len(bad) > shown else "") + "."
+    return verdict, text
+
+
+def eager_and_device(df: pd.DataFrame, impls: Iterable[str] = ("triton", "sdpa_flash")) -> pd.DataFrame:
+    """Per implementation, configuration and pass, for rows that ran correctly with both times measured:
+    the eager latency `ms`, the device time `device_ms` and `outside_ms` = ms − device_ms, what the
+    eager call spends beyond its kernels' time (host work the L2 flush before each run did not hide)."""
+    keys = ["impl", "dtype", "head_dim", "seq_len"]
+    ok = df[df.impl.isin(list(impls)) & (df.status == "ok")]
+    parts = []
+    for p in PASSES:
+        part = ok[keys].assign(**{"pass": p, "ms": pd.to_numeric(ok[f"{p}_ms"], errors="coerce"),
+                                  "device_ms": pd.to_numeric(ok[f"{p}_device_ms"], errors="coerce")})
+        parts.append(part)
+    both = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*keys, "pass", "ms", "device_ms"])
+    both = both.dropna(subset=["ms", "device_ms"]).reset_index(drop=True)
+    both["outside_ms"] = both.ms - both.device_ms
+    return both
 
 
 IMPL_LABELS = {"triton": "ours (Triton)", "pytorch": "PyTorch, materialised", "sdpa": "SDPA, fastest backend"}
