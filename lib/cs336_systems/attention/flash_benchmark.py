@@ -146,7 +146,7 @@ def measure_device_ms(
     fn: Callable[[], object], settings: TimingSettings = TimingSettings(), grad_to_none: Sequence[torch.Tensor] = (),
 ) -> list[float]:
     """Milliseconds of each replay of a CUDA graph holding one call of `fn`: its kernels' time without
-    the host's. Gradients in `grad_to_none` are None when the call is captured, so the graph allocates
+    the host's (measuring time stretched for slow calls as in `measure_times_ms`). Gradients in `grad_to_none` are None when the call is captured, so the graph allocates
     them (from its own pool) rather than accumulating. The warm-up calls run on a side stream before
     capture, as torch.cuda.graph asks."""
     import triton.testing
@@ -167,7 +167,13 @@ def measure_device_ms(
     try:
         with torch.cuda.graph(graph):
             fn()
-        return triton.testing.do_bench(graph.replay, warmup=settings.warmup_ms, rep=settings.rep_ms, return_mode="all")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        rep = max(settings.rep_ms, (settings.min_runs + 1) * start.elapsed_time(end))  # as measure_times_ms
+        return triton.testing.do_bench(graph.replay, warmup=settings.warmup_ms, rep=rep, return_mode="all")
     finally:
         reset_grads()
         del graph
@@ -321,7 +327,7 @@ def _device_columns(impl: Implementation, q, k, v, grad_out, is_causal: bool, se
     why in `note`: the latencies stand, and the row shows that this one was not measured."""
     if q.device.type != "cuda":
         return {}
-    free_device_memory()  # a graph allocates from its own pool, which the eager runs' cached blocks would crowd
+    torch.cuda.empty_cache()  # a graph allocates from its own pool, which the eager runs' cached blocks would crowd
     try:
         times = device_passes(impl, q, k, v, grad_out, is_causal, settings)
     except Exception as err:  # noqa: BLE001 - recorded in the row; the eager measurement is the result
