@@ -164,8 +164,10 @@ def measure_device_ms(
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     reset_grads()
+    torch.cuda.empty_cache()  # the warm-up's freed blocks, so that the graph's own pool finds the memory
     try:
-        with torch.cuda.graph(graph):
+        # "thread_local": only this thread's calls can invalidate the capture (not, say, a notebook's IO threads)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -177,6 +179,7 @@ def measure_device_ms(
     finally:
         reset_grads()
         del graph
+        torch.cuda.empty_cache()  # the graph's pool: released only once the graph is gone and emptied
 
 
 def measure_matmul_tflops(
