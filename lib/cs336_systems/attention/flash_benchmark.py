@@ -166,8 +166,9 @@ def measure_device_ms(
     reset_grads()
     torch.cuda.empty_cache()  # the warm-up's freed blocks, so that the graph's own pool finds the memory
     try:
-        # "thread_local": only this thread's calls can invalidate the capture (not, say, a notebook's IO threads)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # Captured on the warm-up's stream, whose cuBLAS workspace then exists already; "thread_local": only
+        # this thread's calls can invalidate the capture (not, say, a notebook's IO threads).
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -179,7 +180,10 @@ def measure_device_ms(
     finally:
         reset_grads()
         del graph
-        torch.cuda.empty_cache()  # the graph's pool: released only once the graph is gone and emptied
+        # A graph's pool is released once nothing in it is alive; cuBLAS workspaces made during a capture
+        # would keep it (notebook 10 leaked the materialised attention's pools until it ran out of memory).
+        getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
+        torch.cuda.empty_cache()
 
 
 def measure_matmul_tflops(
