@@ -255,6 +255,10 @@ def test_compare_latencies_on_device_time_and_the_eager_overhead():
     assert device.loc[(1024, "forward"), "ratio"] == 1.0 and device.loc[(1024, "backward"), "ratio"] == 1.25
     assert list(device[device.slower].index) == [(1024, "backward"), (1024, "forward_backward")]
     assert device.loc[2048].ratio.isna().all() and not device.loc[2048].slower.any()
+    assert fb.bar_verdict("on device time", device.reset_index())[0] == "FAIL"
+    unmeasured = fb.compare_latencies(df[df.seq_len == 2048], "triton", "sdpa_flash", value="device_ms")
+    assert fb.bar_verdict("on device time", unmeasured)[0] == "not checked"
+    assert fb.implementation("pytorch").no_device_time and not fb.implementation("triton").no_device_time
     both = fb.eager_and_device(df).set_index(["impl", "pass"])
     assert len(both) == 6  # the 2048 rows have no device time
     assert both.loc[("triton", "backward"), "outside_ms"] == 3.0

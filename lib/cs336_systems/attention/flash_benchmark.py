@@ -180,10 +180,7 @@ def measure_device_ms(
     finally:
         reset_grads()
         del graph
-        # A graph's pool is released once nothing in it is alive; cuBLAS workspaces made during a capture
-        # would keep it (notebook 10 leaked the materialised attention's pools until it ran out of memory).
-        getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # the graph's pool, released once nothing allocated in it is alive
 
 
 def measure_matmul_tflops(
@@ -212,6 +209,12 @@ def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool =
     return FlashAttentionTriton.apply(q, k, v, is_causal)
 
 
+# H100, torch 2.11 (notebook 10, 2026-11-23): each capture of the materialised attention left its graph's memory
+# pool reserved (a few MiB in it stayed allocated, likely cuBLAS's workspace), 0.1-4 GiB per point, until the
+# sweep ran out of memory at 78 GiB reserved; ours and the SDPA backends, which do not call cuBLAS, did not.
+NAIVE_NO_DEVICE_TIME = "each CUDA-graph capture kept its memory pool reserved, which exhausted the GPU over a sweep"
+
+
 @dataclass(frozen=True)
 class Implementation:
     """An attention function and the SDPA backend it is restricted to (None: no restriction)."""
@@ -219,6 +222,8 @@ class Implementation:
     name: str
     apply: AttentionFn
     backend: SDPBackend | None = None
+    # Why its device time is not measured (`measure_device_ms`), or None where it is.
+    no_device_time: str | None = None
 
     def context(self) -> contextlib.AbstractContextManager:
         return sdpa_kernel(self.backend) if self.backend is not None else contextlib.nullcontext()
@@ -228,7 +233,7 @@ def implementation(name: str) -> Implementation:
     if name == "triton":
         return Implementation(name, _triton)
     if name == "pytorch":
-        return Implementation(name, naive_attention)
+        return Implementation(name, naive_attention, no_device_time=NAIVE_NO_DEVICE_TIME)
     if name in SDPA_BACKENDS:
         return Implementation(name, _sdpa, SDPA_BACKENDS[name])
     raise ValueError(f"unknown implementation {name!r}; choose among {', '.join(IMPLEMENTATIONS)}")
@@ -334,6 +339,8 @@ def _device_columns(impl: Implementation, q, k, v, grad_out, is_causal: bool, se
     why in `note`: the latencies stand, and the row shows that this one was not measured."""
     if q.device.type != "cuda":
         return {}
+    if impl.no_device_time:
+        return dict(note=f"device time not measured: {impl.no_device_time}")
     torch.cuda.empty_cache()  # a graph allocates from its own pool, which the eager runs' cached blocks would crowd
     try:
         times = device_passes(impl, q, k, v, grad_out, is_causal, settings)
@@ -546,6 +553,8 @@ def bar_verdict(name: str, cmp: pd.DataFrame, shown: int = 15) -> tuple[str, str
         return "not checked", f"**{name}: not checked** — no point of this run's grid has both measurements."
     bad = cmp[cmp.slower]
     unmeasured = int(((cmp.status == "ok") & cmp.ratio.isna()).sum())
+    if unmeasured == len(cmp):
+        return "not checked", f"**{name}: not checked** — no point of this run's grid has both measurements."
     verdict = "PASS" if bad.empty else "FAIL"
     text = f"**{name}: {verdict}** — {points} points compared (× 3 passes), {len(bad)} offending"
     text += f", {unmeasured} point-passes without both times." if unmeasured else "."
