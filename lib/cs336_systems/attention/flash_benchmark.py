@@ -146,9 +146,10 @@ def measure_device_ms(
     fn: Callable[[], object], settings: TimingSettings = TimingSettings(), grad_to_none: Sequence[torch.Tensor] = (),
 ) -> list[float]:
     """Milliseconds of each replay of a CUDA graph holding one call of `fn`: its kernels' time without
-    the host's (measuring time stretched for slow calls as in `measure_times_ms`). Gradients in `grad_to_none` are None when the call is captured, so the graph allocates
-    them (from its own pool) rather than accumulating. The warm-up calls run on a side stream before
-    capture, as torch.cuda.graph asks."""
+    the host's (measuring time stretched for slow calls as in `measure_times_ms`). Gradients in
+    `grad_to_none` are None when the call is captured, so the graph allocates them (from its own pool)
+    rather than accumulating. The warm-up calls run on a side stream before capture, as
+    torch.cuda.graph asks."""
     import triton.testing
 
     def reset_grads() -> None:
@@ -549,12 +550,10 @@ def bar_verdict(name: str, cmp: pd.DataFrame, shown: int = 15) -> tuple[str, str
     from cs336_systems.report.tables import fmt_ms
 
     points = cmp.drop_duplicates(["dtype", "head_dim", "seq_len"]).shape[0]
-    if points == 0:
+    unmeasured = int(((cmp.status == "ok") & cmp.ratio.isna()).sum())
+    if points == 0 or unmeasured == len(cmp):
         return "not checked", f"**{name}: not checked** — no point of this run's grid has both measurements."
     bad = cmp[cmp.slower]
-    unmeasured = int(((cmp.status == "ok") & cmp.ratio.isna()).sum())
-    if unmeasured == len(cmp):
-        return "not checked", f"**{name}: not checked** — no point of this run's grid has both measurements."
     verdict = "PASS" if bad.empty else "FAIL"
     text = f"**{name}: {verdict}** — {points} points compared (× 3 passes), {len(bad)} offending"
     text += f", {unmeasured} point-passes without both times." if unmeasured else "."
