@@ -81,6 +81,55 @@ def test_table_store_merges_and_lookup_falls_back_to_nearest_length(tmp_path):
     assert reread.lookup("GPU C", ProblemKey("forward", 64, "bfloat16", True, 16384)) is None
 
 
+def test_small_grid_keys_round_trip_and_are_preferred_in_their_class(tmp_path):
+    """A latency-bound (small-grid) launch takes the small-grid entries, at the nearest length among
+    them; a full grid never takes them while full-grid entries exist; either class falls back to
+    the other where it has no entry."""
+    small = ProblemKey.of("forward", 128, torch.bfloat16, True, 2000, 2000, small_grid=True)
+    assert small.to_str() == "forward|d128|bfloat16|causal|n2048|small-grid"
+    assert ProblemKey.from_str(small.to_str()) == small
+    with pytest.raises(ValueError, match="unknown grid class 'huge'"):
+        ProblemKey.from_str("forward|d128|bfloat16|causal|n2048|huge")
+    path = tmp_path / "table.json"
+    table = ConfigTable([path])
+    full_config, small_config = KernelConfig(128, 128, 8, 3), KernelConfig(64, 128, 4, 3)
+    table.store("GPU", ProblemKey("forward", 128, "bfloat16", True, 16384), full_config, path)
+    table.store("GPU", ProblemKey("forward", 128, "bfloat16", True, 1024, True), small_config, path)
+    reread = ConfigTable([path])
+    assert reread.lookup("GPU", ProblemKey("forward", 128, "bfloat16", True, 8192, True)) == small_config
+    assert reread.lookup("GPU", ProblemKey("forward", 128, "bfloat16", True, 1024, False)) == full_config
+    table.store("GPU", ProblemKey("dq", 128, "bfloat16", True, 16384), full_config, path)
+    table.store("GPU", ProblemKey("dkdv", 128, "bfloat16", True, 1024, True), small_config, path)
+    assert table.lookup("GPU", ProblemKey("dq", 128, "bfloat16", True, 1024, True)) == full_config
+    assert table.lookup("GPU", ProblemKey("dkdv", 128, "bfloat16", True, 16384, False)) == small_config
+
+
+def test_a_grid_is_small_below_one_64_row_program_per_sm():
+    from cs336_systems.attention.flash_configs import is_small_grid
+
+    # 132 SMs (an H100): one head at N = 8,192 has 128 query tiles of 64 rows, at 8,448 it has 132
+    assert is_small_grid("forward", 1, 8192, 8192, 132)
+    assert not is_small_grid("forward", 1, 8448, 8448, 132)
+    assert not is_small_grid("forward", 16, 1024, 1024, 132)
+    assert is_small_grid("forward", 2, 4097, 4097, 132)  # 65 tiles each
+    # dK/dV's programs walk the keys
+    assert is_small_grid("dkdv", 1, 16384, 1024, 132) and not is_small_grid("dq", 1, 16384, 1024, 132)
+    assert not is_small_grid("forward", 1, 128, 128, 0)  # no SMs counted: off CUDA
+
+
+def test_config_for_takes_the_small_grid_entry_by_batch(user_cache, monkeypatch):
+    cpu = torch.device("cpu")
+    table = flash_configs.config_table()
+    table.store("cpu", ProblemKey.of("forward", 64, torch.bfloat16, True, 1024, 1024), KernelConfig(128, 64, 8, 3),
+                user_cache)
+    table.store("cpu", ProblemKey.of("forward", 64, torch.bfloat16, True, 1024, 1024, small_grid=True),
+                KernelConfig(64, 128, 4, 3), user_cache)
+    monkeypatch.setattr(flash_configs, "sm_count", lambda device: 132)
+    assert config_for("forward", 64, torch.bfloat16, True, 1024, 1024, cpu, batch=1) == KernelConfig(64, 128, 4, 3)
+    assert config_for("forward", 64, torch.bfloat16, True, 1024, 1024, cpu, batch=16) == KernelConfig(128, 64, 8, 3)
+    assert config_for("forward", 64, torch.bfloat16, True, 1024, 1024, cpu) == KernelConfig(128, 64, 8, 3)
+
+
 def test_later_files_win(tmp_path):
     shipped, user = tmp_path / "shipped.json", tmp_path / "user.json"
     key = ProblemKey("forward", 64, "bfloat16", True, 1024)
@@ -102,27 +151,32 @@ def test_config_for_reads_the_user_cache(user_cache):
     assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == KernelConfig(16, 16, 2, 1)
 
 
-def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache):
-    """torch.compile makes a length symbolic when a second one arrives (dynamic shapes); the lookup
-    must then still give each length its bucket's configuration instead of failing to trace."""
+def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache, monkeypatch):
+    """torch.compile makes a length (and the batch) symbolic when a second one arrives (dynamic
+    shapes); the lookup must then still give each length its bucket's configuration, and each batch
+    its grid class, instead of failing to trace."""
     import torch._dynamo
 
     cpu = torch.device("cpu")
+    monkeypatch.setattr(flash_configs, "sm_count", lambda device: 8)  # small grid: batch·ceil(N_q / 64) < 8
     table = flash_configs.config_table()
     table.store("cpu", ProblemKey("forward", 64, "bfloat16", True, 128), KernelConfig(16, 32, 2, 1), user_cache)
     table.store("cpu", ProblemKey("forward", 64, "bfloat16", True, 4096), KernelConfig(64, 16, 8, 3), user_cache)
+    table.store("cpu", ProblemKey("forward", 64, "bfloat16", True, 128, True), KernelConfig(32, 32, 4, 2), user_cache)
 
-    def tile_code(x, y):  # the configuration, as a tensor so the compiled graph returns it
-        c = config_for("forward", 64, torch.bfloat16, True, x.shape[0], y.shape[0], cpu)
+    def tile_code(x, y, b):  # the configuration, as a tensor so the compiled graph returns it
+        c = config_for("forward", 64, torch.bfloat16, True, x.shape[0], y.shape[0], cpu, b.shape[0])
         return x.new_tensor([c.q_tile, c.k_tile, c.num_warps, c.num_stages])
 
     torch._dynamo.reset()
     compiled = torch.compile(tile_code, dynamic=True, fullgraph=True)
-    for n_q, n_k, expected in [(100, 100, (16, 32, 2, 1)), (120, 90, (16, 32, 2, 1)), (3000, 3000, (64, 16, 8, 3)),
-                               (100, 4000, (64, 16, 8, 3)), (110, 70, (16, 32, 2, 1))]:
-        x, y = torch.zeros(n_q), torch.zeros(n_k)
-        assert tuple(compiled(x, y).int().tolist()) == expected, (n_q, n_k)
-        assert tuple(tile_code(x, y).int().tolist()) == expected
+    for n_q, n_k, batch, expected in [(100, 100, 4, (16, 32, 2, 1)), (120, 90, 4, (16, 32, 2, 1)),
+                                      (3000, 3000, 4, (64, 16, 8, 3)), (100, 4000, 4, (64, 16, 8, 3)),
+                                      (110, 70, 4, (16, 32, 2, 1)), (110, 70, 3, (32, 32, 4, 2)),
+                                      (100, 4000, 1, (32, 32, 4, 2))]:
+        x, y, b = torch.zeros(n_q), torch.zeros(n_k), torch.zeros(batch)
+        assert tuple(compiled(x, y, b).int().tolist()) == expected, (n_q, n_k, batch)
+        assert tuple(tile_code(x, y, b).int().tolist()) == expected
     torch._dynamo.reset()
 
 

@@ -16,13 +16,22 @@ STREAM = 1234
 
 
 class StandInCompiled:
-    """What `kernel[grid](...)` returns: indexable by a grid, launched with all arguments and a stream."""
+    """What `kernel[grid](...)` returns: its launcher `run`, called as Triton's JIT calls it (grid, stream,
+    function, packed metadata, launch metadata, the two launch hooks, then every kernel argument)."""
+
+    function, packed_metadata = 77, ("packed",)
 
     def __init__(self):
         self.launches = []
+        self.metadata_asked = []
 
-    def __getitem__(self, grid):
-        return lambda *args, stream: self.launches.append((grid, args, stream))
+    def run(self, gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args):
+        assert (function, packed_metadata) == (self.function, self.packed_metadata)
+        self.launches.append(((gx, gy, gz), args, stream, launch_metadata, enter_hook, exit_hook))
+
+    def launch_metadata(self, grid, stream, *args):
+        self.metadata_asked.append((grid, stream, args))
+        return {"name": "stand-in"}
 
 
 class StandInKernel:
@@ -61,8 +70,39 @@ def test_second_call_of_a_signature_launches_the_compiled_kernel():
     assert len(kernel.jit_calls) == 1 and first is kernel.jit_calls[0][3]
     second = launcher((3,), (x, y), (16, 100), dict(FLAG=True, BLOCK=64, num_warps=4))
     assert second is first and len(kernel.jit_calls) == 1, "no second trip through the JIT"
-    # the grid padded to three dimensions; constexprs in parameter order, not in the order given
-    assert first.launches == [((3, 1, 1), (x, y, 16, 100, 64, True), STREAM)]
+    # the grid padded to three dimensions; constexprs in parameter order, not in the order given; no hook set
+    assert first.launches == [((3, 1, 1), (x, y, 16, 100, 64, True), STREAM, None, None, None)]
+    assert not first.metadata_asked
+
+
+def test_launch_hooks_get_their_metadata_as_through_the_jit():
+    """A profiler's launch hook (Triton's knobs) sees direct launches too, with their metadata."""
+    kernel, launcher = kernel_and_launcher()
+    launch(launcher)
+
+    def enter(metadata):
+        return None
+
+    hooks = triton_launch.knobs.runtime.launch_enter_hook
+    hooks.add(enter)
+    try:
+        compiled = launch(launcher)
+    finally:
+        hooks.remove(enter)
+    assert compiled.metadata_asked == [((3, 1, 1), STREAM, (compiled.launches[0][1]))]
+    assert compiled.launches[0][3:6] == ({"name": "stand-in"}, hooks, None)
+
+
+def test_a_callers_signature_replaces_the_derived_key():
+    """`flash_triton._launch` names its plan: one signature, one trip through the JIT, whatever the
+    arguments (the caller vouches that they specialize alike); another name goes through the JIT."""
+    kernel, launcher = kernel_and_launcher()
+    launcher((3,), (cuda_tensor(), cuda_tensor()), (16, 100), dict(FLAG=True, BLOCK=64), signature=7)
+    compiled = launcher((5,), (cuda_tensor(), cuda_tensor()), (32, 200), dict(FLAG=True, BLOCK=64), signature=7)
+    assert len(kernel.jit_calls) == 1 and compiled.launches[0][0] == (5, 1, 1)
+    assert compiled.launches[0][1][2:4] == (32, 200)
+    launcher((3,), (cuda_tensor(), cuda_tensor()), (16, 100), dict(FLAG=True, BLOCK=64), signature=8)
+    assert len(kernel.jit_calls) == 2
 
 
 @pytest.mark.parametrize("change", [

@@ -3,7 +3,11 @@
 A configuration is (Q_TILE, K_TILE, warps, pipeline stages) for one kernel: `forward`, `dkdv`
 (backward, one program per key tile) or `dq` (backward, one program per query tile). The best
 one depends on the GPU, the head dimension, the dtype, causality and (less) the sequence length,
-so configurations are looked up by `ProblemKey` in a table per device name:
+so configurations are looked up by `ProblemKey` in a table per device name. A key also says
+whether the launch is latency-bound, its grid at 64-row tiles having fewer programs than the GPU
+has SMs (`is_small_grid`: one head at N <= 8,192 on an H100): there one program's loop is the
+latency, and the tiles that fill the GPU best lose (at d = 128, one head, N = 1,024 to 8,192 on an
+H100, 128x128 tiles with 8 warps took 1.3-1.5x as long as 64x128 ones with 4).
 
 1. the user's cache (`$CS336_FLASH_CONFIGS`, default ~/.cache/cs336_systems/flash_configs.json),
    written by `cs336_systems.attention.flash_tuning.tune_flash_attention`;
@@ -11,7 +15,8 @@ so configurations are looked up by `ProblemKey` in a table per device name:
    same tuning on the GPUs this project was measured on;
 3. `default_config`, which runs everywhere (v0 of the tuning record).
 
-A key missing from a table falls back to the same problem at the nearest tuned sequence length.
+A key missing from a table falls back to the same problem at the nearest tuned sequence length,
+in the same grid class where the table has one.
 """
 
 from __future__ import annotations
@@ -66,23 +71,42 @@ class ProblemKey:
     dtype: str
     is_causal: bool
     seq_bucket: int
+    small_grid: bool = False  # `is_small_grid`
 
     @classmethod
-    def of(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int) -> ProblemKey:
-        return cls.at_bucket(kernel, head_dim_tile, dtype, is_causal, seq_bucket(max(n_q, n_k)))
+    def of(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int,
+           small_grid: bool = False) -> ProblemKey:
+        return cls.at_bucket(kernel, head_dim_tile, dtype, is_causal, seq_bucket(max(n_q, n_k)), small_grid)
 
     @classmethod
-    def at_bucket(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int) -> ProblemKey:
+    def at_bucket(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int,
+                  small_grid: bool = False) -> ProblemKey:
         check_kernel(kernel)
-        return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), bucket)
+        return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), bucket, bool(small_grid))
 
     def to_str(self) -> str:
-        return f"{self.kernel}|d{self.head_dim_tile}|{self.dtype}|{'causal' if self.is_causal else 'full'}|n{self.seq_bucket}"
+        text = f"{self.kernel}|d{self.head_dim_tile}|{self.dtype}|{'causal' if self.is_causal else 'full'}|n{self.seq_bucket}"
+        return text + "|small-grid" if self.small_grid else text
 
     @classmethod
     def from_str(cls, text: str) -> ProblemKey:
-        kernel, d, dtype, causal, n = text.split("|")
-        return cls(kernel, int(d[1:]), dtype, causal == "causal", int(n[1:]))
+        kernel, d, dtype, causal, n, *grid = text.split("|")
+        if grid not in ([], ["small-grid"]):
+            raise ValueError(f"configuration key {text!r}: unknown grid class {'|'.join(grid)!r}")
+        return cls(kernel, int(d[1:]), dtype, causal == "causal", int(n[1:]), bool(grid))
+
+
+# The query (dK/dV: key) tile size at which `is_small_grid` counts a kernel's programs.
+SMALL_GRID_TILE = 64
+
+
+def is_small_grid(kernel: str, batch: int, n_q: int, n_k: int, sm_count: int) -> bool:
+    """Whether `kernel`'s grid at 64-row tiles, batch·ceil(N / 64) programs (N of the queries; of the
+    keys for dK/dV), is smaller than the GPU's `sm_count` SMs: a launch whose latency is one program's
+    loop, where the configuration that fills the GPU best is not the fastest (module docstring).
+    Comparisons only, so that under torch.compile they become guards, as in `seq_bucket`."""
+    rows = n_k if kernel == "dkdv" else n_q
+    return batch * ((rows + SMALL_GRID_TILE - 1) // SMALL_GRID_TILE) < sm_count
 
 
 def seq_bucket(n: int) -> int:
@@ -167,6 +191,7 @@ class ConfigTable:
                 == (key.kernel, key.head_dim_tile, key.dtype, key.is_causal)]
         if not same:
             return None
+        same = [k for k in same if k.small_grid == key.small_grid] or same
         nearest = min(same, key=lambda k: (abs(math.log2(k.seq_bucket) - math.log2(key.seq_bucket)), -k.seq_bucket))
         return table[nearest]
 
@@ -202,13 +227,26 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+_SM_COUNTS: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's streaming multiprocessors (read once per device); 0 off CUDA, where no grid is small."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
+
+
 @torch.compiler.assume_constant_result
-def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, bucket: int,
+def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, bucket: int, small_grid: bool,
             element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
     # Evaluated once when torch.compile traces the caller: its result is a constant of the graph,
     # so every argument must be a constant too (the sequence lengths enter only as their bucket).
     device = torch.device(device_type, device_index) if device_type == "cuda" else torch.device(device_type)
-    key = ProblemKey.at_bucket(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, bucket)
+    key = ProblemKey.at_bucket(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, bucket, small_grid)
     found = config_table().lookup(device_name(device), key)
     config = found or default_config(kernel, head_dim_tile, element_size)
     return (config.q_tile, config.k_tile, config.num_warps, config.num_stages)
@@ -221,16 +259,20 @@ _ANSWERS: dict[tuple, KernelConfig] = {}
 
 
 def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int,
-               device: torch.device) -> KernelConfig:
-    """The tuned configuration of `kernel` for this problem on `device`, else the default."""
+               device: torch.device, batch: int | None = None) -> KernelConfig:
+    """The tuned configuration of `kernel` for this problem on `device`, else the default. `batch`
+    (batch·heads) decides whether the grid is small (`is_small_grid`); None: not small."""
     compiling = torch.compiler.is_compiling()  # under torch.compile: traced once, a constant of the graph
-    key = (kernel, head_dim_tile, dtype, is_causal, n_q, n_k, device)
+    key = (kernel, head_dim_tile, dtype, is_causal, n_q, n_k, device, batch)
     if not compiling and (config := _ANSWERS.get(key)) is not None:
         return config
     index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
     bucket = seq_bucket(max(n_q, n_k))
+    small = False
+    if batch is not None and is_small_grid(kernel, batch, n_q, n_k, sm_count(device)):  # a branch: a guard, not a SymBool
+        small = True
     config = KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
-                                   bucket, dtype.itemsize, device.type, index))
+                                   bucket, small, dtype.itemsize, device.type, index))
     if not compiling:
         _ANSWERS[key] = config
     return config

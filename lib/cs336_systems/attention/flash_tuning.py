@@ -28,6 +28,8 @@ from cs336_systems.attention.flash_configs import (
     candidate_configs,
     config_table,
     device_name,
+    is_small_grid,
+    sm_count,
     user_cache_path,
 )
 from cs336_systems.attention.flash_triton import head_dim_tile, launch_dkdv, launch_dq, launch_forward
@@ -82,7 +84,8 @@ def tune_flash_attention(
     """One row per (kernel, candidate): median latency, compile seconds, status; the best per kernel stored.
 
     `batch` is batch·heads. The chosen configurations go to `cache_path` (default: the user cache)
-    under this device's name, keyed by `ProblemKey` (sequence length rounded up to a power of two).
+    under this device's name, keyed by `ProblemKey` (sequence length rounded up to a power of two;
+    a small grid, `is_small_grid` at this batch, apart from full ones).
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -125,7 +128,8 @@ def tune_flash_attention(
     df["best"] = df.index.isin(best_index.values)
     name = device_name(device)
     for _, row in df[df.best].iterrows():
-        key = ProblemKey.of(row.kernel, head_dim_tile(head_dim), dtype, is_causal, n_q, n_k)
+        small = is_small_grid(row.kernel, batch, n_q, n_k, sm_count(device))
+        key = ProblemKey.of(row.kernel, head_dim_tile(head_dim), dtype, is_causal, n_q, n_k, small)
         config = KernelConfig(int(row.q_tile), int(row.k_tile), int(row.num_warps), int(row.num_stages))
         config_table().store(name, key, config, cache_path)
     df.attrs.update(device=name, n_q=n_q, n_k=n_k, head_dim=head_dim, dtype=str(dtype), is_causal=is_causal, batch=batch)
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--batch", type=int, default=16, help="batch x heads")
     parser.add_argument("--no-causal", action="store_true")
+    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     parser.add_argument("--cache", type=Path, default=None, help="configuration file to write (default: user cache)")
     parser.add_argument("--csv", type=Path, default=None, help="append every candidate's row here")
     args = parser.parse_args(argv)
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             for dtype in args.dtypes:
                 start = time.perf_counter()
                 df = tune_flash_attention(n, n, d, getattr(torch, dtype), not args.no_causal, args.batch,
-                                          cache_path=args.cache)
+                                          kernels=args.kernels, cache_path=args.cache)
                 print(f"N={n} d={d} {dtype}: {time.perf_counter() - start:.1f} s")
                 print(tuning_summary(df).to_string(index=False))
                 if args.csv:

@@ -8,12 +8,15 @@ the host is the latency: at N = 1,024, d = 64, one head, our whole forward took 
 host time per call and SDPA-flash's 23-30 µs, for GPU kernels of 12 and 10 µs.
 
 `CachedLauncher(kernel)` does Triton's lookup once per *launch signature* and afterwards calls
-the compiled kernel directly, through `CompiledKernel[grid](*args, stream=...)`, the launch that
-Triton's JIT ends in (launch hooks included). The signature holds everything a compilation is
+the compiled kernel's launcher directly, with the arguments Triton's JIT ends in (grid, stream,
+the loaded function, its packed metadata, the launch hooks, the kernel's arguments): no closure
+per call as `CompiledKernel[grid]` builds. The signature holds everything a compilation is
 specialized on: the current device, the constexpr arguments and launch options (warps, stages),
 the value of every integer argument — a superset of Triton's rules (equal to 1, divisible by 16,
 32 or 64 bits), so none of them is restated here — and every tensor argument's dtype and
-whether its address is 16-byte aligned. Calls with one signature get one compiled kernel from
+whether its address is 16-byte aligned. A caller that has already derived the launch from such
+a superset (`flash_triton._launch`, one plan per geometry) passes its own small signature
+instead, and no second key is built. Calls with one signature get one compiled kernel from
 Triton's JIT too, so the direct launch runs exactly the kernel `kernel[grid]` would.
 
 Triton's JIT path remains for a signature's first call (it compiles, or finds the compilation in
@@ -24,9 +27,11 @@ reads them per compilation: TRITON_DEBUG and the other options Triton takes from
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 import torch
+from triton import knobs
 
 # Distinct shapes each add a signature; past this many the cache starts over (Triton keeps the
 # compilations, so a forgotten signature costs one JIT-path launch, not a compile).
@@ -34,18 +39,30 @@ MAX_SIGNATURES = 4096
 
 
 def _current_device_and_stream() -> tuple[int, int]:
-    from triton.runtime import driver
+    """The current CUDA device and its current stream, as Triton's driver reads them, minus its
+    Python layers (`torch.cuda.current_device` checks lazy initialization on every call)."""
+    device = torch._C._cuda_getDevice()
+    return device, torch._C._cuda_getCurrentRawStream(device)
 
-    device = driver.active.get_current_device()
-    return device, driver.active.get_current_stream(device)
+
+class _Bound(NamedTuple):
+    """A compiled kernel's launcher and what each launch passes it besides the grid and stream."""
+
+    compiled: object
+    run: Callable
+    function: int
+    packed_metadata: object
+    constexpr_values: tuple
 
 
 class CachedLauncher:
     """Launches `kernel` (a `@triton.jit` function whose constexpr parameters all come last).
 
-    `launcher(grid, tensors, scalars, meta)` launches `kernel[grid](*tensors, *scalars, **meta)`:
-    `tensors` the pointer arguments, `scalars` the integer and float arguments after them,
-    `meta` the constexpr arguments by name plus launch options (num_warps, num_stages).
+    `launcher(grid, tensors, scalars, meta, signature=None)` launches
+    `kernel[grid](*tensors, *scalars, **meta)`: `tensors` the pointer arguments, `scalars` the
+    integer and float arguments after them, `meta` the constexpr arguments by name plus launch
+    options (num_warps, num_stages). `signature`, where given, stands for everything the launch
+    is specialized on but the device (module docstring); else it is derived from the arguments.
     Returns the compiled kernel (under the interpreter, what its `kernel[grid]` returns).
     """
 
@@ -65,28 +82,44 @@ class CachedLauncher:
                                  f"got {[(p.name, 'constexpr' if p.is_constexpr else 'runtime') for p in params]}")
             self.runtime_params = first
             self.constexpr_names = tuple(p.name for p in params[first:])
-        self.signatures: dict[tuple, tuple] = {}
+        self.signatures: dict[tuple, _Bound] = {}
 
-    def __call__(self, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple, meta: dict):
+    def __call__(self, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple, meta: dict,
+                 signature: Hashable | None = None):
         if not (self.direct and tensors[0].device.type == "cuda" and not torch.compiler.is_compiling()):
             return self.kernel[grid](*tensors, *scalars, **meta)
-        if len(tensors) + len(scalars) != self.runtime_params:
-            raise ValueError(f"{self.name} takes {self.runtime_params} runtime arguments, "
-                             f"got {len(tensors)} tensors and {len(scalars)} scalars")
         device, stream = self.device_and_stream()
-        key = (device, *meta.items(), *scalars, *(t.dtype for t in tensors), *(t.data_ptr() % 16 == 0 for t in tensors))
-        entry = self.signatures.get(key)
-        if entry is None:
+        if signature is None:
+            if len(tensors) + len(scalars) != self.runtime_params:
+                raise ValueError(f"{self.name} takes {self.runtime_params} runtime arguments, "
+                                 f"got {len(tensors)} tensors and {len(scalars)} scalars")
+            key = (device, *meta.items(), *scalars, *(t.dtype for t in tensors),
+                   *(t.data_ptr() % 16 == 0 for t in tensors))
+        else:
+            key = (device, signature)
+        bound = self.signatures.get(key)
+        if bound is None:
             compiled = self.kernel[grid](*tensors, *scalars, **meta)
             if len(self.signatures) >= MAX_SIGNATURES:
                 self.signatures.clear()
-            self.signatures[key] = (compiled, tuple(meta[name] for name in self.constexpr_names))
+            self.signatures[key] = _Bound(compiled, compiled.run, compiled.function, compiled.packed_metadata,
+                                          tuple(meta[name] for name in self.constexpr_names))
             return compiled
-        compiled, constexpr_values = entry
-        compiled[_grid3(grid)](*tensors, *scalars, *constexpr_values, stream=stream)
-        return compiled
+        gx, gy, gz = _grid3(grid)
+        args = (*tensors, *scalars, *bound.constexpr_values)
+        # Launch hooks (profilers such as Proton) get what Triton's JIT gives them; with none set,
+        # neither the metadata nor the calls into empty hook chains.
+        enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
+        metadata = None if enter is None else bound.compiled.launch_metadata((gx, gy, gz), stream, *args)
+        bound.run(gx, gy, gz, stream, bound.function, bound.packed_metadata, metadata, enter, leave, *args)
+        return bound.compiled
+
+
+def _hook(hook):
+    """A launch hook as the launcher takes it: None where none is set (Triton 3.6 keeps hooks in a
+    `HookChain`, empty by default; the launcher skips a None hook)."""
+    return hook if hook is not None and getattr(hook, "calls", True) else None
 
 
 def _grid3(grid: tuple[int, ...]) -> tuple[int, int, int]:
     return (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-
