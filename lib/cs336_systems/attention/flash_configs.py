@@ -227,17 +227,21 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-_SM_COUNTS: dict[int, int] = {}
+_DEVICE_FACTS: dict[int, tuple[int, int]] = {}
+
+
+def device_facts(device: torch.device) -> tuple[int, int]:
+    """(compute capability major, SM count) of a CUDA device, read once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE_FACTS:
+        props = torch.cuda.get_device_properties(index)
+        _DEVICE_FACTS[index] = (props.major, props.multi_processor_count)
+    return _DEVICE_FACTS[index]
 
 
 def sm_count(device: torch.device) -> int:
-    """The device's streaming multiprocessors (read once per device); 0 off CUDA, where no grid is small."""
-    if device.type != "cuda":
-        return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
+    """The device's streaming multiprocessors; 0 off CUDA, where no grid is small."""
+    return device_facts(device)[1] if device.type == "cuda" else 0
 
 
 @torch.compiler.assume_constant_result

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from cs336_systems.attention.flash_configs import device_facts
+
 # Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an
 # H100 80GB at batch·heads 16, N = 16,384, causal, bf16 (2026-11-23, docs/flash_attention_tuning.md, v7).
 GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
@@ -39,17 +41,6 @@ CONSUMER_REGS, PRODUCER_REGS = 232, 40
 MIN_CTAS_PER_SM = 3
 MIN_SEQ_LEN = 16384
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
-
-_DEVICE_FACTS: dict[int, tuple[int, int]] = {}
-
-
-def _device_facts(device: torch.device) -> tuple[int, int]:
-    """(compute capability major, SM count) of a CUDA device, read once."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _DEVICE_FACTS:
-        props = torch.cuda.get_device_properties(index)
-        _DEVICE_FACTS[index] = (props.major, props.multi_processor_count)
-    return _DEVICE_FACTS[index]
 
 
 def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
@@ -69,7 +60,7 @@ def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, int
     if interpreted or q.device.type != "cuda" or FlashAttentionTriton.tiles is not None:
         return False
     (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-    if not gluon_forward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *_device_facts(q.device)):
+    if not gluon_forward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *device_facts(q.device)):
         return False
     for t in (q, k, v):
         rows, strides = as_rows(t)
