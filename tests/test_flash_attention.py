@@ -292,6 +292,7 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
     the same shape with other strides, another fp32 matmul precision or a misaligned start gets
     its own plan, and every call stays correct."""
     from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_configs import is_small_grid, sm_count
 
     monkeypatch.setattr(ft, "_PLANS", {})
     gen = torch.Generator().manual_seed(0)
@@ -318,7 +319,8 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
     for offset in (0, 1):
         q, k, v = (t[offset:offset + 2 * 40 * 64].view(2, 40, 64) for t in leaves)
         out = FlashAttentionTriton.apply(q, k, v, False)
-        assert list(ft._PLANS.values())[-1].meta["USE_TMA"] == (offset == 0 and reads_by_tma(leaves[0][:64]))
+        small = is_small_grid("forward", 2, 40, 40, sm_count(q.device))  # a small grid's forward reads by block pointers
+        assert list(ft._PLANS.values())[-1].meta["USE_TMA"] == (offset == 0 and reads_by_tma(leaves[0][:64]) and not small)
         assert rel_error(out, reference(q, k, v, False)[0]) < 1e-2
 
 
@@ -330,6 +332,53 @@ def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
     lse, delta = torch.zeros(2, 40, device=triton_device), torch.zeros(40, 2, device=triton_device).t()
     with pytest.raises(ValueError, match=r"per-row vectors with one set of strides.*\(40, 1\) and \(1, 2\)"):
         launch_dq(q, q, q, q, q, lse, delta, torch.empty_like(q), False, KernelConfig(16, 16, 4, 1))
+
+
+def _forward_with_chunk(q, k, v, is_causal, kv_chunk, config):
+    from cs336_systems.attention.flash_triton import launch_forward
+
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    launch_forward(q, k, v, out, lse, is_causal, config, kv_chunk)
+    return out, lse
+
+
+@pytest.mark.parametrize(
+    "shape_q, shape_kv, is_causal, chunk_tiles",
+    [((2, 70, 16), (2, 70, 16), True, 1), ((1, 64, 24), (1, 100, 24), True, 2), ((3, 50, 16), (3, 90, 16), False, 2),
+     ((1, 2, 40, 16), (1, 2, 40, 16), True, 3)],
+    ids=["causal-ragged-1", "causal-nq<nk-d24-2", "full-2", "causal-4d-3"],
+)
+def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_causal, chunk_tiles):
+    """Each query tile's keys split over programs (chunks of `chunk_tiles` 16-key tiles), partials merged
+    by the last program: O and L match float64, and the workspace's arrival counts are back at zero,
+    so a second launch reuses it uncleared and is right again."""
+    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_configs import KernelConfig
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(shape_q, generator=gen).to(triton_device)
+    k, v = (torch.randn(shape_kv, generator=gen).to(triton_device) for _ in range(2))
+    ref_out, ref_lse, _ = reference(q, k, v, is_causal)
+    config = KernelConfig(16, 16, 4, 1)
+    for _ in range(2):
+        out, lse = _forward_with_chunk(q, k, v, is_causal, 16 * chunk_tiles, config)
+        plan = list(ft._PLANS.values())[-1]
+        assert plan.meta["SPLIT_KV"] and plan.grid[2] == -(-shape_kv[-2] // (16 * chunk_tiles))
+        assert rel_error(out, ref_out) < 1e-5 and rel_error(lse, ref_lse) < 1e-5
+        partials, arrivals = ft._split_workspace(q.device, plan.workspace)
+        assert arrivals[:plan.workspace[1]].eq(0).all(), "an arrival count was left non-zero"
+    unsplit, _ = _forward_with_chunk(q, k, v, is_causal, 0, config)
+    assert not list(ft._PLANS.values())[-1].meta["SPLIT_KV"]
+    assert rel_error(out, unsplit.double()) < 1e-6
+
+
+def test_split_key_forward_rejects_a_chunk_off_the_key_tile(triton_device):
+    from cs336_systems.attention.flash_configs import KernelConfig
+
+    q = torch.randn(1, 40, 16, device=triton_device)
+    for chunk in (24, -16):
+        with pytest.raises(ValueError, match=rf"kv_chunk must be 0 \(no split\) or a positive multiple of K_TILE = 16, got {chunk}"):
+            _forward_with_chunk(q, q, q, True, chunk, KernelConfig(16, 16, 4, 1))
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -515,6 +564,57 @@ def test_triton_fp32_single_tf32_on_gpu(level):
                                 tol=1e-2)
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n, d, dtype", [(4096, 64, torch.bfloat16), (2000, 128, torch.bfloat16), (2048, 64, torch.float32)],
+                         ids=["bf16-d64", "bf16-d128-ragged", "fp32-d64"])
+def test_split_key_forward_on_gpu(n, d, dtype):
+    """One head leaves most SMs idle: the forward splits its keys where `kv_split_chunk` says so, and
+    the result (backward included, which reads the merged L) matches float64 and the unsplit kernel."""
+    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_configs import kv_split_chunk, sm_count
+
+    shape = (1, 1, n, d)
+    check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, True, "cuda")
+    plan = [p for key, p in ft._PLANS.items() if key[0] == "forward" and key[-5][0] == torch.Size(shape)][-1]
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(shape, generator=gen).to("cuda", dtype) for _ in range(3))
+    config = FlashAttentionTriton._config("forward", q, n, True)
+    chunk = kv_split_chunk(1, n, n, True, config.q_tile, config.k_tile, ft.head_dim_tile(d), sm_count(q.device))
+    assert chunk is not None, "one head on a GPU with this many SMs should split"
+    assert plan.meta["SPLIT_KV"] and plan.scalars[-1] == chunk and plan.grid[2] == -(-n // chunk)
+    assert not plan.meta["USE_TMA"], "a small grid's forward reads by block pointers"
+    split, split_lse = _forward_with_chunk(q, k, v, True, None, config)
+    unsplit, unsplit_lse = _forward_with_chunk(q, k, v, True, 0, config)
+    assert rel_error(split, unsplit.double()) < (1e-6 if dtype == torch.float32 else 5e-3)
+    assert (split_lse - unsplit_lse).abs().max().item() < 1e-4
+
+
+@gpu
+@needs_cuda
+def test_split_key_forward_in_a_cuda_graph_on_gpu():
+    """Captured into a CUDA graph, a split-key forward gets its own workspace, zeroed inside the graph:
+    every replay is right, and so is an eager launch on the stream's own workspace in between."""
+    shape = (1, 1, 4096, 64)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(shape, generator=gen).to("cuda", torch.bfloat16) for _ in range(3))
+    ref_out, _, _ = reference(q, k, v, True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        FlashAttentionTriton.apply(q, k, v, True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = FlashAttentionTriton.apply(q, k, v, True)
+    for _ in range(3):
+        captured.zero_()
+        graph.replay()
+        eager = FlashAttentionTriton.apply(q, k, v, True)
+        torch.cuda.synchronize()
+        assert rel_error(captured, ref_out) < TOL[torch.bfloat16] and rel_error(eager, ref_out) < TOL[torch.bfloat16]
 
 
 @gpu

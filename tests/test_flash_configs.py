@@ -117,6 +117,24 @@ def test_a_grid_is_small_below_one_64_row_program_per_sm():
     assert not is_small_grid("forward", 1, 128, 128, 0)  # no SMs counted: off CUDA
 
 
+def test_kv_split_chunk_spreads_the_work_over_the_sms():
+    from cs336_systems.attention.flash_configs import kv_split_chunk
+
+    # One head, causal, 64x128 tiles, 132 SMs: N = 4,096 has 64 query tiles holding 1 to 32 key tiles,
+    # 1,056 in all: 6 tiles per chunk at 4/3 programs per SM (d = 64), 12 at 2/3 (d = 128).
+    assert kv_split_chunk(1, 4096, 4096, True, 64, 128, 64, 132) == 6 * 128
+    assert kv_split_chunk(1, 4096, 4096, True, 64, 128, 128, 132) == 12 * 128
+    assert kv_split_chunk(1, 1024, 1024, True, 64, 128, 64, 132) == 2 * 128, "at least MIN_SPLIT_TILES"
+    # without the mask every query tile holds all 8 key tiles: 128 in all, the floor of 2 per chunk
+    assert kv_split_chunk(1, 1024, 1024, False, 64, 128, 64, 132) == 2 * 128
+    # N_q < N_k: the first query tile already sees N_k - N_q + 64 keys
+    assert kv_split_chunk(1, 1024, 4096, True, 64, 128, 64, 132) == 3 * 128  # 16 tiles of 25-32 key tiles: 456
+    assert kv_split_chunk(1, 8192, 8192, True, 64, 128, 128, 132) is None, "chunks of 48 would keep most of 64 tiles"
+    assert kv_split_chunk(8, 1024, 1024, True, 64, 128, 64, 132) is None, "chunks of 4 would keep half of 8 tiles"
+    assert kv_split_chunk(3, 4096, 4096, True, 64, 128, 64, 132) is None, "192 programs fill 132 SMs"
+    assert kv_split_chunk(1, 1024, 1024, True, 64, 128, 64, 0) is None, "no SMs counted: off CUDA"
+
+
 def test_config_for_takes_the_small_grid_entry_by_batch(user_cache, monkeypatch):
     cpu = torch.device("cpu")
     table = flash_configs.config_table()

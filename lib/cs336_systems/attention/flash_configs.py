@@ -109,6 +109,44 @@ def is_small_grid(kernel: str, batch: int, n_q: int, n_k: int, sm_count: int) ->
     return batch * ((rows + SMALL_GRID_TILE - 1) // SMALL_GRID_TILE) < sm_count
 
 
+# Fewest key tiles per program when the forward splits keys (`kv_split_chunk`).
+MIN_SPLIT_TILES = 2
+
+
+def split_programs_per_sm(head_dim_tile: int) -> float:
+    """Programs per SM that a split-key forward aims for. On an H100 (2026-11-23, one head, bf16, causal,
+    N = 1,024 to 8,192, 64x128 tiles), chunk sizes on either side of W / (SMs · p) were slower, with
+    p = 4/3 where two programs fit in an SM's shared memory (D_TILE <= 64) and p = 2/3 where one does
+    (D_TILE = 128: 3 stages of 128x128 K and V tiles): at d = 128, N = 4,096 chunks of 8 tiles took
+    42.6 µs, of 12 tiles 29.4 µs."""
+    return 4 / 3 if head_dim_tile <= 64 else 2 / 3
+
+
+def kv_split_chunk(batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int, k_tile: int, head_dim_tile: int,
+                   sm_count: int) -> int | None:
+    """Keys per program where the forward kernel splits each query tile's keys over programs
+    (`flash_triton_forward`, SPLIT_KV), None where it does not split.
+
+    A grid of batch·ceil(N_q / q_tile) programs smaller than the GPU's `sm_count` SMs leaves SMs
+    idle while the longest program (under the causal mask the last query tile's, all N_k keys) is
+    the latency. Chunks of C key tiles make that latency C tiles plus one merge of the chunks'
+    partials, and the programs many: C is the work W (key tiles over all programs) spread over
+    `split_programs_per_sm` programs per SM, at least MIN_SPLIT_TILES. No split where the longest
+    program would keep half its tiles or more: there the merge and the extra programs' start cost
+    as much as the split saves (H100, 8 heads at N = 1,024, d = 64: 17.7 µs unsplit, 18.8-19.5 µs
+    in chunks of 4 to 6 of its 8 tiles)."""
+    n_q_tiles = -(-n_q // q_tile)
+    if batch * n_q_tiles >= sm_count:
+        return None
+    if is_causal:  # query tile i stops at key i·q_tile + q_tile + N_k - N_q (its last query's position, + 1)
+        tiles = [-(-min(n_k, (i + 1) * q_tile + n_k - n_q) // k_tile) for i in range(n_q_tiles)]
+    else:
+        tiles = [-(-n_k // k_tile)] * n_q_tiles
+    work = batch * sum(tiles)
+    chunk = max(MIN_SPLIT_TILES, math.ceil(work / (sm_count * split_programs_per_sm(head_dim_tile))))
+    return chunk * k_tile if max(tiles) > 2 * chunk else None
+
+
 def seq_bucket(n: int) -> int:
     """The power of two >= n (at least 16) whose tuned configurations serve sequence length n.
 

@@ -1,6 +1,6 @@
 """FlashAttention-2 as an autograd Function around the Triton kernels.
 
-Forward: `flash_fwd_kernel` on a grid (ceil(N_q / Q_TILE), batch·heads); saves L (shape
+Forward: `flash_fwd_kernel` on a grid (ceil(N_q / Q_TILE), batch·heads, key chunks); saves L (shape
 q.shape[:-1], fp32), Q, K, V, O and the causal flag. Backward: either the two Triton kernels
 (`backward_impl = "triton"`, the default: dQ and D = rowsum(O * dO) per query tile, then dK/dV
 per key tile, no atomics) or the compiled PyTorch equations 13-19 (`backward_impl = "pytorch"`).
@@ -9,7 +9,10 @@ Inputs (..., N, d) of any leading shape are read as (batch·heads, N, d) (`as_ro
 the leading dimensions merge into one stride, else from a contiguous copy); N_q and N_k may
 differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
 `torch.set_float32_matmul_precision` (see `input_precision`).
-16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`).
+16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`), except
+by forwards whose grid is small (`flash_configs.is_small_grid`): there building the descriptors is
+latency no other program hides. Where it pays, such forwards also split each query tile's keys over
+several programs (`flash_configs.kv_split_chunk`), whose partial results the kernel merges.
 On Hopper, 16-bit forwards at d = 64 and 128 with enough work to fill the GPU run the warp-specialized
 Gluon kernel instead (`flash_gluon`), and so do causal backwards at d = 64 (one fused kernel, dQ
 summed by TMA reduce-add).
@@ -28,7 +31,7 @@ import torch
 import triton
 from torch.autograd.function import once_differentiable
 
-from cs336_systems.attention.flash_configs import KernelConfig, config_for
+from cs336_systems.attention.flash_configs import KernelConfig, config_for, is_small_grid, kv_split_chunk, sm_count
 from cs336_systems.attention.flash_gluon import (
     flash_backward_gluon,
     gluon_backward_applies,
@@ -38,7 +41,7 @@ from cs336_systems.attention.flash_gluon import (
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch, flash_backward
 from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
-from cs336_systems.attention.triton_launch import CachedLauncher
+from cs336_systems.attention.triton_launch import CachedLauncher, current_device_and_stream
 from cs336_systems.attention.validation import check_triton_inputs
 
 BACKWARD_IMPLS = ("triton", "pytorch")
@@ -329,20 +332,44 @@ class _LaunchPlan(NamedTuple):
     to the launcher (`CachedLauncher`'s signature), unique among the plans made in this process."""
 
     serial: int
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     copies: tuple[bool, ...]  # per tensor: read from a contiguous (batch, N, d) copy
-    scalars: tuple[int, ...]  # the strides in the kernel's order, then N_QUERIES, N_KEYS
+    scalars: tuple[int, ...]  # the strides in the kernel's order, then N_QUERIES, N_KEYS (forward: KV_CHUNK)
     meta: dict  # constexprs and launch options
+    workspace: tuple[int, int] | None = None  # split-key forward: fp32 partials, int32 arrival counts
+
+
+def _split_plan(q: torch.Tensor, n_k: int, is_causal: bool, config: KernelConfig, kv_chunk: int | None):
+    """(keys per program, grid's split dimension, workspace sizes) of a forward launch; keys 0 where it
+    does not split. `kv_chunk`: None follows `kv_split_chunk`, 0 never splits, else keys per program."""
+    n_q, d = q.shape[-2:]
+    batch = q.numel() // (n_q * d)
+    if kv_chunk is None:
+        kv_chunk = 0 if torch.compiler.is_compiling() else (
+            kv_split_chunk(batch, n_q, n_k, is_causal, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device))
+            or 0)
+    elif kv_chunk < 0 or kv_chunk % config.k_tile:
+        raise ValueError(f"kv_chunk must be 0 (no split) or a positive multiple of K_TILE = {config.k_tile}, got {kv_chunk}")
+    if not kv_chunk:
+        return 0, 1, None
+    splits = -(-n_k // kv_chunk)
+    query_tiles = batch * -(-n_q // config.q_tile)
+    return kv_chunk, splits, (query_tiles * splits * config.q_tile * (head_dim_tile(d) + 2), query_tiles)
 
 
 def _launch_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig,
-                 serial: int = -1) -> _LaunchPlan:
+                 serial: int = -1, kv_chunk: int | None = None) -> _LaunchPlan:
     roles = _ROLES[kernel]
     if len(tensors) != len(roles):
         raise ValueError(f"the {kernel} kernel takes {len(roles)} tensors, got {len(tensors)}")
     q, k = tensors[0], tensors[1]
     (n_q, d), n_k = q.shape[-2:], k.shape[-2]
     copies, strides, use_tma = [], [], _tma_device(q)
+    if use_tma and kernel == "forward" and is_small_grid(kernel, q.numel() // (n_q * d), n_q, n_k, sm_count(q.device)):
+        # Each program builds its descriptors on the device before its first read, a latency that a small
+        # grid's one program per SM cannot hide: on an H100 (one head, bf16, N = 1,024 and 2,048) block
+        # pointers took 1.4-3 µs less per forward, split or not.
+        use_tma = False
     for t, role in zip(tensors, roles):
         copy = False
         if role == "read":
@@ -362,18 +389,20 @@ def _launch_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool
         copies.append(copy)
         strides.extend(t_strides)
     rows_of_grid, tile = (n_k, config.k_tile) if kernel == "dkdv" else (n_q, config.q_tile)
-    return _LaunchPlan(
-        serial=serial,
-        grid=(-(-rows_of_grid // tile), q.numel() // (n_q * d)),  # triton.cdiv is a JIT helper: slow from Python
-        copies=tuple(copies),
-        scalars=(*strides, n_q, n_k),
-        meta=dict(
-            # scale is a constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
-            scale=d**-0.5, D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=config.q_tile, K_TILE_SIZE=config.k_tile,
-            is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype), USE_TMA=use_tma,
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        ),
+    grid = (-(-rows_of_grid // tile), q.numel() // (n_q * d))  # triton.cdiv is a JIT helper: slow from Python
+    scalars = (*strides, n_q, n_k)
+    meta = dict(
+        # scale is a constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
+        scale=d**-0.5, D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=config.q_tile, K_TILE_SIZE=config.k_tile,
+        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype), USE_TMA=use_tma,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    workspace = None
+    if kernel == "forward":
+        chunk, splits, workspace = _split_plan(q, n_k, is_causal, config, kv_chunk)
+        grid, scalars, meta["SPLIT_KV"] = (*grid, splits), (*scalars, chunk), bool(chunk)
+        meta["MAX_SPLITS"] = max(2, 1 << (splits - 1).bit_length())
+    return _LaunchPlan(serial, grid, tuple(copies), scalars, meta, workspace)
 
 
 # At short sequences the host is the latency, and deriving a plan from shapes and strides took about
@@ -383,7 +412,33 @@ MAX_PLANS = 4096
 _PLAN_SERIALS = itertools.count()
 
 
-def _launch(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig):
+# Per (device, stream): the split-key forward's workspace (`flash_triton_forward`), fp32 partials and
+# int32 arrival counts that each launch leaves at zero, so launches on one stream, which run one after
+# another, reuse it uncleared (the interpreter's, on the CPU, runs synchronously). As with the descriptor
+# scratch, a launch being captured into a CUDA graph gets its own (zeroed inside the graph), and so does
+# one traced by torch.compile.
+_SPLIT_WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _split_workspace(device: torch.device, sizes: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def fresh():
+        return (torch.empty(sizes[0], dtype=torch.float32, device=device),
+                torch.zeros(sizes[1], dtype=torch.int32, device=device))
+
+    if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return fresh()
+    key = current_device_and_stream() if device.type == "cuda" else (-1, 0)
+    workspace = _SPLIT_WORKSPACES.get(key)
+    if workspace is None or workspace[0].numel() < sizes[0] or workspace[1].numel() < sizes[1]:
+        # the old one may still be in use by a queued launch: the stream-ordered allocator keeps it until then
+        if workspace is not None:
+            sizes = (max(sizes[0], workspace[0].numel()), max(sizes[1], workspace[1].numel()))
+        workspace = _SPLIT_WORKSPACES[key] = fresh()
+    return workspace
+
+
+def _launch(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig,
+            kv_chunk: int | None = None):
     """Launch `kernel` on `tensors` (laid out as `_ROLES[kernel]`); returns the compiled kernel.
 
     The plan's key holds everything it is derived from: the tensors' shapes, strides, dtypes and
@@ -392,18 +447,20 @@ def _launch(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, con
     compilation on, so the plan's serial number serves the launcher as the launch's signature."""
     compiling = torch.compiler.is_compiling()
     if compiling:  # shapes may be symbolic; traced once anyway
-        plan = _launch_plan(kernel, tensors, is_causal, config)
+        plan = _launch_plan(kernel, tensors, is_causal, config, kv_chunk=kv_chunk)
     else:
-        key = (kernel, config, bool(is_causal), tensors[0].device, torch.get_float32_matmul_precision(),
+        key = (kernel, config, bool(is_causal), tensors[0].device, torch.get_float32_matmul_precision(), kv_chunk,
                *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors])
         plan = _PLANS.get(key)
         if plan is None:
-            plan = _launch_plan(kernel, tensors, is_causal, config, next(_PLAN_SERIALS))
+            plan = _launch_plan(kernel, tensors, is_causal, config, next(_PLAN_SERIALS), kv_chunk)
             if len(_PLANS) >= MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
     if True in plan.copies:
         tensors = tuple(as_rows(t)[0] if copy else t for t, copy in zip(tensors, plan.copies))
+    if kernel == "forward":  # without a split, the output and L stand in for the workspace the kernel then never reads
+        tensors = (*tensors, *(_split_workspace(tensors[0].device, plan.workspace) if plan.workspace else tensors[3:5]))
     if plan.meta["USE_TMA"] and not INTERPRETED and not compiling:
         # Descriptors built on the device need scratch memory from Triton's allocator: a per-thread
         # setting, and the backward runs on autograd's thread (torch.compile's launcher sets its own).
@@ -412,10 +469,12 @@ def _launch(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, con
     return _LAUNCHERS[kernel](plan.grid, tensors, plan.scalars, plan.meta, signature)
 
 
-def launch_forward(q, k, v, out, lse, is_causal: bool, config: KernelConfig):
+def launch_forward(q, k, v, out, lse, is_causal: bool, config: KernelConfig, kv_chunk: int | None = None):
     """O and L of (..., N, d) inputs into `out` (q's shape) and `lse` (q.shape[:-1]): grid (query
-    tiles, batch), batch = the leading dimensions. Returns the compiled kernel."""
-    return _launch("forward", (q, k, v, out, lse), is_causal, config)
+    tiles, batch, key chunks), batch = the leading dimensions. `kv_chunk`: keys per program where
+    each query tile's keys are split over programs; None: `flash_configs.kv_split_chunk` decides
+    (never while torch.compile traces), 0: no split. Returns the compiled kernel."""
+    return _launch("forward", (q, k, v, out, lse), is_causal, config, kv_chunk)
 
 
 def launch_dkdv(q, k, v, do, lse, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig):

@@ -19,6 +19,18 @@ query of the tile are never visited. The head dimension D is padded on chip to D
 of two >= 16, as tl.dot needs): zero columns change no score and are never stored.
 Causal programs take the query tiles from the last (the longest loops) to the first, so the
 heaviest work starts first and the GPU's last wave is short.
+
+Split keys (SPLIT_KV, where the grid alone would leave SMs idle: `flash_configs.kv_split_chunk`):
+a third grid dimension cuts each query tile's keys into chunks of KV_CHUNK keys, one program per
+chunk, each folding its chunk into its own (O_s, l_s, m_s), O_s unnormalized. Each program
+leaves its partial in the workspace; the last to finish (an atomic count of arrivals per query
+tile says which) merges them all, as the loop merges key tiles:
+
+    m = max_s m_s;   l = sum_s exp2(m_s - m) l_s;   O = sum_s exp2(m_s - m) O_s / l
+
+and writes O and L; it also sets the count back to zero, so the next launch can reuse the
+workspace without clearing it. A chunk never holds only masked keys for a row (the causal mask
+adds a finite offset, not -inf, and ragged tiles keep at least one key), so every m_s is finite.
 """
 
 from __future__ import annotations
@@ -75,12 +87,14 @@ def _forward_key_tiles(
 def flash_fwd_kernel(
     Q_ptr, K_ptr, V_ptr,
     O_ptr, L_ptr,
+    Partial_ptr, Arrivals_ptr,  # SPLIT_KV only: fp32 partials, int32 arrival counts (zero between launches)
     stride_qb, stride_qq, stride_qd,
     stride_kb, stride_kk, stride_kd,
     stride_vb, stride_vk, stride_vd,
     stride_ob, stride_oq, stride_od,
     stride_lb, stride_lq,
     N_QUERIES, N_KEYS,
+    KV_CHUNK,  # SPLIT_KV only: keys per program, a multiple of K_TILE_SIZE
     scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
@@ -89,6 +103,8 @@ def flash_fwd_kernel(
     is_causal: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,  # SPLIT_KV only: the grid's chunks per query tile, rounded up to a power of two
 ):
     query_tile_index = tl.program_id(0)
     if is_causal:
@@ -127,14 +143,61 @@ def flash_fwd_kernel(
         k_full = tl.minimum(k_full, ((first_query_pos + 1) // K_TILE_SIZE) * K_TILE_SIZE)
         k_stop = tl.minimum(N_KEYS, first_query_pos + Q_TILE_SIZE)
 
+    k_lo = 0
+    k_hi = k_stop
+    if SPLIT_KV:
+        split = tl.program_id(2)
+        n_splits = tl.maximum(tl.cdiv(k_stop, KV_CHUNK), 1)
+        if split >= n_splits:  # this query tile has fewer chunks than the grid's longest
+            return
+        k_lo = split * KV_CHUNK
+        k_hi = tl.minimum(k_stop, k_lo + KV_CHUNK)
+
     o_i, l_i, m_i = _forward_key_tiles(
-        o_i, l_i, m_i, q, K_source, V_source, tile_batch, 0, k_full, query_pos, qk_scale, N_KEYS,
+        o_i, l_i, m_i, q, K_source, V_source, tile_batch, k_lo, tl.minimum(k_full, k_hi), query_pos, qk_scale, N_KEYS,
         K_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     o_i, l_i, m_i = _forward_key_tiles(
-        o_i, l_i, m_i, q, K_source, V_source, tile_batch, k_full, k_stop, query_pos, qk_scale, N_KEYS,
+        o_i, l_i, m_i, q, K_source, V_source, tile_batch, tl.maximum(k_full, k_lo), k_hi, query_pos, qk_scale, N_KEYS,
         K_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
+
+    if SPLIT_KV:
+        if n_splits > 1:
+            tile_slot = tile_batch * tl.num_programs(0) + query_tile_index
+            SLOT: tl.constexpr = Q_TILE_SIZE * (D_TILE + 2)  # O_s, then m_s, then l_s
+            slots = Partial_ptr + tile_slot.to(tl.int64) * tl.num_programs(2) * SLOT
+            rows = tl.arange(0, Q_TILE_SIZE)
+            o_offsets = rows[:, None] * D_TILE + tl.arange(0, D_TILE)[None, :]
+            mine = slots + split * SLOT
+            tl.store(mine + o_offsets, o_i)
+            tl.store(mine + Q_TILE_SIZE * D_TILE + rows, m_i)
+            tl.store(mine + Q_TILE_SIZE * (D_TILE + 1) + rows, l_i)
+            tl.debug_barrier()  # every thread's partial stored before the release below publishes it
+            arrivals = Arrivals_ptr + tile_slot
+            if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") < n_splits - 1:
+                return  # a later chunk's program merges this partial
+            # Merge every chunk's partial, this program's own included. The loads of a group of chunks are
+            # independent of one another, so they wait out one L2 round trip together (merging one partial
+            # after the other waited out one per chunk); a group of whole tiles is what the registers hold.
+            # .cg: read from L2, where the other programs' stores landed, not from this SM's L1.
+            m_i = tl.full((Q_TILE_SIZE,), float("-inf"), dtype=tl.float32)
+            for any_chunk in tl.static_range(MAX_SPLITS):
+                m_i = tl.maximum(m_i, tl.load(slots + any_chunk * SLOT + Q_TILE_SIZE * D_TILE + rows, mask=any_chunk < n_splits, other=float("-inf"), cache_modifier=".cg"))
+            l_i = tl.zeros((Q_TILE_SIZE,), dtype=tl.float32)
+            o_i = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
+            MERGE_GROUP: tl.constexpr = 4 if D_TILE <= 64 else 2
+            for first in range(0, n_splits, MERGE_GROUP):
+                for member in tl.static_range(MERGE_GROUP):
+                    theirs = slots + (first + member) * SLOT
+                    present = first + member < n_splits
+                    m_s = tl.load(theirs + Q_TILE_SIZE * D_TILE + rows, mask=present, other=float("-inf"), cache_modifier=".cg")
+                    l_s = tl.load(theirs + Q_TILE_SIZE * (D_TILE + 1) + rows, mask=present, other=0.0, cache_modifier=".cg")
+                    o_s = tl.load(theirs + o_offsets, mask=present, other=0.0, cache_modifier=".cg")
+                    weight = tl.math.exp2(m_s - m_i)  # zero for absent chunks
+                    l_i += weight * l_s
+                    o_i += o_s * weight[:, None]
+            tl.atomic_xchg(arrivals, 0, sem="relaxed", scope="gpu")
 
     o_i = o_i / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * LN2

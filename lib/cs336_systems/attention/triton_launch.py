@@ -40,7 +40,7 @@ from triton import knobs
 MAX_SIGNATURES = 4096
 
 
-def _current_device_and_stream() -> tuple[int, int]:
+def current_device_and_stream() -> tuple[int, int]:
     """The current CUDA device and its current stream, as Triton's driver reads them, minus its
     Python layers (`torch.cuda.current_device` checks lazy initialization on every call)."""
     device = torch._C._cuda_getDevice()
@@ -68,7 +68,7 @@ class CachedLauncher:
     Returns the compiled kernel (under the interpreter, what its `kernel[grid]` returns).
     """
 
-    def __init__(self, kernel, device_and_stream: Callable[[], tuple[int, int]] = _current_device_and_stream):
+    def __init__(self, kernel, device_and_stream: Callable[[], tuple[int, int]] = current_device_and_stream):
         self.kernel = kernel
         self.device_and_stream = device_and_stream
         self.name = getattr(getattr(kernel, "fn", kernel), "__name__", repr(kernel))
