@@ -115,10 +115,10 @@ MIN_SPLIT_TILES = 2
 
 def split_programs_per_sm(head_dim_tile: int) -> float:
     """Programs per SM that a split-key forward aims for. On an H100 (2026-11-23, one head, bf16, causal,
-    N = 1,024 to 8,192, 64x128 tiles), chunk sizes on either side of W / (SMs · p) were slower, with
+    N = 1,024 to 4,096, 64x128 tiles) the fastest chunks held about W / (SMs · p) key tiles, with
     p = 4/3 where two programs fit in an SM's shared memory (D_TILE <= 64) and p = 2/3 where one does
     (D_TILE = 128: 3 stages of 128x128 K and V tiles): at d = 128, N = 4,096 chunks of 8 tiles took
-    42.6 µs, of 12 tiles 29.4 µs."""
+    42.6 µs, of 12 tiles 29.4 µs (`docs/flash_small_grid_h100.csv` has the tuner's runs)."""
     return 4 / 3 if head_dim_tile <= 64 else 2 / 3
 
 

@@ -183,7 +183,9 @@ def flash_fwd_kernel(
             # .cg: read from L2, where the other programs' stores landed, not from this SM's L1.
             m_i = tl.full((Q_TILE_SIZE,), float("-inf"), dtype=tl.float32)
             for any_chunk in tl.static_range(MAX_SPLITS):
-                m_i = tl.maximum(m_i, tl.load(slots + any_chunk * SLOT + Q_TILE_SIZE * D_TILE + rows, mask=any_chunk < n_splits, other=float("-inf"), cache_modifier=".cg"))
+                m_s = tl.load(slots + any_chunk * SLOT + Q_TILE_SIZE * D_TILE + rows, mask=any_chunk < n_splits,
+                              other=float("-inf"), cache_modifier=".cg")
+                m_i = tl.maximum(m_i, m_s)
             l_i = tl.zeros((Q_TILE_SIZE,), dtype=tl.float32)
             o_i = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
             MERGE_GROUP: tl.constexpr = 4 if D_TILE <= 64 else 2
@@ -191,8 +193,10 @@ def flash_fwd_kernel(
                 for member in tl.static_range(MERGE_GROUP):
                     theirs = slots + (first + member) * SLOT
                     present = first + member < n_splits
-                    m_s = tl.load(theirs + Q_TILE_SIZE * D_TILE + rows, mask=present, other=float("-inf"), cache_modifier=".cg")
-                    l_s = tl.load(theirs + Q_TILE_SIZE * (D_TILE + 1) + rows, mask=present, other=0.0, cache_modifier=".cg")
+                    m_s = tl.load(theirs + Q_TILE_SIZE * D_TILE + rows, mask=present, other=float("-inf"),
+                                  cache_modifier=".cg")
+                    l_s = tl.load(theirs + Q_TILE_SIZE * (D_TILE + 1) + rows, mask=present, other=0.0,
+                                  cache_modifier=".cg")
                     o_s = tl.load(theirs + o_offsets, mask=present, other=0.0, cache_modifier=".cg")
                     weight = tl.math.exp2(m_s - m_i)  # zero for absent chunks
                     l_i += weight * l_s
