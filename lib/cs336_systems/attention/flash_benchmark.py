@@ -296,25 +296,30 @@ def relative_errors(
     return errors
 
 
+def _three_passes(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, measure: Callable[[Callable[[], object]], list[float]],
+) -> dict[str, list[float]]:
+    """The forward, the backward alone (on one recorded forward) and the forward+backward, each timed by
+    `measure`, with q, k, v's gradients None afterwards."""
+    times = {}
+    with impl.context():
+        times["forward"] = measure(lambda: impl.apply(q, k, v, is_causal))
+        out = impl.apply(q, k, v, is_causal)
+        times["backward"] = measure(lambda: out.backward(grad_out, retain_graph=True))
+        del out
+        times["forward_backward"] = measure(lambda: impl.apply(q, k, v, is_causal).backward(grad_out))
+    q.grad = k.grad = v.grad = None
+    return times
+
+
 def time_passes(
     impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
     is_causal: bool, settings: TimingSettings,
 ) -> dict[str, list[float]]:
     """Measured run times (ms) of the forward, the backward alone, and the forward+backward."""
-    device, grads = q.device, (q, k, v)
-    times = {}
-    with impl.context():
-        times["forward"] = measure_times_ms(lambda: impl.apply(q, k, v, is_causal), device, settings, grads)
-        out = impl.apply(q, k, v, is_causal)
-        times["backward"] = measure_times_ms(
-            lambda: out.backward(grad_out, retain_graph=True), device, settings, grads
-        )
-        del out
-        times["forward_backward"] = measure_times_ms(
-            lambda: impl.apply(q, k, v, is_causal).backward(grad_out), device, settings, grads
-        )
-    q.grad = k.grad = v.grad = None
-    return times
+    return _three_passes(impl, q, k, v, grad_out, is_causal,
+                         lambda fn: measure_times_ms(fn, q.device, settings, (q, k, v)))
 
 
 def device_passes(
@@ -322,17 +327,7 @@ def device_passes(
     is_causal: bool, settings: TimingSettings,
 ) -> dict[str, list[float]]:
     """`time_passes`'s three calls, each timed as a replayed CUDA graph (`measure_device_ms`)."""
-    grads = (q, k, v)
-    times = {}
-    with impl.context():
-        times["forward"] = measure_device_ms(lambda: impl.apply(q, k, v, is_causal), settings, grads)
-        out = impl.apply(q, k, v, is_causal)
-        times["backward"] = measure_device_ms(lambda: out.backward(grad_out, retain_graph=True), settings, grads)
-        del out
-        times["forward_backward"] = measure_device_ms(
-            lambda: impl.apply(q, k, v, is_causal).backward(grad_out), settings, grads
-        )
-    return times
+    return _three_passes(impl, q, k, v, grad_out, is_causal, lambda fn: measure_device_ms(fn, settings, (q, k, v)))
 
 
 def _device_columns(impl: Implementation, q, k, v, grad_out, is_causal: bool, settings: TimingSettings) -> dict:

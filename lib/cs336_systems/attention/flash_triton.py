@@ -31,7 +31,14 @@ import torch
 import triton
 from torch.autograd.function import once_differentiable
 
-from cs336_systems.attention.flash_configs import KernelConfig, config_for, is_small_grid, kv_split_chunk, sm_count
+from cs336_systems.attention.flash_configs import (
+    KernelConfig,
+    config_for,
+    device_facts,
+    is_small_grid,
+    kv_split_chunk,
+    sm_count,
+)
 from cs336_systems.attention.flash_gluon import (
     flash_backward_gluon,
     gluon_backward_applies,
@@ -255,16 +262,6 @@ def _output_strides(t: torch.Tensor, row_dims: int = 2) -> tuple[int, ...]:
     return (stride_b, *t.stride()[len(t.shape) - row_dims:])
 
 
-_TMA_BY_DEVICE: dict[int, bool] = {}
-
-
-def _has_tma(device: torch.device) -> bool:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _TMA_BY_DEVICE:
-        _TMA_BY_DEVICE[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return _TMA_BY_DEVICE[index]
-
-
 def tma_compatible(t: torch.Tensor, strides: tuple[int, ...] | None = None) -> bool:
     """Whether a tensor descriptor can read `t` with these strides (default: its own): unit last
     stride, 16-byte-aligned start and strides.
@@ -280,7 +277,7 @@ def tma_compatible(t: torch.Tensor, strides: tuple[int, ...] | None = None) -> b
 def _tma_device(t: torch.Tensor) -> bool:
     """16-bit elements on a GPU with the Tensor Memory Accelerator (compute capability >= 9), or the interpreter."""
     device = t.device
-    return t.element_size() == 2 and (INTERPRETED or (device.type == "cuda" and _has_tma(device)))
+    return t.element_size() == 2 and (INTERPRETED or (device.type == "cuda" and device_facts(device)[0] >= 9))
 
 
 def reads_by_tma(*tensors: torch.Tensor) -> bool:
