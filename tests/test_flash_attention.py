@@ -578,7 +578,7 @@ def test_split_key_forward_on_gpu(n, d, dtype):
 
     shape = (1, 1, n, d)
     check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, True, "cuda")
-    plan = [p for key, p in ft._PLANS.items() if key[0] == "forward" and key[-5][0] == torch.Size(shape)][-1]
+    plan = next(p for key, p in ft._PLANS.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(shape, generator=gen).to("cuda", dtype) for _ in range(3))
     config = FlashAttentionTriton._config("forward", q, n, True)
@@ -595,8 +595,11 @@ def test_split_key_forward_on_gpu(n, d, dtype):
 @gpu
 @needs_cuda
 def test_split_key_forward_in_a_cuda_graph_on_gpu():
-    """Captured into a CUDA graph, a split-key forward gets its own workspace, zeroed inside the graph:
-    every replay is right, and so is an eager launch on the stream's own workspace in between."""
+    """Captured into a CUDA graph, a split-key forward gets its own workspace, its arrival counts a slice
+    of the slab zeroed before the capture (no memset in the graph): every replay is right, and so is
+    an eager launch on the stream's own workspace in between."""
+    from cs336_systems.attention import flash_triton as ft
+
     shape = (1, 1, 4096, 64)
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(shape, generator=gen).to("cuda", torch.bfloat16) for _ in range(3))
@@ -607,8 +610,11 @@ def test_split_key_forward_in_a_cuda_graph_on_gpu():
         FlashAttentionTriton.apply(q, k, v, True)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    carved = ft._GRAPH_ARRIVALS[torch.cuda.current_device()][1]
     with torch.cuda.graph(graph):
         captured = FlashAttentionTriton.apply(q, k, v, True)
+    plan = next(p for key, p in ft._PLANS.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
+    assert plan.meta["SPLIT_KV"] and ft._GRAPH_ARRIVALS[torch.cuda.current_device()][1] == carved + plan.workspace[1]
     for _ in range(3):
         captured.zero_()
         graph.replay()

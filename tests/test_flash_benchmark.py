@@ -287,6 +287,30 @@ def test_device_time_replays_the_eager_kernels_on_gpu():
         torch.testing.assert_close(replayed, expected)
 
 
+@pytest.mark.gpu
+def test_device_passes_capture_a_backward_recorded_on_the_default_stream_on_gpu():
+    """From the default stream, as a notebook calls it: the backward of a forward recorded there is captured
+    too (a forward on the legacy stream cannot join a capture), and the caller's stream is current after."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    torch.cuda.set_stream(torch.cuda.default_stream())
+    q, k, v = (torch.randn(1, 1, 128, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    times = fb.device_passes(fb.implementation("triton"), q, k, v, torch.randn_like(q), True,
+                             fb.TimingSettings(warmup_ms=1, rep_ms=5))
+    assert set(times) == set(fb.PASSES) and all(min(t) > 0 for t in times.values())
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+
+
+@pytest.mark.gpu
+def test_a_failed_capture_leaves_the_callers_stream_current_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    before = torch.cuda.current_stream()
+    with pytest.raises(RuntimeError):
+        fb.measure_device_ms(lambda: torch.cuda.synchronize(), fb.TimingSettings(warmup_ms=1, rep_ms=5))
+    assert torch.cuda.current_stream() == before
+
+
 # --- leaderboard ------------------------------------------------------------------------------------
 
 

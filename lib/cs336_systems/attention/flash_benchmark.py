@@ -156,13 +156,14 @@ def measure_device_ms(
         for t in grad_to_none:
             t.grad = None
 
+    caller = torch.cuda.current_stream()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(caller)
     with torch.cuda.stream(side):
         for _ in range(2):
             reset_grads()
             fn()
-    torch.cuda.current_stream().wait_stream(side)
+    caller.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     reset_grads()
     torch.cuda.empty_cache()  # the warm-up's freed blocks, so that the graph's own pool finds the memory
@@ -179,6 +180,9 @@ def measure_device_ms(
         rep = max(settings.rep_ms, (settings.min_runs + 1) * start.elapsed_time(end))  # as measure_times_ms
         return triton.testing.do_bench(graph.replay, warmup=settings.warmup_ms, rep=rep, return_mode="all")
     finally:
+        # A capture that fails leaves torch.cuda.graph's stream current (its __exit__ stops at capture_end):
+        # every later call would run on the failed capture's stream.
+        torch.cuda.set_stream(caller)
         reset_grads()
         del graph
         torch.cuda.empty_cache()  # the graph's pool, released once nothing allocated in it is alive
@@ -326,8 +330,20 @@ def device_passes(
     impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
     is_causal: bool, settings: TimingSettings,
 ) -> dict[str, list[float]]:
-    """`time_passes`'s three calls, each timed as a replayed CUDA graph (`measure_device_ms`)."""
-    return _three_passes(impl, q, k, v, grad_out, is_causal, lambda fn: measure_device_ms(fn, settings, (q, k, v)))
+    """`time_passes`'s three calls, each timed as a replayed CUDA graph (`measure_device_ms`).
+
+    They run on a stream of their own, and so does the forward whose backward is captured: a backward runs
+    on its forward's stream, and one recorded on the legacy default stream cannot join a capture (CUDA
+    refuses to make the legacy stream wait on a capturing stream, cudaErrorStreamCaptureImplicit; on an
+    H100 that failed the first backward of notebook 10's sweep)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            return _three_passes(impl, q, k, v, grad_out, is_causal,
+                                 lambda fn: measure_device_ms(fn, settings, (q, k, v)))
+    finally:
+        torch.cuda.current_stream().wait_stream(side)
 
 
 def _device_columns(impl: Implementation, q, k, v, grad_out, is_causal: bool, settings: TimingSettings) -> dict:
