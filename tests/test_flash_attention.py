@@ -295,6 +295,7 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
     from cs336_systems.attention.flash_configs import is_small_grid, sm_count
 
     monkeypatch.setattr(ft, "_PLANS", {})
+    monkeypatch.setattr(ft, "_FORWARD_ROUTES", {})
     gen = torch.Generator().manual_seed(0)
     contiguous = [torch.randn(2, 3, 40, 16, generator=gen).to(triton_device) for _ in range(3)]
     # (batch, seq, heads, d) viewed heads-first: same shape, leading dimensions that do not merge
@@ -322,6 +323,38 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
         small = is_small_grid("forward", 2, 40, 40, sm_count(q.device))  # a small grid's forward reads by block pointers
         assert list(ft._PLANS.values())[-1].meta["USE_TMA"] == (offset == 0 and reads_by_tma(leaves[0][:64]) and not small)
         assert rel_error(out, reference(q, k, v, False)[0]) < 1e-2
+
+
+def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, monkeypatch):
+    """The forward checks its inputs and picks its kernel and launch plan once per geometry: a second call
+    of one geometry re-derives nothing, another geometry, causality or `tiles` override gets its own route,
+    a configuration table reload forgets them all, and bad inputs still get the checks' errors."""
+    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_configs import reload_config_table
+
+    ft._FORWARD_ROUTES.clear()  # the cache itself: a reload must clear it
+    checks = []
+    check = ft.check_triton_inputs
+    monkeypatch.setattr(ft, "check_triton_inputs", lambda *args: (checks.append(args[0].shape), check(*args))[1])
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 40, 16, generator=gen).to(triton_device) for _ in range(3))
+    for _ in range(2):
+        out = FlashAttentionTriton.apply(q, k, v, True)
+        assert rel_error(out, reference(q, k, v, True)[0]) < 1e-3
+    assert len(checks) == 1 and len(ft._FORWARD_ROUTES) == 1
+    FlashAttentionTriton.apply(q, k, v, False)
+    FlashAttentionTriton.apply(q[:, :24], k, v, True)
+    assert len(checks) == 3 and len(ft._FORWARD_ROUTES) == 3
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (32, 16))
+    out = FlashAttentionTriton.apply(q, k, v, True)
+    assert len(ft._FORWARD_ROUTES) == 4 and rel_error(out, reference(q, k, v, True)[0]) < 1e-3
+    assert {route.meta["Q_TILE_SIZE"] for route in ft._FORWARD_ROUTES.values()} == {16, 32}
+    reload_config_table()
+    assert not ft._FORWARD_ROUTES
+    with pytest.raises(ValueError, match="q, k and v must share the last"):
+        FlashAttentionTriton.apply(q, k, v[..., :8], True)
+    with pytest.raises(ValueError, match="k must be a torch.Tensor, got list"):
+        FlashAttentionTriton.apply(q, [[0.0]], v, True)
 
 
 def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):

@@ -322,5 +322,18 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
     return config
 
 
+# Caches of what is derived from the answers (`answer_cache`), cleared with them.
+_ANSWER_CACHES: list[dict] = [_ANSWERS]
+
+
+def answer_cache() -> dict:
+    """A new dict that is cleared whenever the configuration answers are (a table store or reload),
+    for callers that keep what they derive from `config_for`."""
+    cache: dict = {}
+    _ANSWER_CACHES.append(cache)
+    return cache
+
+
 def _forget_answers() -> None:
-    _ANSWERS.clear()
+    for cache in _ANSWER_CACHES:
+        cache.clear()
