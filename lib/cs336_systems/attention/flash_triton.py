@@ -161,9 +161,9 @@ class FlashAttentionTriton(torch.autograd.Function):
             raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
         is_causal = bool(is_causal)
         if torch.compiler.is_compiling():
-            # Traced here, not in flash_forward_triton: O and L allocated in a function this one calls made
-            # torch.compile's graph allocate and return them itself, and the leaderboard forward 5% slower
-            # (H100, 1.30-1.32 against 1.23-1.26 ms, same machine).
+            # Traced here rather than through flash_forward_triton: traced there, the forward's subgraph
+            # allocated and returned O and L itself, and the compiled leaderboard forward ran 5% slower
+            # (H100, one machine: 1.30-1.32 against 1.23-1.26 ms).
             check_triton_inputs(q, k, v, is_causal, INTERPRETED)
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -202,8 +202,9 @@ def flash_attention_triton(
 # the Triton kernel's launch plan. The key holds what each decision reads: the inputs' shapes, strides,
 # dtypes, devices and 16-byte alignment, causality, the fp32 matmul precision and the `tiles` override
 # (configurations enter through `config_for`, whose answer cache clears this one too). At short sequences
-# the host is the latency: on an H100 host the forward's host path (75-95 µs) was as long as the L2 flush
-# before each do_bench run (90 µs), so the forward's kernel waited for it in half of notebook 10's points.
+# the host is the latency: on an H100 host the forward's host path (70-95 µs) was as long as the L2 flush
+# before each do_bench run (90 µs of GPU time), and at about half of notebook 10's one-head points the GPU
+# then waited for the forward's launch.
 _FORWARD_ROUTES: dict[tuple, _LaunchPlan | None] = answer_cache()
 _UNSEEN = object()
 
