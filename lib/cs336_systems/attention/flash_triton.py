@@ -17,8 +17,9 @@ On Hopper, 16-bit forwards at d = 64 and 128 with enough work to fill the GPU ru
 Gluon kernel instead (`flash_gluon`), and so do causal backwards at d = 64 (one fused kernel, dQ
 summed by TMA reduce-add).
 At short N the host is the latency, so a launch does little work per call: its grid, strides and
-constexprs are derived once per geometry (`_launch`), and `triton_launch.CachedLauncher` skips
-Triton's per-call argument binding after a launch signature's first call.
+constexprs are derived once per geometry (`_plan`; the forward's input checks and kernel choice too,
+`flash_forward_triton`), and `triton_launch.CachedLauncher` skips Triton's per-call argument
+binding after a launch signature's first call.
 On CPU tensors the kernels run only under TRITON_INTERPRET=1, set before triton is imported.
 """
 

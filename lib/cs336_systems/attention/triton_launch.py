@@ -15,7 +15,7 @@ specialized on: the current device, the constexpr arguments and launch options (
 the value of every integer argument — a superset of Triton's rules (equal to 1, divisible by 16,
 32 or 64 bits), so none of them is restated here — and every tensor argument's dtype and
 whether its address is 16-byte aligned. A caller that has already derived the launch from such
-a superset (`flash_triton._launch`, one plan per geometry) passes its own small signature
+a superset (`flash_triton._plan`, one plan per geometry) passes its own small signature
 instead, and no second key is built. Calls with one signature get one compiled kernel from
 Triton's JIT too, so the direct launch runs exactly the kernel `kernel[grid]` would. On an H100
 host (2026-11-23, N = 1,024, d = 64, one head) our forward's launch took 16 µs this way, against
