@@ -747,11 +747,12 @@ def test_gluon_forward_on_gpu(monkeypatch, d, is_causal, dtype):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(2, 3, 1000, 64), (1, 4, 2048, 64), (1, 2, 960, 64)],
-                         ids=["ragged", "tiled", "last_rows_past_n"])  # 960: a warpgroup's 64 keys all past N
+@pytest.mark.parametrize("shape", [(2, 3, 1000, 64), (1, 4, 2048, 64), (1, 2, 960, 64), (1, 1, 1090, 64)],
+                         ids=["ragged", "tiled", "last_rows_past_n", "two_keys_in_last_half"])
 def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
-    """The fused Gluon backward (dQ by TMA reduce-add) against float64, eager and under torch.compile
-    (its custom op), the size limits lifted."""
+    """The fused Gluon backward (dQ by TMA reduce-add, summed over a CTA's two key halves) against float64,
+    eager and under torch.compile (its custom op), the size limits lifted. At N = 960 the last key block's
+    second warpgroup has all its keys past N (no paired tiles); at 1,090 it has 2."""
     import torch._dynamo
 
     from cs336_systems.attention import flash_gluon

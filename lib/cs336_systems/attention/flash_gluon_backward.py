@@ -9,20 +9,32 @@ base 2 with s = log2(e) scale, per tile, transposed so that P^T and dS^T have th
     S^T = K^(j) Q_i^T;   P^T = 2^(s S^T - log2(e) L_i);   dP^T = V^(j) dO_i^T;   dS^T = P^T * (dP^T - D_i)
     dV^(j) += P^T dO_i;   dK^(j) += dS^T Q_i;   dQ_i += scale * dS K^(j)   (dK scaled at the end)
 
-dQ_i gets a part from every key block, so the parts are summed in global memory: each tile's
-(Q_TILE, d) fp32 part goes from registers to shared memory and is added by TMA
-(`cp.reduce.async.bulk.tensor ... .add`, `_tma_reduce_add`), asynchronously and without per-thread
-atomics; the next tile's work runs while it completes.
+dQ_i gets a part from every key block, so the parts are summed in global memory: a (Q_TILE, d) fp32
+part goes from registers to shared memory and is added by TMA (`cp.reduce.async.bulk.tensor ... .add`,
+`_tma_reduce_add`), asynchronously and without per-thread atomics. Once both warpgroups work on a
+query tile, its part is summed over the CTA's 2 K_HALF keys before it leaves the CTA:
+
+    dQ part of tile i = dS_0 K^(j,0) + dS_1 K^(j,1)        (dS_h: warpgroup h's key rows)
+
+computed by one warpgroup, h = i mod 2 (the *owner*), from both dS^T in shared memory. That about
+halves the fp32 traffic the reduce-adds put through L2 (8.6 GB at the leaderboard shape with one part
+per warpgroup); the owners alternate, so both warpgroups do the same work over two tiles (one owner
+for every tile measured 25% slower). The owner computes tile i's part during tile i + 1, after issuing
+that tile's dK product, when the other warpgroup has stored its dS^T of tile i well before: computed
+in tile i, the owner waited for it every tile.
 
 The schedule per tile, per consumer warpgroup (`tl.dot` would wait for each product as it is issued):
 
-    issue S^T, dP^T (K and V are register operands, read from shared memory once);  wait S^T
-    P^T = 2^(...) -> shared memory;  issue dV += P^T dO_i;  wait dP^T
-    dS^T -> shared memory;  issue dK += dS^T Q_i and dQ part = dS K^(j);  wait all;  release the slot
-    the previous tile's reduce-add done: dQ part -> shared memory, reduce-add issued
+    issue S^T, dP^T (K and V register operands, read from shared memory once);  wait S^T
+    P^T = 2^(...);  issue dV += P^T dO_i (P^T a register operand);  wait dP^T
+    dS^T -> shared memory (for the owner's dQ);  issue dK += dS^T Q_i (dS^T a register operand)
+    owner of tile i - 1: wait for the other's dS^T of tile i - 1;  issue its dQ part (2 products)
+    wait all;  release the slot;  owner: reduce-add the dQ part (the previous reduce-add done first)
 
-P^T and dS^T go through shared memory rather than staying register operands: with dK, dV, S^T, dP^T
-and the K, V operands live, register operands for them made ptxas serialize the warpgroup matmuls.
+Paired tiles alternate between two dS^T buffers per warpgroup, with two mbarriers per parity: `ds_ready`
+(count 2: both dS^T of a tile stored) and `ds_free` (the owner's product has read them); a warpgroup
+waits on `ds_free` before overwriting a buffer the other warpgroup reads. Tiles before the second
+warpgroup's first (`t_both`) are the first warpgroup's alone, their part its own dS K^(j,0).
 
 A CTA holds 2 K_HALF key rows. A producer warp copies the K, V rows once and then Q_i, dO_i by TMA
 into a ring of STAGES shared-memory slots (an mbarrier per slot counts the bytes in); two consumer
@@ -34,10 +46,13 @@ longest loops first); each warpgroup skips the query tiles before its own first 
 tiles that cross its diagonal. Rows past N need no mask: TMA zero-fills them in Q and dO, and L
 and D load as 0 there, so those queries add P^T * 0 to dV and dS^T = P^T * (0 - 0) to dK and dQ;
 key rows past N are computed but dropped by the TMA stores, as are dQ rows past N by the reduce-add.
-dK and dV go out through the K and V slots.
+dK and dV go out through the K and V slots, once the other warpgroup's last dQ product has read K.
 
-Causal only: without the mask the kernel measured no faster than the Triton kernels (tuning record,
-v8). Scope (`flash_gluon.gluon_backward_applies`): that of the Gluon forward, causal, d = 64.
+P^T and dS^T as register operands gained only once the summed parts had cut the reduce-add
+traffic (they had not in v8). On an H100 (tuning record, v12) the two took the kernel from 3.55-3.84
+to 2.97-3.09 ms at the leaderboard shape. Causal only: without the mask an earlier version measured no
+faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the Gluon
+forward, causal, d = 64.
 """
 
 from __future__ import annotations
@@ -70,7 +85,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start
     """Both halves of K and V, then Q_i and dO_i of query tile t into slot t % STAGES once both
     consumers have released it."""
     q_smem, do_smem, k_smem, v_smem = buffers[0], buffers[1], buffers[2], buffers[3]
-    kv_ready, ready, empty = barriers
+    kv_ready, ready, empty = barriers[0], barriers[1], barriers[2]
     STAGES: gl.constexpr = q_smem.shape[0]
     Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
     K_HALF: gl.constexpr = k_desc.block_type.shape[1]
@@ -88,54 +103,117 @@ def _producer(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start
 
 
 @gluon.jit
-def _step(k_tile, k_op, v_op, q_tile, do_tile, p_buf, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
-          s_zero, dq_zero, MASKED: gl.constexpr):
-    """dK, dV after one query tile, and this tile's part of dQ_i: dS K^(j) (unscaled); the module
-    docstring's schedule."""
+def _step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
+          s_zero, wait_free, free_bar, free_phase, MASKED: gl.constexpr):
+    """One query tile up to dK's product: S^T, P^T, dP^T, dS^T (stored for the owner's dQ product once
+    `free_bar` says the buffer is free), dV's and dK's products issued; returns their tokens."""
     s_token = warpgroup_mma(k_op, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dp_token = warpgroup_mma(v_op, do_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_t = warpgroup_mma_wait(1, deps=[s_token])
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
     if MASKED:
         p_t = gl.where(key_pos[:, None] <= query_pos[None, :], p_t, 0.0)
-    p_buf.store(p_t.to(q_tile.dtype))
-    fence_async_shared()
-    dv_token = warpgroup_mma(p_buf, do_tile, dv, is_async=True)
+    # the accumulator's layout is the register operand's: converting P^T moves no data between threads
+    p_op = gl.convert_layout(p_t.to(q_tile.dtype),
+                             gl.DotOperandLayout(operand_index=0, parent=dv.type.layout, k_width=2))
+    dv_token = warpgroup_mma(p_op, do_tile, dv, is_async=True)
     dp_t = warpgroup_mma_wait(1, deps=[dp_token])
-    ds_buf.store((p_t * (dp_t - delta[None, :])).to(q_tile.dtype))
+    ds_t = (p_t * (dp_t - delta[None, :])).to(q_tile.dtype)
+    if wait_free:  # the other warpgroup owns this buffer's tiles: its product for the one before has run
+        mbarrier.wait(free_bar, free_phase)
+    ds_buf.store(ds_t)
     fence_async_shared()
-    dk_token = warpgroup_mma(ds_buf, q_tile, dk, is_async=True)
-    dq_token = warpgroup_mma(ds_buf.permute((1, 0)), k_tile, dq_zero, use_acc=False, is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq_token])
-    return dk, dv, dq
+    ds_op = gl.convert_layout(ds_t, gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2))
+    dk_token = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+    return dk_token, dv_token
 
 
 @gluon.jit
-def _query_tiles(dk, dv, loop, t_lo, t_hi, MASKED: gl.constexpr):
-    """dK, dV over query tiles [t_lo, t_hi) (masked only when MASKED), each tile's dQ part added to
-    dQ by TMA reduce-add."""
-    k_tile, k_op, v_op, q_smem, do_smem, p_buf, ds_buf, dq_buf, dq_desc, ready, empty, L_row, Delta_row, stride_lq, \
-        key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch = loop
+def _reduce_dq(dq, dq_buf, dq_desc, batch, q_start, scale):
+    """dQ[q_start:q_start + Q_TILE] += scale * dq, through dq_buf and a TMA reduce-add."""
+    tma.store_wait(0)  # the previous reduce-add has read dq_buf
+    dq_buf.reshape([dq.shape[0], dq.shape[1]]).store(dq * scale)
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [batch, q_start, 0], dq_buf)
+
+
+@gluon.jit
+def _paired_before(t, b, t_both):
+    """How many paired tiles (index >= t_both) of parity b come before tile t."""
+    return (t - b + 1) // 2 - (t_both - b + 1) // 2
+
+
+@gluon.jit
+def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr):
+    """dK, dV over query tiles [t_lo, t_hi). Tiles from t_both on are processed by both warpgroups; the
+    dQ part of such a tile, both halves' dS^T times K over all 2 K_HALF keys, is computed by the warpgroup
+    whose index is the tile's parity, during its next tile, and reduce-added; earlier tiles are this
+    warpgroup's alone."""
+    k_smem, k_op, v_op, q_smem, do_smem, ds_smem, dq_buf, dq_desc, ready, empty, ds_ready, ds_free, \
+        L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch, t_both = loop
     STAGES: gl.constexpr = q_smem.shape[0]
     Q_TILE: gl.constexpr = q_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
+    K_HALF: gl.constexpr = k_smem.shape[2]
+    k0 = k_smem.index(0).reshape([K_HALF, D])
+    k1 = k_smem.index(1).reshape([K_HALF, D])
     for t in range(t_lo, t_hi):
         slot = t % STAGES
+        b = t % 2
         q_start = q_lo + t * Q_TILE
         query_pos = q_start + gl.arange(0, Q_TILE, layout=gl.SliceLayout(0, s_zero.type.layout))
         in_range = query_pos < N_QUERIES
         lse2 = gl.load(L_row + query_pos * stride_lq, mask=in_range, other=0.0) * LOG2E
         delta = gl.load(Delta_row + query_pos * stride_lq, mask=in_range, other=0.0)
+        paired = t >= t_both
+        ds_buf = ds_smem.index(2 * H + b)
+        q_tile = q_smem.index(slot).reshape([Q_TILE, D])
+        do_tile = do_smem.index(slot).reshape([Q_TILE, D])
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        dk, dv, dq = _step(k_tile, k_op, v_op, q_smem.index(slot).reshape([Q_TILE, D]),
-                           do_smem.index(slot).reshape([Q_TILE, D]), p_buf, ds_buf, dk, dv, lse2, delta, key_pos,
-                           query_pos, qk_scale, s_zero, dq_zero, MASKED)
-        mbarrier.arrive(empty.index(slot))
-        tma.store_wait(0)  # the previous tile's reduce-add has read dq_buf
-        dq_buf.reshape([Q_TILE, D]).store(dq * scale)
-        fence_async_shared()
-        _tma_reduce_add(dq_desc, [batch, q_start, 0], dq_buf)
+        dk_token, dv_token = _step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos,
+                                   query_pos, qk_scale, s_zero, paired & (b != H), ds_free.index(b),
+                                   (_paired_before(t, b, t_both) - 1) & 1, MASKED)
+        if paired:
+            mbarrier.arrive(ds_ready.index(b))
+        if ((t - 1) >= t_both) & (b != H):  # the previous tile is paired and this warpgroup's: its dQ part
+            pb = 1 - b
+            mbarrier.wait(ds_ready.index(pb), _paired_before(t - 1, pb, t_both) & 1)
+            dq = warpgroup_mma(ds_smem.index(pb).permute((1, 0)), k0, dq_zero, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_smem.index(2 + pb).permute((1, 0)), k1, dq, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq])
+            mbarrier.arrive(ds_free.index(pb))
+            mbarrier.arrive(empty.index(slot))
+            _reduce_dq(dq, dq_buf, dq_desc, batch, q_start - Q_TILE, scale)
+        else:
+            dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
+            mbarrier.arrive(empty.index(slot))
+        if not paired:
+            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_smem.index(H).reshape([K_HALF, D]), dq_zero,
+                               use_acc=False, is_async=True)
+            dq = warpgroup_mma_wait(0, deps=[dq])
+            _reduce_dq(dq, dq_buf, dq_desc, batch, q_start, scale)
     return dk, dv
+
+
+@gluon.jit
+def _last_dq(loop, n_tiles, H: gl.constexpr):
+    """The last tile's dQ part, where it is paired and this warpgroup's (no next tile to issue it in)."""
+    k_smem, k_op, v_op, q_smem, do_smem, ds_smem, dq_buf, dq_desc, ready, empty, ds_ready, ds_free, \
+        L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch, t_both = loop
+    Q_TILE: gl.constexpr = q_smem.shape[2]
+    D: gl.constexpr = q_smem.shape[3]
+    K_HALF: gl.constexpr = k_smem.shape[2]
+    t = n_tiles - 1
+    b = t % 2
+    if (t >= t_both) & (b == H):
+        mbarrier.wait(ds_ready.index(b), _paired_before(t, b, t_both) & 1)
+        dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)), k_smem.index(0).reshape([K_HALF, D]), dq_zero,
+                           use_acc=False, is_async=True)
+        dq = warpgroup_mma(ds_smem.index(2 + b).permute((1, 0)), k_smem.index(1).reshape([K_HALF, D]), dq,
+                           is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq])
+        mbarrier.arrive(ds_free.index(b))
+        _reduce_dq(dq, dq_buf, dq_desc, batch, q_lo + t * Q_TILE, scale)
 
 
 @gluon.jit
@@ -143,8 +221,8 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     """Key rows [k_start + h K_HALF, + K_HALF): the loop over query tiles, then dK and dV."""
     L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, N_QUERIES, qk_scale, scale = work
     dk_desc, dv_desc, dq_desc = out_descs
-    q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem = buffers
-    kv_ready, ready, empty = barriers
+    q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem = buffers
+    kv_ready, ready, empty, ds_ready, ds_free = barriers
     NUM_WARPS: gl.constexpr = 4
     STAGES: gl.constexpr = q_smem.shape[0]
     Q_TILE: gl.constexpr = q_smem.shape[2]
@@ -162,6 +240,7 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     # last key block these rows can lie wholly past N, beyond the last query tile.
     t_first = gl.minimum((my_k - q_lo) // Q_TILE, n_tiles)
     t_full = gl.minimum(gl.cdiv(my_k + K_HALF - 1 - q_lo, Q_TILE), n_tiles)
+    t_both = gl.minimum((k_start + K_HALF - q_lo) // Q_TILE, n_tiles)  # the second half's t_first
     k_tile = k_smem.index(h).reshape([K_HALF, D])
     v_tile = v_smem.index(h).reshape([K_HALF, D])
     L_row = L_ptr + batch.to(gl.int64) * stride_lb
@@ -171,19 +250,25 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     s_zero = gl.zeros([K_HALF, Q_TILE], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([Q_TILE, D], gl.float32, layout=dkv_layout)
 
-    mbarrier.wait(kv_ready.index(h), 0)
+    mbarrier.wait(kv_ready.index(0), 0)
+    mbarrier.wait(kv_ready.index(1), 0)
     # K and V as register operands of S^T and dP^T: those products then read only Q and dO from shared memory
     k_op = k_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     v_op = v_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-    loop = (k_tile, k_op, v_op, q_smem, do_smem, p_smem.index(h), ds_smem.index(h), dq_smem.index(h), dq_desc, ready,
-            empty, L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch)
+    loop = (k_smem, k_op, v_op, q_smem, do_smem, ds_smem, dq_smem.index(h),
+            dq_desc, ready, empty, ds_ready, ds_free, L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES,
+            qk_scale, scale, s_zero, dq_zero, batch, t_both)
     for t in range(t_first):
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         mbarrier.arrive(empty.index(slot))
-    dk, dv = _query_tiles(dk, dv, loop, t_first, t_full, True)
-    dk, dv = _query_tiles(dk, dv, loop, t_full, n_tiles, False)
+    dk, dv = _query_tiles(dk, dv, loop, t_first, t_full, h, True)
+    dk, dv = _query_tiles(dk, dv, loop, t_full, n_tiles, h, False)
+    _last_dq(loop, n_tiles, h)
 
+    # the other warpgroup's last dQ product has read this half of K
+    other: gl.constexpr = 1 - h
+    mbarrier.wait(ds_free.index(other), (_paired_before(n_tiles, other, t_both) - 1) & 1)
     k_tile.store((dk * scale).to(dtype))
     v_tile.store(dv.to(dtype))
     fence_async_shared()
@@ -227,21 +312,24 @@ def flash_bwd_gluon_kernel(
     k_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], v_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K_HALF, Q_TILE], dtype)
-    p_smem = gl.allocate_shared_memory(dtype, [2, K_HALF, Q_TILE], ds_layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, K_HALF, Q_TILE], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [4, K_HALF, Q_TILE], ds_layout)  # [half * 2 + tile parity]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, Q_TILE, D], dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     fence_async_shared()
 
-    buffers = (q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem)
-    barriers = (kv_ready, ready, empty)
+    buffers = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem)
+    barriers = (kv_ready, ready, empty, ds_ready, ds_free)
     work = (L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, N_QUERIES, scale * LOG2E, scale)
     consumer_args = ((dk_desc, dv_desc, dq_desc), buffers, barriers, work)
     producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, n_tiles)
