@@ -49,8 +49,8 @@ key rows past N are computed but dropped by the TMA stores, as are dQ rows past 
 dK and dV go out through the K and V slots, once the other warpgroup's last dQ product has read K.
 
 P^T and dS^T as register operands gained only once the summed parts had cut the reduce-add
-traffic (they had not in v8). On an H100 (tuning record, v12) the two took the kernel from 3.55-3.84
-to 2.97-3.09 ms at the leaderboard shape. Causal only: without the mask an earlier version measured no
+traffic (they had not in v8). On H100s (tuning record, v12) the two took the kernel from 3.55-3.84
+to 2.91-3.40 ms (median 3.07) at the leaderboard shape. Causal only: without the mask an earlier version measured no
 faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the Gluon
 forward, causal, d = 64.
 """
