@@ -48,11 +48,12 @@ and D load as 0 there, so those queries add P^T * 0 to dV and dS^T = P^T * (0 - 
 key rows past N are computed but dropped by the TMA stores, as are dQ rows past N by the reduce-add.
 dK and dV go out through the K and V slots, once the other warpgroup's last dQ product has read K.
 
-P^T and dS^T as register operands gained only once the summed parts had cut the reduce-add
-traffic (they had not in v8). On H100s (tuning record, v12) the two took the kernel from 3.55-3.84
-to 2.91-3.40 ms (median 3.07) at the leaderboard shape. Causal only: without the mask an earlier version measured no
-faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the Gluon
-forward, causal, d = 64.
+P^T and dS^T as register operands gained only once the summed parts had cut the reduce-add traffic
+(they had not in v8). On H100s (tuning record, v12) the two took the kernel from 3.55-3.84 to 2.91-3.40
+ms (median 3.07) at the leaderboard shape. Causal only: without the mask an earlier version measured
+no faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the
+Gluon forward, causal, d = 64. The handshake between the warpgroups is replayed on the CPU by
+tests/test_flash_gluon_handshake.py.
 """
 
 from __future__ import annotations
