@@ -2,7 +2,7 @@
 
 The kernel (`flash_gluon_backward`) runs only on Hopper, and a wrong mbarrier phase there is a hang or a
 silently wrong dQ. Here each warpgroup's sequence of waits, arrivals, dS^T stores and dQ products is replayed
-as the kernel's `_query_tiles`, `_last_dq` and `_consumer` issue them, with the kernel's own phase arithmetic
+as the kernel's `_query_tiles` and `_consumer` issue them, with the kernel's own phase arithmetic
 (`_paired_before`), against a model of an mbarrier (a wait on parity p passes once the phase of parity p has
 completed), under random interleavings of the two warpgroups. It checks that no interleaving deadlocks,
 that every wait passes only once the completion it stands for has happened (not one two phases earlier, which
@@ -65,7 +65,7 @@ def warpgroup(h: int, n_tiles: int, t_first: int, t_both: int):
         if not paired:
             yield "dq_solo", h, b, t
     t = n_tiles - 1
-    if t >= t_both and t % 2 == h:  # _last_dq
+    if t >= t_both and t % 2 == h:  # the last tile's part, issued in `_consumer`
         c = paired_before(t, t % 2, t_both)
         yield "wait", ("ds_ready", t % 2), c & 1, c + 1
         yield "dq_pair", t % 2, t

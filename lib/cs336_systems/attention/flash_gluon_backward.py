@@ -145,6 +145,19 @@ def _paired_before(t, b, t_both):
 
 
 @gluon.jit
+def _paired_dq(ds_smem, k_smem, ds_ready, b, phase, dq_zero):
+    """Issues the dQ part of a paired tile of parity b, dS_0 K^(j,0) + dS_1 K^(j,1), once both dS^T are
+    stored (`ds_ready` at `phase`); returns its token."""
+    K_HALF: gl.constexpr = k_smem.shape[2]
+    D: gl.constexpr = k_smem.shape[3]
+    mbarrier.wait(ds_ready.index(b), phase)
+    dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)), k_smem.index(0).reshape([K_HALF, D]), dq_zero,
+                       use_acc=False, is_async=True)
+    return warpgroup_mma(ds_smem.index(2 + b).permute((1, 0)), k_smem.index(1).reshape([K_HALF, D]), dq,
+                         is_async=True)
+
+
+@gluon.jit
 def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr):
     """dK, dV over query tiles [t_lo, t_hi). Tiles from t_both on are processed by both warpgroups; the
     dQ part of such a tile, both halves' dS^T times K over all 2 K_HALF keys, is computed by the warpgroup
@@ -156,8 +169,6 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
     Q_TILE: gl.constexpr = q_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
     K_HALF: gl.constexpr = k_smem.shape[2]
-    k0 = k_smem.index(0).reshape([K_HALF, D])
-    k1 = k_smem.index(1).reshape([K_HALF, D])
     for t in range(t_lo, t_hi):
         slot = t % STAGES
         b = t % 2
@@ -178,9 +189,7 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
             mbarrier.arrive(ds_ready.index(b))
         if ((t - 1) >= t_both) & (b != H):  # the previous tile is paired and this warpgroup's: its dQ part
             pb = 1 - b
-            mbarrier.wait(ds_ready.index(pb), _paired_before(t - 1, pb, t_both) & 1)
-            dq = warpgroup_mma(ds_smem.index(pb).permute((1, 0)), k0, dq_zero, use_acc=False, is_async=True)
-            dq = warpgroup_mma(ds_smem.index(2 + pb).permute((1, 0)), k1, dq, is_async=True)
+            dq = _paired_dq(ds_smem, k_smem, ds_ready, pb, _paired_before(t - 1, pb, t_both) & 1, dq_zero)
             dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq])
             mbarrier.arrive(ds_free.index(pb))
             mbarrier.arrive(empty.index(slot))
@@ -194,27 +203,6 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
             dq = warpgroup_mma_wait(0, deps=[dq])
             _reduce_dq(dq, dq_buf, dq_desc, batch, q_start, scale)
     return dk, dv
-
-
-@gluon.jit
-def _last_dq(loop, n_tiles, H: gl.constexpr):
-    """The last tile's dQ part, where it is paired and this warpgroup's (no next tile to issue it in)."""
-    k_smem, k_op, v_op, q_smem, do_smem, ds_smem, dq_buf, dq_desc, ready, empty, ds_ready, ds_free, \
-        L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch, t_both = loop
-    Q_TILE: gl.constexpr = q_smem.shape[2]
-    D: gl.constexpr = q_smem.shape[3]
-    K_HALF: gl.constexpr = k_smem.shape[2]
-    t = n_tiles - 1
-    b = t % 2
-    if (t >= t_both) & (b == H):
-        mbarrier.wait(ds_ready.index(b), _paired_before(t, b, t_both) & 1)
-        dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)), k_smem.index(0).reshape([K_HALF, D]), dq_zero,
-                           use_acc=False, is_async=True)
-        dq = warpgroup_mma(ds_smem.index(2 + b).permute((1, 0)), k_smem.index(1).reshape([K_HALF, D]), dq,
-                           is_async=True)
-        dq = warpgroup_mma_wait(0, deps=[dq])
-        mbarrier.arrive(ds_free.index(b))
-        _reduce_dq(dq, dq_buf, dq_desc, batch, q_lo + t * Q_TILE, scale)
 
 
 @gluon.jit
@@ -265,7 +253,13 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
         mbarrier.arrive(empty.index(slot))
     dk, dv = _query_tiles(dk, dv, loop, t_first, t_full, h, True)
     dk, dv = _query_tiles(dk, dv, loop, t_full, n_tiles, h, False)
-    _last_dq(loop, n_tiles, h)
+    t_last = n_tiles - 1
+    if (t_last >= t_both) & (t_last % 2 == h):  # the last tile's dQ part: there is no next tile to compute it in
+        b_last = t_last % 2
+        dq = _paired_dq(ds_smem, k_smem, ds_ready, b_last, _paired_before(t_last, b_last, t_both) & 1, dq_zero)
+        dq = warpgroup_mma_wait(0, deps=[dq])
+        mbarrier.arrive(ds_free.index(b_last))
+        _reduce_dq(dq, dq_smem.index(h), dq_desc, batch, q_lo + t_last * Q_TILE, scale)
 
     # the other warpgroup's last dQ product has read this half of K
     other: gl.constexpr = 1 - h
