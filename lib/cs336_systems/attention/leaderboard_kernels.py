@@ -1,0 +1,155 @@
+"""The leaderboard step kernel by kernel: what each implementation's GPU time goes to.
+
+One step is the leaderboard's forward+backward (`leaderboard.py`): `o = f(q, k, v, True)`,
+`o.sum().backward()` with q, k, v the slices of one leaf. Each step is recorded by torch.profiler
+(CUDA activity only) after warm-up steps, and every kernel gets a phase from where it runs:
+
+  forward   the implementation's kernels before the loss
+  harness   the step's own kernels, the same whatever the implementation: the loss's reduction
+            (`o.sum()`), the ones it backpropagates, the unbind backward that stacks dQ, dK and
+            dV into one tensor, and the accumulation into the leaf's gradient
+  backward  the implementation's kernels after the loss (its preprocess, main kernel, dQ
+            conversion, and a dense copy of the broadcast upstream gradient where it makes one)
+
+The harness's kernels do not depend on the implementation, but they are part of every timed
+step, so they pull the ratio of two implementations' step times toward 1.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+
+import pandas as pd
+import torch
+
+from cs336_systems.attention.leaderboard import (
+    LEADERBOARD,
+    LEADERBOARD_IMPLS,
+    LeaderboardConfig,
+    leaderboard_implementation,
+    leaderboard_inputs,
+)
+from cs336_systems.benchmarking.harness import free_device_memory
+
+LOSS_KERNEL = re.compile(r"reduce_kernel")
+FILL_KERNEL = re.compile(r"FillFunctor")
+HARNESS_AFTER_LOSS = {  # kernels the step makes after the loss whatever the implementation
+    "unbind backward (stack dQ, dK, dV)": re.compile(r"CatArrayBatchedCopy"),
+    "accumulate into the leaf's gradient": re.compile(r"AddFunctor|CUDAFunctor_add"),
+}
+DENSE_COPY = re.compile(r"direct_copy_kernel")  # o.sum()'s gradient is a broadcast: an implementation may copy it
+KERNEL_COLUMNS = ["impl", "position", "phase", "role", "kernel", "start_ms", "ms"]
+
+
+def short_kernel_name(name: str, limit: int = 70) -> str:
+    """A kernel's name without `void`, namespaces and template arguments, plus the functor of ATen's
+    generic elementwise and reduction kernels (which say what they compute only there)."""
+    text = name.removeprefix("void ").replace("(anonymous namespace)::", "").strip()
+    head = re.split(r"[<(]", text, maxsplit=1)[0]
+    base, rest = head.split("::")[-1], text[len(head):]
+    hint = re.search(r"(\w*(?:Functor\w*|_copy_kernel_cuda|ReduceOp|Func)\w*)", rest)
+    short = f"{base} [{hint.group(1)}]" if hint and base.endswith(("kernel", "_vectorized")) else base
+    return short[:limit]
+
+
+def classify_kernels(names: list[str]) -> list[tuple[str, str]]:
+    """(phase, role) of each kernel of one step, in launch order (module docstring): kernels before
+    the loss's reduction are the forward; the reduction (with a memset just before it, which zeroes
+    its semaphores) and the first fill after it (the ones of `o.sum()`'s backward) the harness; later
+    ones the backward, except the stack and the accumulation."""
+    loss = next((i for i, name in enumerate(names) if LOSS_KERNEL.search(name)), None)
+    if loss is None:
+        raise ValueError(f"no loss reduction (a kernel matching {LOSS_KERNEL.pattern!r}) among the step's "
+                         f"{len(names)} kernels: {[short_kernel_name(n) for n in names]}")
+    ones = next((i for i in range(loss + 1, len(names)) if FILL_KERNEL.search(names[i])), None)
+    memset = loss - 1 if loss > 0 and names[loss - 1].startswith("Memset") else None  # the reduction's semaphores
+    out = []
+    for i, name in enumerate(names):
+        if i in (loss, memset):
+            out.append(("harness", "loss o.sum()"))
+        elif i < loss:
+            out.append(("forward", "attention"))
+        elif i == ones:
+            out.append(("harness", "ones of o.sum()'s backward"))
+        else:
+            role = next((r for r, pattern in HARNESS_AFTER_LOSS.items() if pattern.search(name)), None)
+            if role:
+                out.append(("harness", role))
+            else:
+                out.append(("backward", "dense copy of the upstream gradient" if DENSE_COPY.search(name) else "attention"))
+    return out
+
+
+def _profiled_step(step) -> list[tuple[str, float, float]]:
+    """(name, start, duration) in ms of each kernel and memset of one step, start relative to the first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0),
+                    key=lambda e: e.time_range.start)
+    if not events:
+        raise RuntimeError("torch.profiler recorded no CUDA kernel for the step")
+    t0 = events[0].time_range.start
+    return [(e.name, (e.time_range.start - t0) / 1e3, e.device_time / 1e3) for e in events]
+
+
+def leaderboard_kernels(
+    impls: Iterable[str] = LEADERBOARD_IMPLS,
+    config: LeaderboardConfig = LEADERBOARD,
+    *,
+    device: torch.device | str = "cuda",
+    compile: bool = True,
+    steps: int = 5,
+    warmup_steps: int = 3,
+) -> pd.DataFrame:
+    """One row per implementation and kernel of a leaderboard step (`KERNEL_COLUMNS`): its phase and
+    role (`classify_kernels`), and its start and duration in ms, medians over `steps` profiled steps."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"leaderboard_kernels profiles CUDA kernels; got device {device}")
+    qkv = leaderboard_inputs(config, device)
+    q, k, v = qkv
+    rows = []
+    for name in impls:
+        impl = leaderboard_implementation(name, compile)
+
+        def step() -> None:
+            with impl.context():
+                o = impl.apply(q, k, v, config.is_causal)
+            o.sum().backward()
+
+        for _ in range(warmup_steps):
+            step()
+        torch.cuda.synchronize()
+        recorded = [_profiled_step(step) for _ in range(steps)]
+        names = [kernel for kernel, _, _ in recorded[0]]
+        if any([kernel for kernel, _, _ in r] != names for r in recorded[1:]):
+            raise RuntimeError(f"{name}: the profiled steps launched different kernels: "
+                               f"{[[short_kernel_name(k) for k, _, _ in r] for r in recorded]}")
+        for position, (kernel, (phase, role)) in enumerate(zip(names, classify_kernels(names))):
+            rows.append(dict(impl=name, position=position, phase=phase, role=role, kernel=short_kernel_name(kernel),
+                             start_ms=statistics.median(r[position][1] for r in recorded),
+                             ms=statistics.median(r[position][2] for r in recorded)))
+        qkv.grad = None
+        free_device_memory()
+    return pd.DataFrame(rows, columns=KERNEL_COLUMNS)
+
+
+def kernel_phase_summary(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per implementation: the ms of its forward, backward and harness kernels, their sum, and the step's
+    span on the GPU (first kernel's start to last kernel's end: the sum plus the gaps between kernels)."""
+    rows = []
+    for impl, group in kernels.groupby("impl", sort=False):
+        by_phase = group.groupby("phase").ms.sum()
+        last = group.loc[group.start_ms.idxmax()]
+        row = dict(impl=impl, **{f"{p}_ms": float(by_phase.get(p, 0.0)) for p in ("forward", "backward", "harness")})
+        row["kernels_ms"] = float(group.ms.sum())
+        row["span_ms"] = float(last.start_ms + last.ms)
+        row["gaps_ms"] = row["span_ms"] - row["kernels_ms"]
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["impl", "forward_ms", "backward_ms", "harness_ms", "kernels_ms", "span_ms",
+                                       "gaps_ms"])

@@ -1,0 +1,100 @@
+"""The leaderboard step kernel by kernel (attention/leaderboard_kernels.py): names, phases, the summary.
+
+The kernel names below are those torch.profiler reported on an H100 (torch 2.11) for ours and
+SDPA-cuDNN, with their template arguments cut short."""
+
+import pandas as pd
+import pytest
+import torch
+
+from cs336_systems.attention import leaderboard_kernels as lk
+
+OURS = [
+    "flash_fwd_gluon_kernel",
+    "Memset (Device)",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, at::native::func_wrapper_t<float>>>",
+    "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1>>",
+    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda>>",
+    "flash_bwd_preprocess_kernel",
+    "flash_bwd_gluon_kernel",
+    "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)>",
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::native::(anonymous namespace)::OpaqueType<2>>",
+    "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3>>",
+]
+CUDNN = [
+    "Memset (Device)",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_kernel0_0",
+    "Memset (Device)",
+    OURS[2],
+    OURS[3],
+    "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<float>, std::array<char*, 1>>",
+    OURS[4],
+    "Memset (Device)",
+    "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*, float*)",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_4x1x1_kernel0_0",
+    "void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*, unsigned int)",
+    OURS[8],
+    OURS[9],
+]
+
+
+def test_short_names_keep_the_kernel_and_the_functor_of_generic_aten_kernels():
+    assert lk.short_kernel_name(OURS[0]) == "flash_fwd_gluon_kernel"
+    assert lk.short_kernel_name(OURS[3]) == "vectorized_elementwise_kernel [FillFunctor]"
+    assert lk.short_kernel_name(OURS[4]) == "elementwise_kernel [direct_copy_kernel_cuda]"
+    assert lk.short_kernel_name(OURS[7]) == "vectorized_elementwise_kernel [bfloat16_copy_kernel_cuda]"
+    assert lk.short_kernel_name(OURS[8]) == "CatArrayBatchedCopy_vectorized"
+    assert lk.short_kernel_name(CUDNN[8]) == "compute_dot_do_o_specialized"
+
+
+def test_ours_phases_put_only_the_steps_own_kernels_in_the_harness():
+    got = lk.classify_kernels(OURS)
+    assert [phase for phase, _ in got] == ["forward", "harness", "harness", "harness", "backward", "backward",
+                                           "backward", "backward", "harness", "harness"]
+    roles = dict(zip(OURS, (role for _, role in got)))
+    assert roles[OURS[4]] == "dense copy of the upstream gradient"
+    assert roles[OURS[8]] == "unbind backward (stack dQ, dK, dV)"
+    assert roles[OURS[9]] == "accumulate into the leaf's gradient"
+
+
+def test_cudnns_own_fill_and_memsets_after_the_loss_count_as_its_backward():
+    got = lk.classify_kernels(CUDNN)
+    assert [phase for phase, _ in got] == ["forward", "forward", "harness", "harness", "harness", "backward",
+                                           "backward", "backward", "backward", "backward", "backward", "harness",
+                                           "harness"]
+
+
+def test_a_step_without_the_loss_reduction_is_refused_with_its_kernels_named():
+    with pytest.raises(ValueError, match=r"no loss reduction.*flash_fwd_gluon_kernel"):
+        lk.classify_kernels([OURS[0], OURS[6]])
+
+
+def test_phase_summary_sums_by_phase_and_measures_the_gaps():
+    kernels = pd.DataFrame([
+        dict(impl="a", position=0, phase="forward", role="attention", kernel="f", start_ms=0.0, ms=1.0),
+        dict(impl="a", position=1, phase="harness", role="loss o.sum()", kernel="r", start_ms=1.5, ms=0.25),
+        dict(impl="a", position=2, phase="backward", role="attention", kernel="b", start_ms=2.0, ms=2.0),
+        dict(impl="b", position=0, phase="forward", role="attention", kernel="f", start_ms=0.0, ms=3.0),
+    ], columns=lk.KERNEL_COLUMNS)
+    summary = lk.kernel_phase_summary(kernels).set_index("impl")
+    assert summary.loc["a", ["forward_ms", "backward_ms", "harness_ms", "kernels_ms"]].tolist() == [1.0, 2.0, 0.25, 3.25]
+    assert summary.loc["a", "span_ms"] == 4.0 and summary.loc["a", "gaps_ms"] == 0.75
+    assert summary.loc["b", "backward_ms"] == 0.0 and summary.loc["b", "gaps_ms"] == 0.0
+
+
+def test_profiling_needs_cuda():
+    with pytest.raises(ValueError, match="CUDA kernels; got device cpu"):
+        lk.leaderboard_kernels(["triton"], device="cpu")
+
+
+@pytest.mark.gpu
+def test_a_small_step_profiles_into_the_three_phases_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    config = lk.LeaderboardConfig(heads=2, seq_len=1024, head_dim=64)
+    kernels = lk.leaderboard_kernels(["triton", "sdpa_flash"], config, compile=False, steps=2, warmup_steps=1)
+    for impl, group in kernels.groupby("impl"):
+        assert {"forward", "backward", "harness"} <= set(group.phase), impl
+        assert (group.ms > 0).all() and group.position.tolist() == list(range(len(group)))
+    summary = lk.kernel_phase_summary(kernels)
+    assert (summary.span_ms >= summary.kernels_ms - 1e-9).all()
