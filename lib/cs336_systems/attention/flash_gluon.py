@@ -6,8 +6,8 @@
 after Hopper (`warpgroup_mma` is Hopper's instruction), for fp32, head dimensions other than 64
 and 128 (the two measured), N_q != N_k, rows a tensor descriptor cannot read, a `tiles` override,
 and small problems. A CTA here holds 2 * 64 query rows, twice the Triton kernel's 64-row
-programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch (Triton's
-argument binding, four descriptors) costs more host time. On an H100 (2026-11-23, forward alone,
+programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch (four descriptors,
+then through Triton's argument binding) cost more host time. On an H100 (2026-11-23, forward alone,
 bf16, causal) it was 4-14% faster at N >= 16,384 with at least 3.9 CTAs per SM (batch·heads 1 at
 N = 65,536; 4 and 16 at N = 16,384), and up to 2.8x slower at N <= 8,192 or with fewer CTAs than SMs:
 hence `MIN_SEQ_LEN` and `MIN_CTAS_PER_SM` (docs/flash_attention_tuning.md, v7).
@@ -118,8 +118,31 @@ def _descriptor(t: torch.Tensor, stride_b: int, rows: int, layout):
     return desc
 
 
+# Kernel name -> its CachedLauncher, made on first use (the kernels' modules are imported lazily).
+_LAUNCHERS: dict[str, object] = {}
+
+
+def _launcher(name: str):
+    """The CachedLauncher of "forward" and "backward" (the Gluon kernels) or "preprocess" (the
+    backward's D and zeroed dQ accumulator). Each launch of the fused backward follows the
+    preprocess's: through Triton's JIT their host path outlasted the dO copy and the preprocess on
+    the GPU, which then waited for the backward kernel's launch (52 µs per leaderboard step on an
+    H100 host, torch.profiler, 2026-11-23)."""
+    launcher = _LAUNCHERS.get(name)
+    if launcher is None:
+        from cs336_systems.attention.triton_launch import CachedLauncher
+
+        if name == "forward":
+            from cs336_systems.attention.flash_gluon_forward import flash_fwd_gluon_kernel as kernel
+        elif name == "backward":
+            from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel as kernel
+        else:
+            from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel as kernel
+        launcher = _LAUNCHERS[name] = CachedLauncher(kernel)
+    return launcher
+
+
 def _launch(q, k, v, out, lse, is_causal: bool) -> None:
-    from cs336_systems.attention.flash_gluon_forward import flash_fwd_gluon_kernel
     from cs336_systems.attention.flash_triton import _output_strides, as_rows
 
     n, d = q.shape[-2:]
@@ -130,17 +153,17 @@ def _launch(q, k, v, out, lse, is_causal: bool) -> None:
     l_b, l_n = _output_strides(lse, 1)
     batch = q.numel() // (n * d)
     grid = (triton.cdiv(n, 2 * q_tile), batch)
-    flash_fwd_gluon_kernel[grid](
-        _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_tile, kv_layout),
-        _descriptor(v, v_b, k_tile, kv_layout), _descriptor(out, o_b, q_tile, q_layout),
-        lse, l_b, l_n, n, n,
-        scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal),
-        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+    _launcher("forward")(
+        grid,
+        (_descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_tile, kv_layout),
+         _descriptor(v, v_b, k_tile, kv_layout), _descriptor(out, o_b, q_tile, q_layout), lse),
+        (l_b, l_n, n, n),
+        dict(scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal), CONSUMER_REGS=CONSUMER_REGS,
+             PRODUCER_REGS=PRODUCER_REGS, num_warps=4),
     )
 
 
 def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles=None, regs=None):
-    from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel
     from cs336_systems.attention.flash_triton import _output_strides, as_rows
 
     n, d = q.shape[-2:]
@@ -150,19 +173,19 @@ def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles=None
     (q_b, *_), (k_b, *_), (v_b, *_), (do_b, *_) = (as_rows(t)[1] for t in (q, k, v, do))
     dk_b, dv_b = _output_strides(grad_k)[0], _output_strides(grad_v)[0]
     l_b, l_n = _output_strides(lse, 1)
-    flash_bwd_gluon_kernel[(triton.cdiv(n, 2 * k_half), q.numel() // (n * d))](
-        _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
-        _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
-        _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout),
-        _descriptor(dq_acc, n * d, q_tile, _shared_layouts(torch.float32, d, q_tile)),
-        lse, delta, l_b, l_n, n,
-        scale=d**-0.5, STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4,
+    _launcher("backward")(
+        (triton.cdiv(n, 2 * k_half), q.numel() // (n * d)),
+        (_descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
+         _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
+         _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout),
+         _descriptor(dq_acc, n * d, q_tile, _shared_layouts(torch.float32, d, q_tile)), lse, delta),
+        (l_b, l_n, n),
+        dict(scale=d**-0.5, STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4),
     )
 
 
 def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
     from cs336_systems.attention.flash_triton import _output_strides, as_rows
-    from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
 
     n, d = q.shape[-2:]
     batch = q.numel() // (n * d)
@@ -172,8 +195,8 @@ def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
     grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     (o_b, o_n, _), (do_b, do_n, _) = as_rows(out)[1], as_rows(do)[1]
     l_b, l_n = _output_strides(delta, 1)
-    flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
-        out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
+    _launcher("preprocess")((triton.cdiv(n, PREPROCESS_ROWS), batch), (out, do, delta, dq_acc),
+                            (o_b, o_n, do_b, do_n, l_b, l_n, n), dict(D=d, ROWS=PREPROCESS_ROWS))
     _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles, regs)
     return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
 
