@@ -124,10 +124,11 @@ _LAUNCHERS: dict[str, object] = {}
 
 def _launcher(name: str):
     """The CachedLauncher of "forward" and "backward" (the Gluon kernels) or "preprocess" (the
-    backward's D and zeroed dQ accumulator). Each launch of the fused backward follows the
-    preprocess's: through Triton's JIT their host path outlasted the dO copy and the preprocess on
-    the GPU, which then waited for the backward kernel's launch (52 µs per leaderboard step on an
-    H100 host, torch.profiler, 2026-11-23)."""
+    backward's D and zeroed dQ accumulator), instead of Triton's JIT path. On an H100 host
+    (2026-11-23, leaderboard shape, three rounds in one process) the forward's launch took 56-108
+    against 129-203 µs of host time; the backward's three launches moved with the host's noise
+    (210-511 against 343-617 µs), and the leaderboard's forward+backward did not change (4.29-4.40
+    against 4.33-4.39 ms): there the GPU's queue hides the host."""
     launcher = _LAUNCHERS.get(name)
     if launcher is None:
         from cs336_systems.attention.triton_launch import CachedLauncher
