@@ -176,35 +176,3 @@ def test_wrong_number_of_runtime_arguments_is_refused():
     kernel, launcher = kernel_and_launcher()
     with pytest.raises(ValueError, match="takes 4 runtime arguments, got 2 tensors and 1 scalars"):
         launcher((3,), (cuda_tensor(), cuda_tensor()), (16,), dict(FLAG=True, BLOCK=64))
-
-
-def descriptor(base=None, block=(1, 64, 64), layout="swizzle-128", shape=(16, 1024, 64), strides=(65536, 64, 1)):
-    """What the launcher reads of a tensor descriptor (the Gluon kernels' arguments): its base tensor,
-    block shape, shared-memory layout, shape, strides and padding."""
-    return SimpleNamespace(base=base or cuda_tensor(), block_shape=list(block), layout=layout, shape=list(shape),
-                           strides=list(strides), padding="zero")
-
-
-@pytest.mark.parametrize("change", [
-    dict(block=(1, 128, 64)), dict(layout="swizzle-64"), dict(base=cuda_tensor(dtype=torch.float16)),
-    dict(base=cuda_tensor(address=4096 + 8)), dict(shape=(16, 1000, 64)), dict(strides=(64000, 64, 1)),
-], ids=["block shape", "layout", "dtype", "misaligned base", "shape", "strides"])
-def test_tensor_descriptor_arguments_launch_directly_and_key_on_what_specializes(change):
-    """Descriptors in `tensors` (their device is their base tensor's): the same descriptor geometry launches
-    the compiled kernel with the descriptor objects themselves (Triton's launcher encodes them); another
-    block shape, layout, dtype, base alignment, shape or strides goes through the JIT."""
-    kernel, launcher = kernel_and_launcher()
-    x = descriptor()
-    launcher((3,), (x, cuda_tensor()), (16, 100), dict(FLAG=True, BLOCK=64))
-    compiled = launcher((3,), (descriptor(), cuda_tensor()), (16, 100), dict(FLAG=True, BLOCK=64))
-    assert len(kernel.jit_calls) == 1 and compiled.launches[0][1][0].block_shape == [1, 64, 64]
-    launcher((3,), (descriptor(**change), cuda_tensor()), (16, 100), dict(FLAG=True, BLOCK=64))
-    assert len(kernel.jit_calls) == 2
-
-
-def test_a_descriptor_on_the_cpu_takes_the_jit_path():
-    kernel, launcher = kernel_and_launcher()
-    cpu = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, data_ptr=lambda: 4096)
-    for _ in range(2):
-        launcher((3,), (descriptor(base=cpu), cuda_tensor()), (16, 100), dict(FLAG=True, BLOCK=64))
-    assert len(kernel.jit_calls) == 2

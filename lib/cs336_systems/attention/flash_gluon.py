@@ -6,8 +6,8 @@
 after Hopper (`warpgroup_mma` is Hopper's instruction), for fp32, head dimensions other than 64
 and 128 (the two measured), N_q != N_k, rows a tensor descriptor cannot read, a `tiles` override,
 and small problems. A CTA here holds 2 * 64 query rows, twice the Triton kernel's 64-row
-programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch (four descriptors,
-then through Triton's argument binding) cost more host time. On an H100 (2026-11-23, forward alone,
+programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch (Triton's
+argument binding, four descriptors) costs more host time. On an H100 (2026-11-23, forward alone,
 bf16, causal) it was 4-14% faster at N >= 16,384 with at least 3.9 CTAs per SM (batch·heads 1 at
 N = 65,536; 4 and 16 at N = 16,384), and up to 2.8x slower at N <= 8,192 or with fewer CTAs than SMs:
 hence `MIN_SEQ_LEN` and `MIN_CTAS_PER_SM` (docs/flash_attention_tuning.md, v7).
@@ -24,9 +24,6 @@ arguments.
 """
 
 from __future__ import annotations
-
-import itertools
-from typing import NamedTuple
 
 import torch
 import triton
@@ -105,149 +102,80 @@ def _shared_layouts(dtype: torch.dtype, d: int, rows: int):
     return _LAYOUTS[key]
 
 
-def _descriptor_spec(t: torch.Tensor, stride_b: int, rows: int, layout, stride_n: int | None = None) -> tuple:
-    """(shape, strides, block shape, layout) of a (batch, N, d) tensor descriptor of `t` with (1, rows, d) blocks;
-    `stride_n` the row stride where it is not `t`'s own (a contiguous tensor of t's shape: d)."""
-    n, d = t.shape[-2:]
-    return [t.numel() // (n * d), n, d], [stride_b, t.stride(-2) if stride_n is None else stride_n, 1], [1, rows, d], layout
+def _descriptor(t: torch.Tensor, stride_b: int, rows: int, layout):
+    """A (batch, N, d) tensor descriptor of `t` with (1, rows, d) blocks.
 
-
-def _descriptor(t: torch.Tensor, spec: tuple):
-    """A tensor descriptor of `t` by `spec` (`_descriptor_spec`), built without TensorDescriptor's constructor
-    checks, which cost about 10 µs per descriptor: `gluon_forward_applies` has checked what they check
-    (unit last stride, 16-byte alignment)."""
+    Built without TensorDescriptor's constructor checks, which cost about 10 µs per descriptor:
+    `gluon_forward_applies` has checked what they check (unit last stride, 16-byte alignment)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    n, d = t.shape[-2:]
     desc = object.__new__(TensorDescriptor)
-    desc.base, desc.padding = t, "zero"
-    desc.shape, desc.strides, desc.block_shape, desc.layout = spec
+    desc.base, desc.padding, desc.layout = t, "zero", layout
+    desc.shape = [t.numel() // (n * d), n, d]
+    desc.strides = [stride_b, t.stride(-2), 1]
+    desc.block_shape = [1, rows, d]
     return desc
 
 
-# Kernel name -> its CachedLauncher, made on first use (the kernels' modules are imported lazily).
-_LAUNCHERS: dict[str, object] = {}
-
-
-def _launcher(name: str):
-    """The CachedLauncher of "forward" and "backward" (the Gluon kernels) or "preprocess" (the
-    backward's D and zeroed dQ accumulator), instead of Triton's JIT path."""
-    launcher = _LAUNCHERS.get(name)
-    if launcher is None:
-        from cs336_systems.attention.triton_launch import CachedLauncher
-
-        if name == "forward":
-            from cs336_systems.attention.flash_gluon_forward import flash_fwd_gluon_kernel as kernel
-        elif name == "backward":
-            from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel as kernel
-        else:
-            from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel as kernel
-        launcher = _LAUNCHERS[name] = CachedLauncher(kernel)
-    return launcher
-
-
-class _Plan(NamedTuple):
-    """A launch derived from its tensors' geometry: the grid, a descriptor spec for each leading tensor
-    argument (`_descriptor_spec`; the tensors after them are passed as they are), the integer arguments,
-    the constexprs and launch options, and a serial number, the launch's signature for `CachedLauncher`."""
-
-    grid: tuple[int, int]
-    descriptors: tuple[tuple, ...]
-    scalars: tuple[int, ...]
-    meta: dict
-    signature: int
-
-
-# At the leaderboard shape the host path of torch.compile's forward+backward (1.4 ms on an H100 host,
-# 2026-11-23) outlasted the forward kernel (1.17 ms), so the GPU waited for launches. Each launch's plan is
-# derived once per geometry: the key holds every tensor's shape, strides, dtype, device and 16-byte
-# alignment, and the tiles and registers, so the serial number stands for everything the launch is
-# specialized on. The backward's own tensors (D, the dQ accumulator, dK, dV) are fresh contiguous
-# allocations, aligned, whose geometry follows from the key's.
-_PLANS: dict[tuple, tuple[_Plan, ...]] = {}
-_PLAN_SERIALS = itertools.count()
-MAX_PLANS = 1024
-
-
-def _geometry(tensors) -> tuple:
-    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors)
-
-
-def _cached(key: tuple, derive) -> tuple[_Plan, ...]:
-    plans = _PLANS.get(key)
-    if plans is None:
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        plans = _PLANS[key] = derive()
-    return plans
-
-
-def _run(name: str, plan: _Plan, tensors: tuple) -> None:
-    args = (*(_descriptor(t, spec) for t, spec in zip(tensors, plan.descriptors)), *tensors[len(plan.descriptors):])
-    _launcher(name)(plan.grid, args, plan.scalars, plan.meta, plan.signature)
-
-
-def _forward_plan(q, k, v, out, lse, is_causal: bool) -> tuple[_Plan]:
+def _launch(q, k, v, out, lse, is_causal: bool) -> None:
+    from cs336_systems.attention.flash_gluon_forward import flash_fwd_gluon_kernel
     from cs336_systems.attention.flash_triton import _output_strides, as_rows
 
     n, d = q.shape[-2:]
     q_tile, k_tile, stages = GLUON_TILES[d]
     q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_tile)
     (q_b, *_), (k_b, *_), (v_b, *_) = (as_rows(t)[1] for t in (q, k, v))
+    o_b = _output_strides(out)[0]
     l_b, l_n = _output_strides(lse, 1)
-    specs = (_descriptor_spec(q, q_b, q_tile, q_layout), _descriptor_spec(k, k_b, k_tile, kv_layout),
-             _descriptor_spec(v, v_b, k_tile, kv_layout), _descriptor_spec(out, _output_strides(out)[0], q_tile, q_layout))
-    meta = dict(scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal), CONSUMER_REGS=CONSUMER_REGS,
-                PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
-    grid = (triton.cdiv(n, 2 * q_tile), q.numel() // (n * d))
-    return (_Plan(grid, specs, (l_b, l_n, n, n), meta, next(_PLAN_SERIALS)),)
+    batch = q.numel() // (n * d)
+    grid = (triton.cdiv(n, 2 * q_tile), batch)
+    flash_fwd_gluon_kernel[grid](
+        _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_tile, kv_layout),
+        _descriptor(v, v_b, k_tile, kv_layout), _descriptor(out, o_b, q_tile, q_layout),
+        lse, l_b, l_n, n, n,
+        scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal),
+        CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+    )
 
 
-def _launch(q, k, v, out, lse, is_causal: bool) -> None:
-    key = ("forward", _geometry((q, k, v, out, lse)), bool(is_causal), GLUON_TILES[q.shape[-1]], CONSUMER_REGS,
-           PRODUCER_REGS)
-    (plan,) = _cached(key, lambda: _forward_plan(q, k, v, out, lse, is_causal))
-    _run("forward", plan, (q, k, v, out, lse))
-
-
-def _backward_plans(q, k, v, out, do, lse, tiles, regs) -> tuple[_Plan, _Plan]:
-    """The preprocess's plan and the fused kernel's."""
+def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles=None, regs=None):
+    from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel
     from cs336_systems.attention.flash_triton import _output_strides, as_rows
 
     n, d = q.shape[-2:]
-    batch = q.numel() // (n * d)
     q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
     consumer_regs, producer_regs = regs or (CONSUMER_REGS, PRODUCER_REGS)
-    (o_b, o_n, _), (do_b, do_n, _) = as_rows(out)[1], as_rows(do)[1]
-    l_b, l_n = _output_strides(lse, 1)
-    d_b, d_n = n, 1  # D: contiguous, of lse's shape (`as_rows` strides, as `_output_strides` gives them)
-    preprocess = _Plan((triton.cdiv(n, PREPROCESS_ROWS), batch), (), (o_b, o_n, do_b, do_n, d_b, d_n, n),
-                       dict(D=d, ROWS=PREPROCESS_ROWS), next(_PLAN_SERIALS))
     q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_half)
-    (q_b, *_), (k_b, *_), (v_b, *_) = (as_rows(t)[1] for t in (q, k, v))
-    specs = (_descriptor_spec(q, q_b, q_tile, q_layout), _descriptor_spec(k, k_b, k_half, kv_layout),
-             _descriptor_spec(v, v_b, k_half, kv_layout), _descriptor_spec(do, do_b, q_tile, q_layout),
-             # dK, dV and the dQ accumulator: contiguous, of k's, v's and q's shapes
-             _descriptor_spec(k, n * d, k_half, kv_layout, d), _descriptor_spec(v, n * d, k_half, kv_layout, d),
-             _descriptor_spec(q, n * d, q_tile, _shared_layouts(torch.float32, d, q_tile), d))
-    if (l_b, l_n) != (d_b, d_n):
-        raise ValueError(f"the Gluon backward reads L and D with one set of strides: L of shape {tuple(lse.shape)} "
-                         f"has strides {lse.stride()}, D is contiguous")
-    meta = dict(scale=d**-0.5, STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4)
-    fused = _Plan((triton.cdiv(n, 2 * k_half), batch), specs, (l_b, l_n, n), meta, next(_PLAN_SERIALS))
-    return preprocess, fused
+    (q_b, *_), (k_b, *_), (v_b, *_), (do_b, *_) = (as_rows(t)[1] for t in (q, k, v, do))
+    dk_b, dv_b = _output_strides(grad_k)[0], _output_strides(grad_v)[0]
+    l_b, l_n = _output_strides(lse, 1)
+    flash_bwd_gluon_kernel[(triton.cdiv(n, 2 * k_half), q.numel() // (n * d))](
+        _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
+        _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
+        _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout),
+        _descriptor(dq_acc, n * d, q_tile, _shared_layouts(torch.float32, d, q_tile)),
+        lse, delta, l_b, l_n, n,
+        scale=d**-0.5, STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4,
+    )
 
 
 def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
-    key = ("backward", _geometry((q, k, v, out, do, lse)), tiles or GLUON_BWD_TILES[q.shape[-1]],
-           regs or (CONSUMER_REGS, PRODUCER_REGS))
-    preprocess, fused = _cached(key, lambda: _backward_plans(q, k, v, out, do, lse, tiles, regs))
+    from cs336_systems.attention.flash_triton import _output_strides, as_rows
+    from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
+
+    n, d = q.shape[-2:]
+    batch = q.numel() // (n * d)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dq_acc = torch.empty((batch, n, d), dtype=torch.float32, device=q.device)
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    _run("preprocess", preprocess, (out, do, delta, dq_acc))
-    _run("backward", fused, (q, k, v, do, grad_k, grad_v, dq_acc, lse, delta))
-    return dq_acc.to(q.dtype), grad_k, grad_v
+    (o_b, o_n, _), (do_b, do_n, _) = as_rows(out)[1], as_rows(do)[1]
+    l_b, l_n = _output_strides(delta, 1)
+    flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
+        out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
+    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles, regs)
+    return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
 
 
 @torch.library.custom_op("cs336::flash_bwd_gluon", mutates_args=())

@@ -58,12 +58,12 @@ class _Bound(NamedTuple):
 
 
 class CachedLauncher:
-    """Launches `kernel` (a `@triton.jit` or `@gluon.jit` function whose constexpr parameters all come last).
+    """Launches `kernel` (a `@triton.jit` function whose constexpr parameters all come last).
 
     `launcher(grid, tensors, scalars, meta, signature=None)` launches
-    `kernel[grid](*tensors, *scalars, **meta)`: `tensors` the pointer and tensor-descriptor arguments
-    (a descriptor's device is its base tensor's), `scalars` the integer and float arguments after
-    them, `meta` the constexpr arguments by name plus launch options (num_warps, num_stages). `signature`, where given, stands for everything the launch
+    `kernel[grid](*tensors, *scalars, **meta)`: `tensors` the pointer arguments, `scalars` the
+    integer and float arguments after them, `meta` the constexpr arguments by name plus launch
+    options (num_warps, num_stages). `signature`, where given, stands for everything the launch
     is specialized on but the device (module docstring); else it is derived from the arguments.
     Returns the compiled kernel (under the interpreter, what its `kernel[grid]` returns).
     """
@@ -88,15 +88,15 @@ class CachedLauncher:
 
     def __call__(self, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple, meta: dict,
                  signature: Hashable | None = None):
-        first = tensors[0]
-        if not (self.direct and getattr(first, "base", first).device.type == "cuda" and not torch.compiler.is_compiling()):
+        if not (self.direct and tensors[0].device.type == "cuda" and not torch.compiler.is_compiling()):
             return self.kernel[grid](*tensors, *scalars, **meta)
         device, stream = self.device_and_stream()
         if signature is None:
             if len(tensors) + len(scalars) != self.runtime_params:
                 raise ValueError(f"{self.name} takes {self.runtime_params} runtime arguments, "
                                  f"got {len(tensors)} tensors and {len(scalars)} scalars")
-            key = (device, *meta.items(), *scalars, *map(_argument_key, tensors))
+            key = (device, *meta.items(), *scalars, *(t.dtype for t in tensors),
+                   *(t.data_ptr() % 16 == 0 for t in tensors))
         else:
             key = (device, signature)
         bound = self.signatures.get(key)
@@ -116,16 +116,6 @@ class CachedLauncher:
         metadata = bound.compiled.launch_metadata((gx, gy, gz), stream, *args) if hooked else None
         bound.run(gx, gy, gz, stream, bound.function, bound.packed_metadata, metadata, enter, leave, *args)
         return bound.compiled
-
-
-def _argument_key(t) -> tuple:
-    """What a compilation is specialized on of a tensor argument (its dtype, whether its address is
-    16-byte aligned) or of a tensor descriptor (its block shape and shared-memory layout; its shape and
-    strides too, a superset)."""
-    if not hasattr(t, "block_shape"):
-        return t.dtype, t.data_ptr() % 16 == 0
-    return (t.base.dtype, t.base.data_ptr() % 16 == 0, tuple(t.block_shape), t.layout, tuple(t.shape),
-            tuple(t.strides), getattr(t, "padding", None))
 
 
 def _hook(hook):
