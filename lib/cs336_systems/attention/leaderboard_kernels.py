@@ -117,7 +117,7 @@ def leaderboard_kernels(
     for name in impls:
         impl = leaderboard_implementation(name, compile)
 
-        def step() -> None:
+        def step(impl=impl) -> None:
             with impl.context():
                 o = impl.apply(q, k, v, config.is_causal)
             o.sum().backward()
