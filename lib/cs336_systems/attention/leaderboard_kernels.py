@@ -56,15 +56,16 @@ def short_kernel_name(name: str, limit: int = 70) -> str:
 
 def classify_kernels(names: list[str]) -> list[tuple[str, str]]:
     """(phase, role) of each kernel of one step, in launch order (module docstring): kernels before
-    the loss's reduction are the forward; the reduction (with a memset just before it, which zeroes
-    its semaphores) and the first fill after it (the ones of `o.sum()`'s backward) the harness; later
-    ones the backward, except the stack and the accumulation."""
+    the loss's reduction are the forward; the reduction (with a memset launched just before it, there in
+    every implementation's step on the H100: part of the loss, not of the forward) and the first fill
+    after it (the ones of `o.sum()`'s backward) the harness; later ones the backward, except the stack
+    and the accumulation."""
     loss = next((i for i, name in enumerate(names) if LOSS_KERNEL.search(name)), None)
     if loss is None:
         raise ValueError(f"no loss reduction (a kernel matching {LOSS_KERNEL.pattern!r}) among the step's "
                          f"{len(names)} kernels: {[short_kernel_name(n) for n in names]}")
     ones = next((i for i in range(loss + 1, len(names)) if FILL_KERNEL.search(names[i])), None)
-    memset = loss - 1 if loss > 0 and names[loss - 1].startswith("Memset") else None  # the reduction's semaphores
+    memset = loss - 1 if loss > 0 and names[loss - 1].startswith("Memset") else None
     out = []
     for i, name in enumerate(names):
         if i in (loss, memset):
