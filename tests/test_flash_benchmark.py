@@ -316,8 +316,8 @@ def test_a_failed_capture_leaves_the_callers_stream_current_on_gpu():
 
 def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton_on_cpu):
     config = lb.LeaderboardConfig(heads=1, seq_len=32, head_dim=16)
-    df = lb.leaderboard_table(lb.LEADERBOARD_IMPLS, config, device="cpu", compile=False,
-                              settings=FAST, fwd_settings=FAST, ceiling_tflops=1.0)
+    df, rounds = lb.leaderboard_table(lb.LEADERBOARD_IMPLS, config, device="cpu", compile=False,
+                                      settings=FAST, fwd_settings=FAST, ceiling_tflops=1.0, rounds=2)
     assert list(df.columns[:6]) == lb.LEADERBOARD_COLUMNS
     assert list(df.impl) == ["triton", "sdpa_flash", "sdpa_cudnn"]
     assert list(df.status) == ["ok", "ok", "no kernel"]
@@ -325,6 +325,41 @@ def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton
     assert ours.bwd_ms == pytest.approx(ours.fwd_bwd_ms - ours.fwd_ms)
     assert ours.tflops == pytest.approx(config.flops()["forward_backward"] / (ours.fwd_bwd_ms * 1e-3) / 1e12)
     assert ours.ceiling_fraction == pytest.approx(ours.tflops) and ours.device == "cpu"
+    assert ours.rounds == 2 and ours.runs == 2 * FAST.cpu_steps
+    assert ours.fwd_bwd_round_min_ms <= ours.fwd_bwd_ms <= ours.fwd_bwd_round_max_ms
+    # the implementation without a kernel is not timed; the other two take turns in first place
+    assert rounds[["impl", "round", "place"]].values.tolist() == [
+        ["triton", 0, 0], ["sdpa_flash", 0, 1], ["sdpa_flash", 1, 0], ["triton", 1, 1]]
+
+
+def test_an_implementation_that_fails_in_a_later_round_becomes_a_row_and_leaves_the_rounds(triton_on_cpu, monkeypatch):
+    config = lb.LeaderboardConfig(heads=1, seq_len=32, head_dim=16)
+    timed = lb.time_leaderboard
+    calls = []
+
+    def flaky(apply, qkv, *args):
+        calls.append(apply)
+        if len(calls) == 3:  # the first implementation of round 1: sdpa_flash
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return timed(apply, qkv, *args)
+
+    monkeypatch.setattr(lb, "time_leaderboard", flaky)
+    df, rounds = lb.leaderboard_table(["triton", "sdpa_flash"], config, device="cpu", compile=False,
+                                      settings=FAST, fwd_settings=FAST, rounds=3)
+    assert list(df.status) == ["ok", "OOM"] and "2.00 GiB" in df.note.iloc[1]
+    assert pd.isna(df.fwd_bwd_ms.iloc[1]) and df.rounds.iloc[0] == 3
+    assert rounds[["impl", "round"]].values.tolist() == [["triton", 0], ["sdpa_flash", 0], ["triton", 1], ["triton", 2]]
+
+
+def test_rounds_rotate_the_order_and_pool_the_runs():
+    assert lb.round_orders(["a", "b", "c"], 4) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert lb.round_orders([], 3) == []
+    pooled = lb.pooled_latencies([dict(fwd_bwd=[4.0, 5.0, 9.0], fwd=[1.0]), dict(fwd_bwd=[6.0], fwd=[2.0, 3.0])])
+    assert pooled["fwd_bwd_ms"] == 5.5 and pooled["fwd_ms"] == 2.0 and pooled["bwd_ms"] == 3.5
+    assert pooled["fwd_bwd_mean_ms"] == 6.0 and pooled["runs"] == 4 and pooled["rounds"] == 2
+    assert (pooled["fwd_bwd_round_min_ms"], pooled["fwd_bwd_round_max_ms"]) == (5.0, 6.0)
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        lb.leaderboard_table(["triton"], device="cpu", rounds=0)
 
 
 def test_leaderboard_bars():
@@ -336,6 +371,23 @@ def test_leaderboard_bars():
     bars = lb.leaderboard_bars(df)
     assert list(bars.verdict) == ["pass", "not measured (sdpa_flash: no kernel)", "fail"]
     assert bars.ratio.iloc[0] == pytest.approx(0.75) and bars.ratio.iloc[2] == pytest.approx(1 / 0.9)
+    assert bars.rounds_within.isna().all()
+    per_round = pd.DataFrame([
+        dict(impl="triton", round=0, fwd_ms=1.0, fwd_bwd_ms=3.9), dict(impl="sdpa_cudnn", round=0, fwd_ms=1.0, fwd_bwd_ms=4.0),
+        dict(impl="sdpa_cudnn", round=1, fwd_ms=0.9, fwd_bwd_ms=4.0), dict(impl="triton", round=1, fwd_ms=0.9, fwd_bwd_ms=3.6),
+    ])
+    with_rounds = lb.leaderboard_bars(df, per_round)
+    assert list(with_rounds.verdict) == list(bars.verdict)
+    cudnn = with_rounds.iloc[0]
+    assert (cudnn.round_ratio_min, cudnn.round_ratio_max) == (pytest.approx(0.9), pytest.approx(0.975))
+    assert cudnn.rounds_within == 1 and cudnn.rounds == 2
+    assert with_rounds.iloc[2].rounds_within == 2  # forward 1.0x in both rounds: within a 1.0 limit
+    assert lb.leaderboard_bars_text(with_rounds) == (
+        "**fwd+bwd ≤ 0.95 × sdpa_cudnn: pass** (3.00 ms vs 4.00 ms, 0.750×; round by round 0.900–0.975×, within the "
+        "limit in 1 of 2 rounds); **fwd+bwd ≤ 0.7 × sdpa_flash: not measured (sdpa_flash: no kernel)**; "
+        "**fwd ≤ 1 × sdpa_cudnn: fail** (1.00 ms vs 0.900 ms, 1.111×; round by round 1.000–1.000×, within the limit "
+        "in 2 of 2 rounds).")
+    assert lb.leaderboard_bars_text(bars).endswith("**fwd ≤ 1 × sdpa_cudnn: fail** (1.00 ms vs 0.900 ms, 1.111×).")
     df.loc[0, "status"] = "wrong"
     assert set(lb.leaderboard_bars(df).verdict) == {"fail (ours: wrong)"}
 

@@ -82,6 +82,27 @@ def test_phase_summary_sums_by_phase_and_measures_the_gaps():
     assert summary.loc["b", "backward_ms"] == 0.0 and summary.loc["b", "gaps_ms"] == 0.0
 
 
+def test_profile_text_reads_the_tables():
+    kernels = pd.DataFrame([
+        dict(impl="triton", position=0, phase="forward", role="attention", kernel="f", start_ms=0.0, ms=1.0),
+        dict(impl="triton", position=1, phase="harness", role="loss o.sum()", kernel="r", start_ms=1.0, ms=0.25),
+        dict(impl="triton", position=2, phase="backward", role="dense copy of the upstream gradient", kernel="c",
+             start_ms=1.25, ms=0.125),
+        dict(impl="triton", position=3, phase="backward", role="attention", kernel="b", start_ms=1.375, ms=2.875),
+        dict(impl="sdpa_cudnn", position=0, phase="forward", role="attention", kernel="f", start_ms=0.0, ms=1.25),
+        dict(impl="sdpa_cudnn", position=1, phase="harness", role="loss o.sum()", kernel="r", start_ms=1.25, ms=0.25),
+        dict(impl="sdpa_cudnn", position=2, phase="backward", role="attention", kernel="b", start_ms=1.5, ms=3.75),
+    ], columns=lk.KERNEL_COLUMNS)
+    text = lk.kernel_profile_text(kernels, lk.kernel_phase_summary(kernels), steps=5)
+    assert text.startswith("Medians of 5 profiled steps. The harness's kernels take 0.250 ms (triton), 0.250 ms (sdpa_cudnn).")
+    assert "forward 1.00 ms against 1.25 ms (0.800×), backward 3.00 ms against 3.75 ms (0.800×)" in text
+    assert "attention kernels together **0.800×**" in text and "4.25 ms against 5.25 ms (0.810×)" in text
+    assert "counted in the backward: 0.125 ms (triton), none (sdpa_cudnn)." in text
+    alone = kernels[kernels.impl == "sdpa_cudnn"]
+    text = lk.kernel_profile_text(alone, lk.kernel_phase_summary(alone), steps=1)
+    assert "Ours against" not in text and "counted in the backward: none (sdpa_cudnn)." in text
+
+
 def test_profiling_needs_cuda():
     with pytest.raises(ValueError, match="CUDA kernels; got device cpu"):
         lk.leaderboard_kernels(["triton"], device="cpu")

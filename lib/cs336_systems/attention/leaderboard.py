@@ -13,7 +13,9 @@ also accumulates into its gradient, as on the leaderboard. do_bench's default st
 mean (`fwd_bwd_mean_ms`, the leaderboard's number); the tables use the median. The forward alone
 is timed the same way; the backward is forward+backward minus forward (a compiled graph is
 not re-entered for a second backward). SDPA runs eagerly with one backend allowed: a single
-fused call, which compiling would not change.
+fused call, which compiling would not change. Each implementation gets the handout's 1 s of
+warm-up and 10 s of timed runs, spread over rounds in which the implementations take turns
+(`leaderboard_table`), so that the comparison does not depend on who ran first.
 
 Floors of a configuration (`floors`): FLOPs / peak FLOP/s and least bytes / bandwidth.
 """
@@ -23,9 +25,10 @@ from __future__ import annotations
 import re
 import statistics
 import warnings
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import torch
@@ -108,8 +111,8 @@ def leaderboard_inputs(config: LeaderboardConfig, device: torch.device | str, se
 
 def time_leaderboard(
     apply: Callable, qkv: torch.Tensor, is_causal: bool, settings: TimingSettings, fwd_settings: TimingSettings,
-) -> dict[str, float]:
-    """Median forward and forward+backward (ms), their difference, and do_bench's mean of forward+backward."""
+) -> dict[str, list[float]]:
+    """Every measured run (ms) of forward+backward ("fwd_bwd") and of the forward alone ("fwd")."""
     q, k, v = qkv
 
     def forward_backward() -> None:
@@ -117,12 +120,31 @@ def time_leaderboard(
         loss = o.sum()
         loss.backward()
 
-    fwd_bwd = measure_times_ms(forward_backward, qkv.device, settings)
-    fwd = measure_times_ms(lambda: apply(q, k, v, is_causal), qkv.device, fwd_settings)
-    qkv.grad = None
+    try:
+        fwd_bwd = measure_times_ms(forward_backward, qkv.device, settings)
+        fwd = measure_times_ms(lambda: apply(q, k, v, is_causal), qkv.device, fwd_settings)
+    finally:
+        qkv.grad = None
+    return dict(fwd_bwd=list(fwd_bwd), fwd=list(fwd))
+
+
+def pooled_latencies(rounds: Sequence[dict[str, list[float]]]) -> dict[str, float]:
+    """Medians over the runs of all rounds (backward = forward+backward minus forward), do_bench's mean of
+    forward+backward over them, and the lowest and highest of the rounds' forward+backward medians."""
+    fwd_bwd = [t for r in rounds for t in r["fwd_bwd"]]
+    fwd = [t for r in rounds for t in r["fwd"]]
     fwd_ms, fwd_bwd_ms = statistics.median(fwd), statistics.median(fwd_bwd)
+    per_round = [statistics.median(r["fwd_bwd"]) for r in rounds]
     return dict(fwd_ms=fwd_ms, bwd_ms=fwd_bwd_ms - fwd_ms, fwd_bwd_ms=fwd_bwd_ms,
-                fwd_bwd_mean_ms=statistics.fmean(fwd_bwd), runs=len(fwd_bwd))
+                fwd_bwd_mean_ms=statistics.fmean(fwd_bwd), runs=len(fwd_bwd), rounds=len(rounds),
+                fwd_bwd_round_min_ms=min(per_round), fwd_bwd_round_max_ms=max(per_round))
+
+
+def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """Round r times the implementations in `names` rotated by r: each takes every place equally often
+    (over len(names) rounds), so none is always timed on a GPU that the others have just heated."""
+    names = list(names)
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)] if names else []
 
 
 def leaderboard_implementation(name: str, compile: bool) -> Implementation:
@@ -134,6 +156,11 @@ def leaderboard_implementation(name: str, compile: bool) -> Implementation:
     return implementation(name)
 
 
+class LeaderboardRuns(NamedTuple):
+    table: pd.DataFrame  # one row per implementation (LEADERBOARD_COLUMNS first)
+    rounds: pd.DataFrame  # one row per implementation and round: its place in the round and medians
+
+
 def leaderboard_table(
     impls: Iterable[str] = LEADERBOARD_IMPLS,
     config: LeaderboardConfig = LEADERBOARD,
@@ -143,32 +170,37 @@ def leaderboard_table(
     settings: TimingSettings = TimingSettings(warmup_ms=1000, rep_ms=10000),
     fwd_settings: TimingSettings = TimingSettings(warmup_ms=200, rep_ms=2000),
     ceiling_tflops: float | None = None,
-) -> pd.DataFrame:
-    """One row per implementation: latencies, achieved TFLOP/s of forward+backward, correctness, status.
+    rounds: int = 6,
+) -> LeaderboardRuns:
+    """Latencies, achieved TFLOP/s of forward+backward, correctness and status of each implementation.
 
     `compile` wraps ours in torch.compile as the leaderboard does; `ceiling_tflops` (the measured
     matmul ceiling) adds the fraction of it reached. Every implementation is first checked against
     the float64 reference (O, dQ, dK, dV, norm-wise; this first call also compiles): above
-    TOLERANCE the status is "wrong".
+    TOLERANCE the status is "wrong". The timing is interleaved: `rounds` rounds in `round_orders`,
+    each implementation taking 1/rounds of the warm-up and measuring time of `settings` and
+    `fwd_settings` per round, and the table pools the runs of all rounds. Timed one after another,
+    an implementation's latency depends on its place: on an H100 the power-capped clock falls as the
+    GPU heats up over the first tens of seconds (tuning record, v14).
     """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     device = torch.device(device)
     qkv = leaderboard_inputs(config, device)
     gen = torch.Generator().manual_seed(1)
     grad_out = torch.randn(qkv.shape[1:], generator=gen).to(device=device, dtype=config.dtype)
     reference = reference_gradients(*qkv.detach(), grad_out, config.is_causal)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    fwd_bwd_flops = config.flops()["forward_backward"]
-    rows = []
+    rows: dict[str, dict] = {}
+    checked: dict[str, Implementation] = {}
     for name in impls:
         impl = leaderboard_implementation(name, compile)
-        row = dict(impl=name, device=device_name, compiled=compile and name == "triton")
+        row = rows[name] = dict(impl=name, device=device_name, compiled=compile and name == "triton")
         q, k, v = (t.detach().requires_grad_() for t in qkv)  # leaves, for the check's gradients
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 errors = relative_errors(impl, q, k, v, grad_out, config.is_causal, reference)
-            with impl.context():
-                row.update(time_leaderboard(impl.apply, qkv, config.is_causal, settings, fwd_settings))
         except Exception as err:  # noqa: BLE001 - failure_row decides which failures become rows
             failure = failure_row(err, impl, caught)
             if failure is None:
@@ -177,20 +209,48 @@ def leaderboard_table(
         else:
             row["max_rel_error"] = max(errors.values())
             row["status"] = "ok" if all(e <= TOLERANCE[config.dtype] for e in errors.values()) else "wrong"
-            row["tflops"] = fwd_bwd_flops / (row["fwd_bwd_ms"] * 1e-3) / 1e12
-            if ceiling_tflops:
-                row["ceiling_fraction"] = row["tflops"] / ceiling_tflops
-        qkv.grad = None
+            checked[name] = impl
         del q, k, v
         free_device_memory()
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    columns = [*LEADERBOARD_COLUMNS, "fwd_bwd_mean_ms", "ceiling_fraction", "max_rel_error", "runs", "compiled", "status",
-               "note"]
+
+    def share(s: TimingSettings) -> TimingSettings:
+        return replace(s, warmup_ms=s.warmup_ms / rounds, rep_ms=s.rep_ms / rounds)
+
+    runs: dict[str, list[dict[str, list[float]]]] = {name: [] for name in checked}
+    per_round = []
+    for r, order in enumerate(round_orders(list(checked), rounds)):
+        for place, name in enumerate(n for n in order if n in checked):
+            impl = checked[name]
+            try:
+                with impl.context():
+                    times = time_leaderboard(impl.apply, qkv, config.is_causal, share(settings), share(fwd_settings))
+            except Exception as err:  # noqa: BLE001 - as above; a failed implementation leaves the rounds
+                failure = failure_row(err, impl)
+                if failure is None:
+                    raise
+                rows[name].update(failure)
+                del checked[name], runs[name]
+                free_device_memory()
+                continue
+            runs[name].append(times)
+            per_round.append(dict(impl=name, round=r, place=place, fwd_ms=statistics.median(times["fwd"]),
+                                  fwd_bwd_ms=statistics.median(times["fwd_bwd"]), runs=len(times["fwd_bwd"])))
+    fwd_bwd_flops = config.flops()["forward_backward"]
+    for name, timed in runs.items():
+        row = rows[name]
+        row.update(pooled_latencies(timed))
+        row["tflops"] = fwd_bwd_flops / (row["fwd_bwd_ms"] * 1e-3) / 1e12
+        if ceiling_tflops:
+            row["ceiling_fraction"] = row["tflops"] / ceiling_tflops
+    free_device_memory()
+    df = pd.DataFrame(list(rows.values()))
+    columns = [*LEADERBOARD_COLUMNS, "fwd_bwd_mean_ms", "ceiling_fraction", "max_rel_error", "runs", "rounds",
+               "fwd_bwd_round_min_ms", "fwd_bwd_round_max_ms", "compiled", "status", "note"]
     for col in columns:
         if col not in df:
             df[col] = pd.NA
-    return df[columns]
+    return LeaderboardRuns(df[columns], pd.DataFrame(per_round, columns=["impl", "round", "place", "fwd_ms",
+                                                                        "fwd_bwd_ms", "runs"]))
 
 
 # (latency column, baseline implementation, largest allowed ratio ours / baseline)
@@ -202,9 +262,13 @@ LEADERBOARD_BARS = (
 
 
 def leaderboard_bars(
-    df: pd.DataFrame, ours: str = "triton", bars: Iterable[tuple[str, str, float]] = LEADERBOARD_BARS
+    df: pd.DataFrame, per_round: pd.DataFrame | None = None, ours: str = "triton",
+    bars: Iterable[tuple[str, str, float]] = LEADERBOARD_BARS,
 ) -> pd.DataFrame:
-    """Each bar: ours / baseline against its limit; "pass", "fail", or "not measured" with the reason."""
+    """Each bar: ours / baseline against its limit; "pass", "fail", or "not measured" with the reason.
+
+    With `per_round` (`leaderboard_table`'s rounds) also the ratio of each round's medians: the
+    lowest and highest, and in how many rounds it is within the limit."""
     by_impl = df.set_index("impl")
     rows = []
     for column, baseline, limit in bars:
@@ -219,8 +283,33 @@ def leaderboard_bars(
             row.update(ours_ms=float(mine[column]), baseline_ms=float(theirs[column]))
             row["ratio"] = row["ours_ms"] / row["baseline_ms"]
             row["verdict"] = "pass" if row["ratio"] <= limit else "fail"
+            if per_round is not None and len(per_round):
+                wide = per_round.pivot(index="round", columns="impl", values=column)
+                if {ours, baseline} <= set(wide.columns):
+                    ratios = (wide[ours] / wide[baseline]).dropna()
+                    row.update(round_ratio_min=ratios.min(), round_ratio_max=ratios.max(),
+                               rounds_within=int((ratios <= limit).sum()), rounds=len(ratios))
         rows.append(row)
-    return pd.DataFrame(rows, columns=["bar", "ours_ms", "baseline_ms", "ratio", "limit", "verdict"])
+    return pd.DataFrame(rows, columns=["bar", "ours_ms", "baseline_ms", "ratio", "limit", "verdict", "round_ratio_min",
+                                       "round_ratio_max", "rounds_within", "rounds"])
+
+
+def leaderboard_bars_text(bars: pd.DataFrame) -> str:
+    """`leaderboard_bars` as the report's sentence: each bar's verdict, the two medians and their ratio, and
+    the ratios round by round where the rounds were kept."""
+    from cs336_systems.report.tables import fmt_ms
+
+    parts = []
+    for b in bars.itertuples():
+        part = f"**{b.bar}: {b.verdict}**"
+        if b.ratio == b.ratio:  # not NaN: both were measured
+            detail = f"{fmt_ms(b.ours_ms)} vs {fmt_ms(b.baseline_ms)}, {b.ratio:.3f}×"
+            if b.rounds == b.rounds:
+                detail += (f"; round by round {b.round_ratio_min:.3f}–{b.round_ratio_max:.3f}×, within the limit in "
+                           f"{b.rounds_within:.0f} of {b.rounds:.0f} rounds")
+            part += f" ({detail})"
+        parts.append(part)
+    return "; ".join(parts) + "."
 
 
 def read_tuning_record(path: str | Path) -> pd.DataFrame:

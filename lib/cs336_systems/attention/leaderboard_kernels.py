@@ -154,3 +154,29 @@ def kernel_phase_summary(kernels: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     return pd.DataFrame(rows, columns=["impl", "forward_ms", "backward_ms", "harness_ms", "kernels_ms", "span_ms",
                                        "gaps_ms"])
+
+
+def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int) -> str:
+    """The report's reading of `leaderboard_kernels` and `kernel_phase_summary`: each implementation's harness
+    kernels, ours against SDPA-cuDNN kernel by kernel where both were profiled, and the dense copies of the
+    broadcast upstream gradient."""
+    from cs336_systems.report.tables import fmt_ms
+
+    by = phases.set_index("impl")
+    text = [f"Medians of {steps} profiled steps. The harness's kernels take "
+            + ", ".join(f"{fmt_ms(r.harness_ms)} ({r.Index})" for r in by.itertuples()) + "."]
+    if {"triton", "sdpa_cudnn"} <= set(by.index):
+        o, c = by.loc["triton"], by.loc["sdpa_cudnn"]
+        attention = (o.forward_ms + o.backward_ms) / (c.forward_ms + c.backward_ms)
+        text.append(f"Ours against SDPA-cuDNN, kernels only: forward {fmt_ms(o.forward_ms)} against {fmt_ms(c.forward_ms)} "
+                    f"({o.forward_ms / c.forward_ms:.3f}×), backward {fmt_ms(o.backward_ms)} against "
+                    f"{fmt_ms(c.backward_ms)} ({o.backward_ms / c.backward_ms:.3f}×), attention kernels together "
+                    f"**{attention:.3f}×**; with the harness's kernels the sums are {fmt_ms(o.kernels_ms)} against "
+                    f"{fmt_ms(c.kernels_ms)} ({o.kernels_ms / c.kernels_ms:.3f}×).")
+    copies = kernels[kernels.role == "dense copy of the upstream gradient"].groupby("impl").ms.sum()
+    per_impl = [f"{fmt_ms(copies[impl])} ({impl})" if impl in copies.index else f"none ({impl})" for impl in by.index]
+    text.append("The dense copy of the broadcast upstream gradient (`o.sum()` backpropagates a stride-0 tensor), "
+                "counted in the backward: " + ", ".join(per_impl) + ".")
+    text.append("The spans in the second table include the gaps between kernels, where the GPU waited for the host; "
+                "the profiler adds its own host time per launch, so those gaps are not the timed runs'.")
+    return " ".join(text)
