@@ -15,8 +15,8 @@ hence `MIN_SEQ_LEN` and `MIN_CTAS_PER_SM` (docs/flash_attention_tuning.md, v7).
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) takes the same limits, which its
 grid shares, and is further limited to causal attention at d = 64: on an H100 (2026-11-23, batch·heads
 16, N = 16,384, bf16) its first version took 3.50-3.63 against 3.71 ms for the two Triton kernels causal,
-and 7.46-7.56 against 7.41 ms without the mask (docs/flash_attention_tuning.md, v8); the kernel alone now
-takes 2.91-3.40 ms causal (v12).
+and 7.46-7.56 against 7.41 ms without the mask (docs/flash_attention_tuning.md, v8); the whole backward
+(preprocess and dQ conversion included) now takes 2.93 ms causal (v15; 3.22 ms for v12 in the same run).
 
 Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
 `cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor

@@ -25,6 +25,7 @@ in tile i, the owner waited for it every tile.
 
 The schedule per tile, per consumer warpgroup (`tl.dot` would wait for each product as it is issued):
 
+    L_{i+1}, D_{i+1} loads issued (one element per thread; L_i, D_i moved into the products' layout)
     issue S^T, dP^T (K and V register operands, read from shared memory once);  wait S^T
     P^T = 2^(...);  issue dV += P^T dO_i (P^T a register operand);  wait dP^T
     dS^T -> shared memory (for the owner's dQ);  issue dK += dS^T Q_i (dS^T a register operand)
@@ -50,7 +51,10 @@ dK and dV go out through the K and V slots, once the other warpgroup's last dQ p
 
 P^T and dS^T as register operands gained only once the summed parts had cut the reduce-add traffic
 (they had not in v8). On H100s (tuning record, v12) the two took the kernel from 3.55-3.84 to 2.91-3.40
-ms (median 3.07) at the leaderboard shape. Causal only: without the mask an earlier version measured
+ms (median 3.07) at the leaderboard shape. Loading the rows of L and D a tile ahead (v15) took the whole
+backward (preprocess and dQ conversion included) from 3.22 to 2.93 ms (medians of four rounds, same run):
+loaded in the tile that used them, their latency stood between the S^T product and the exponentials;
+loaded there in the compact layout without the lead, the backward took 3.26 ms. Causal only: without the mask an earlier version measured
 no faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the
 Gluon forward, causal, d = 64. The handshake between the warpgroups is replayed on the CPU by
 tests/test_flash_gluon_handshake.py.
@@ -169,14 +173,24 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
     Q_TILE: gl.constexpr = q_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
     K_HALF: gl.constexpr = k_smem.shape[2]
+    cols = gl.arange(0, Q_TILE, layout=gl.SliceLayout(0, s_zero.type.layout))
+    # the next tile's rows of L and D are loaded a tile ahead, one element per thread (not the 16 of the
+    # products' layout, which spilled), and moved into the products' layout when used
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    flat_cols = gl.arange(0, Q_TILE, layout=flat)
+    next_pos = q_lo + t_lo * Q_TILE + flat_cols
+    lse_next = gl.load(L_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
+    delta_next = gl.load(Delta_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
     for t in range(t_lo, t_hi):
         slot = t % STAGES
         b = t % 2
         q_start = q_lo + t * Q_TILE
-        query_pos = q_start + gl.arange(0, Q_TILE, layout=gl.SliceLayout(0, s_zero.type.layout))
-        in_range = query_pos < N_QUERIES
-        lse2 = gl.load(L_row + query_pos * stride_lq, mask=in_range, other=0.0) * LOG2E
-        delta = gl.load(Delta_row + query_pos * stride_lq, mask=in_range, other=0.0)
+        query_pos = q_start + cols
+        lse2 = gl.convert_layout(lse_next, cols.type.layout) * LOG2E
+        delta = gl.convert_layout(delta_next, cols.type.layout)
+        next_pos = q_start + Q_TILE + flat_cols
+        lse_next = gl.load(L_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
+        delta_next = gl.load(Delta_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
         paired = t >= t_both
         ds_buf = ds_smem.index(2 * H + b)
         q_tile = q_smem.index(slot).reshape([Q_TILE, D])
