@@ -357,6 +357,48 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
         FlashAttentionTriton.apply(q, [[0.0]], v, True)
 
 
+def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device, monkeypatch):
+    """The eager backward derives its kernels' configurations and launch plans once per forward geometry and
+    upstream-gradient layout: a second backward of one geometry re-derives nothing and gives the same gradients,
+    a non-contiguous upstream gradient or non-contiguous inputs take the general path (own entry, no route),
+    and a configuration table reload forgets the routes."""
+    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_configs import reload_config_table
+
+    ft._BACKWARD_ROUTES.clear()  # the cache itself: a reload must clear it
+    configs = []
+    config = FlashAttentionTriton._config
+    monkeypatch.setattr(FlashAttentionTriton, "_config",
+                        staticmethod(lambda kernel, *args: (configs.append(kernel), config(kernel, *args))[1]))
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, do = (torch.randn(2, 40, 16, generator=gen).to(triton_device) for _ in range(4))
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        FlashAttentionTriton.apply(*leaves, True).backward(do)
+        grads.append([t.grad for t in leaves])
+    assert configs.count("dq") == configs.count("dkdv") == 1 and len(ft._BACKWARD_ROUTES) == 1
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    def expected(grad_out):
+        out64, _, leaves64 = reference(q, k, v, True)
+        out64.backward(grad_out.double())
+        return [t.grad for t in leaves64]
+
+    for grad, ref in zip(grads[0], expected(do)):
+        assert rel_error(grad, ref) < 1e-3
+    route = next(iter(ft._BACKWARD_ROUTES.values()))
+    assert not route.gluon and route.dq.grid and route.dkdv.grid
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    strided_do = torch.randn(2, 16, 40, generator=gen).to(triton_device).transpose(1, 2)
+    FlashAttentionTriton.apply(*leaves, True).backward(strided_do)  # the general path makes it contiguous
+    assert len(ft._BACKWARD_ROUTES) == 2 and list(ft._BACKWARD_ROUTES.values())[-1] is None
+    for grad, ref in zip([t.grad for t in leaves], expected(strided_do)):
+        assert rel_error(grad, ref) < 1e-3
+    reload_config_table()
+    assert not ft._BACKWARD_ROUTES
+
+
 def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
     from cs336_systems.attention.flash_triton import launch_dq
     from cs336_systems.attention.flash_configs import KernelConfig

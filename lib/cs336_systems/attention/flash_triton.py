@@ -172,8 +172,9 @@ class FlashAttentionTriton(torch.autograd.Function):
                 launch_forward_gluon(q, k, v, out, lse, is_causal)
             else:
                 launch_forward(q, k, v, out, lse, is_causal, FlashAttentionTriton._config("forward", q, k.shape[-2], is_causal))
+            ctx.route_key = None
         else:
-            out, lse = flash_forward_triton(q, k, v, is_causal)
+            out, lse, ctx.route_key = _forward_eager(q, k, v, is_causal)
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal
         ctx.backward_impl = backward_impl
@@ -188,7 +189,7 @@ class FlashAttentionTriton(torch.autograd.Function):
                 q, k, v, out, grad_out, lse, ctx.is_causal, compiled=FlashAttentionPytorch.compile_backward
             )
         else:
-            grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal)
+            grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.route_key)
         return (*grads, None, None)
 
 
@@ -214,6 +215,11 @@ def flash_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
     """O and L (q.shape[:-1], fp32) of (..., N, d) inputs, eagerly: the Gluon kernel where
     `gluon_forward_applies`, else `flash_fwd_kernel`; bad inputs raise a ValueError that names the problem.
     (While torch.compile traces, `FlashAttentionTriton.forward` decides in place.)"""
+    return _forward_eager(q, k, v, is_causal)[:2]
+
+
+def _forward_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool):
+    """`flash_forward_triton`, and the key of the inputs' geometry, with which the backward finds its route."""
     try:
         key = (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, k.shape, k.stride(), k.dtype, k.device,
                k.data_ptr() % 16, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16, is_causal,
@@ -235,7 +241,38 @@ def flash_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
         launch_forward_gluon(q, k, v, out, lse, is_causal)
     else:
         _run("forward", route, (q, k, v, out, lse))
-    return out, lse
+    return out, lse, key
+
+
+class _BackwardRoute(NamedTuple):
+    gluon: bool  # the fused Gluon kernel (`flash_backward_gluon`), else the two Triton kernels by these plans
+    dq: _LaunchPlan | None
+    dkdv: _LaunchPlan | None
+
+
+# Per forward geometry (`_forward_eager`'s key) and upstream-gradient layout: the backward's route, decided once,
+# or None where an input is not contiguous (the general path below then copies it). The key holds everything the
+# route reads: q, k, v's geometry through the forward's key; O and L are the forward's own contiguous outputs;
+# D and the gradients are allocated here, contiguous and aligned. An eager backward runs its Python on autograd's
+# device thread, where on lent H100 hosts our whole forward+backward cost 530-560 µs of host time through autograd
+# against 200 µs for the same calls made directly (tools/flash_host_probe.py): what it derives per call costs twice.
+_BACKWARD_ROUTES: dict[tuple, _BackwardRoute | None] = answer_cache()
+
+
+def _backward_route(q, k, v, out, grad_out, lse, delta, grads, is_causal: bool) -> _BackwardRoute | None:
+    if not all(t.is_contiguous() for t in (q, k, v, grad_out, lse)):
+        return None
+    if gluon_backward_applies(q, k, v, is_causal, INTERPRETED):
+        return _BackwardRoute(True, None, None)
+    n_k = k.shape[-2]
+    grad_q, grad_k, grad_v = grads
+    return _BackwardRoute(
+        False,
+        _plan("dq", (q, k, v, out, grad_out, lse, delta, grad_q), is_causal,
+              FlashAttentionTriton._config("dq", q, n_k, is_causal)),
+        _plan("dkdv", (q, k, v, grad_out, lse, delta, grad_k, grad_v), is_causal,
+              FlashAttentionTriton._config("dkdv", q, n_k, is_causal)),
+    )
 
 
 def flash_backward_triton(
@@ -246,9 +283,28 @@ def flash_backward_triton(
     grad_out: torch.Tensor,
     lse: torch.Tensor,
     is_causal: bool,
+    route_key: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (shapes and dtypes of q, k, v) from the two Triton kernels or, where
-    `gluon_backward_applies`, the fused Gluon kernel."""
+    `gluon_backward_applies`, the fused Gluon kernel. `route_key`: the key `_forward_eager` returned with
+    `out` and `lse`, under which the route is kept (None: decided in full)."""
+    if route_key is not None:
+        key = (route_key, grad_out.stride(), grad_out.data_ptr() % 16)
+        route = _BACKWARD_ROUTES.get(key, _UNSEEN)
+        if route is not None:
+            if route is not _UNSEEN and route.gluon:
+                return flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
+            delta = torch.empty_like(lse)
+            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+            if route is _UNSEEN:
+                route = _backward_route(q, k, v, out, grad_out, lse, delta, grads, is_causal)
+                if len(_BACKWARD_ROUTES) >= MAX_PLANS:
+                    _BACKWARD_ROUTES.clear()
+                _BACKWARD_ROUTES[key] = route
+            if route is not None and not route.gluon:
+                _run("dq", route.dq, (q, k, v, out, grad_out, lse, delta, grads[0]))
+                _run("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grads[1], grads[2]))
+                return grads
     shapes = (q.shape, k.shape, v.shape)
     # One copy, not one per kernel, where the leading dimensions do not merge.
     q, k, v = (t if t.is_contiguous() else as_rows(t)[0] for t in (q, k, v))
