@@ -108,12 +108,18 @@ class CachedLauncher:
                                           tuple(meta[name] for name in self.constexpr_names))
             return compiled
         gx, gy, gz = _grid3(grid)
-        args = (*tensors, *scalars, *bound.constexpr_values)
         # Launch hooks (profilers such as Proton) get what Triton's JIT gives them; with none set,
         # neither the metadata nor the calls into empty hook chains.
         enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
-        hooked = enter is not None or leave is not None
-        metadata = bound.compiled.launch_metadata((gx, gy, gz), stream, *args) if hooked else None
+        if enter is not None or leave is not None:
+            args = (*tensors, *scalars, *bound.constexpr_values)
+            metadata = bound.compiled.launch_metadata((gx, gy, gz), stream, *args)
+        else:
+            # Addresses rather than tensors: for a tensor Triton's launcher calls its data_ptr() and then
+            # cuPointerGetAttribute to check that the address is the device's, for an integer neither. The
+            # tensors are CUDA tensors (checked above) and their addresses are what the JIT path passes.
+            args = (*[t.data_ptr() for t in tensors], *scalars, *bound.constexpr_values)
+            metadata = None
         bound.run(gx, gy, gz, stream, bound.function, bound.packed_metadata, metadata, enter, leave, *args)
         return bound.compiled
 
