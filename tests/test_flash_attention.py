@@ -379,8 +379,9 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
         grads.append([t.grad for t in leaves])
     assert configs.count("dq") == configs.count("dkdv") == 1 and len(ft._BACKWARD_ROUTES) == 1
     assert all(torch.equal(a, b) for a, b in zip(*grads))
-    def expected(grad_out):
-        out64, _, leaves64 = reference(q, k, v, True)
+
+    def expected(grad_out, inputs=(q, k, v)):
+        out64, _, leaves64 = reference(*inputs, True)
         out64.backward(grad_out.double())
         return [t.grad for t in leaves64]
 
@@ -394,6 +395,14 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     FlashAttentionTriton.apply(*leaves, True).backward(strided_do)  # the general path makes it contiguous
     assert len(ft._BACKWARD_ROUTES) == 2 and list(ft._BACKWARD_ROUTES.values())[-1] is None
     for grad, ref in zip([t.grad for t in leaves], expected(strided_do)):
+        assert rel_error(grad, ref) < 1e-3
+    # (batch, seq, heads, d) viewed heads-first: inputs whose leading dimensions do not merge
+    model_view = [torch.randn(2, 40, 3, 16, generator=gen).to(triton_device).transpose(1, 2) for _ in range(3)]
+    leaves = [t.detach().requires_grad_() for t in model_view]
+    do = torch.randn(2, 3, 40, 16, generator=gen).to(triton_device)
+    FlashAttentionTriton.apply(*leaves, True).backward(do)
+    assert len(ft._BACKWARD_ROUTES) == 3 and list(ft._BACKWARD_ROUTES.values())[-1] is None
+    for grad, ref in zip([t.grad for t in leaves], expected(do, model_view)):
         assert rel_error(grad, ref) < 1e-3
     reload_config_table()
     assert not ft._BACKWARD_ROUTES

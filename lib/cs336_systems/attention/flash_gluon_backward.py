@@ -54,8 +54,8 @@ P^T and dS^T as register operands gained only once the summed parts had cut the 
 ms (median 3.07) at the leaderboard shape. Loading the rows of L and D a tile ahead (v15) took the whole
 backward (preprocess and dQ conversion included) from 3.22 to 2.93 ms (medians of four rounds, same run):
 loaded in the tile that used them, their latency stood between the S^T product and the exponentials;
-loaded there in the compact layout without the lead, the backward took 3.26 ms. Causal only: without the mask an earlier version measured
-no faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the
+loaded there in the compact layout without the lead, the backward took 3.26 ms. Causal only: without the
+mask an earlier version measured no faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the
 Gluon forward, causal, d = 64. The handshake between the warpgroups is replayed on the CPU by
 tests/test_flash_gluon_handshake.py.
 """

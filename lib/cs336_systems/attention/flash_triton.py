@@ -259,13 +259,14 @@ class _BackwardRoute(NamedTuple):
 _BACKWARD_ROUTES: dict[tuple, _BackwardRoute | None] = answer_cache()
 
 
-def _backward_route(q, k, v, out, grad_out, lse, delta, grads, is_causal: bool) -> _BackwardRoute | None:
+def _backward_route(q, k, v, out, grad_out, lse, is_causal: bool) -> _BackwardRoute | None:
     if not all(t.is_contiguous() for t in (q, k, v, grad_out, lse)):
         return None
     if gluon_backward_applies(q, k, v, is_causal, INTERPRETED):
         return _BackwardRoute(True, None, None)
     n_k = k.shape[-2]
-    grad_q, grad_k, grad_v = grads
+    # D and the gradients as every call allocates them (contiguous, aligned): the plans read their geometry
+    delta, grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (lse, q, k, v))
     return _BackwardRoute(
         False,
         _plan("dq", (q, k, v, out, grad_out, lse, delta, grad_q), is_causal,
@@ -291,20 +292,19 @@ def flash_backward_triton(
     if route_key is not None:
         key = (route_key, grad_out.stride(), grad_out.data_ptr() % 16)
         route = _BACKWARD_ROUTES.get(key, _UNSEEN)
+        if route is _UNSEEN:
+            route = _backward_route(q, k, v, out, grad_out, lse, is_causal)
+            if len(_BACKWARD_ROUTES) >= MAX_PLANS:
+                _BACKWARD_ROUTES.clear()
+            _BACKWARD_ROUTES[key] = route
+        if route is not None and route.gluon:
+            return flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
         if route is not None:
-            if route is not _UNSEEN and route.gluon:
-                return flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
             delta = torch.empty_like(lse)
             grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-            if route is _UNSEEN:
-                route = _backward_route(q, k, v, out, grad_out, lse, delta, grads, is_causal)
-                if len(_BACKWARD_ROUTES) >= MAX_PLANS:
-                    _BACKWARD_ROUTES.clear()
-                _BACKWARD_ROUTES[key] = route
-            if route is not None and not route.gluon:
-                _run("dq", route.dq, (q, k, v, out, grad_out, lse, delta, grads[0]))
-                _run("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grads[1], grads[2]))
-                return grads
+            _run("dq", route.dq, (q, k, v, out, grad_out, lse, delta, grads[0]))
+            _run("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grads[1], grads[2]))
+            return grads
     shapes = (q.shape, k.shape, v.shape)
     # One copy, not one per kernel, where the leading dimensions do not merge.
     q, k, v = (t if t.is_contiguous() else as_rows(t)[0] for t in (q, k, v))
