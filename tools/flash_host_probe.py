@@ -11,7 +11,9 @@ A shape is heads x N x d (batch 1, bf16, causal), as in notebook 10's grid. Run 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import gc
 import io
 import pstats
 import statistics
@@ -67,7 +69,7 @@ def main() -> None:
                    for _ in range(3))
         do = torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16)
         for name, apply in impls.items():
-            with implementation("sdpa_flash").context() if name == "sdpa_flash" else _null():
+            with implementation(name).context() if name in ("triton", "sdpa_flash") else contextlib.nullcontext():
                 for _ in range(3):
                     apply(q, k, v, True).backward(do)
                 fwd = host_us(lambda: apply(q, k, v, True), args.calls)
@@ -143,20 +145,10 @@ def diagnose(calls: int, shape: str) -> None:
             torch.cuda.synchronize()
             print(f"{name:>12s} forward+backward split, medians: "
                   + ", ".join(f"{key} {statistics.median(v):.1f} µs" for key, v in parts.items()), flush=True)
-            import gc
-
             gc.disable()
             print(f"{name:>12s} {'gc disabled':>20s} {host_us(variants['o.backward(do)'], calls):8.1f} µs", flush=True)
             gc.enable()
             q.grad = k.grad = v.grad = None
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

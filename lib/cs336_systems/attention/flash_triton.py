@@ -297,9 +297,9 @@ def flash_backward_triton(
             if len(_BACKWARD_ROUTES) >= MAX_PLANS:
                 _BACKWARD_ROUTES.clear()
             _BACKWARD_ROUTES[key] = route
-        if route is not None and route.gluon:
-            return flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
         if route is not None:
+            if route.gluon:
+                return flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
             delta = torch.empty_like(lse)
             grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
             _run("dq", route.dq, (q, k, v, out, grad_out, lse, delta, grads[0]))
