@@ -60,8 +60,14 @@ def main() -> None:
     if args.diagnose:
         diagnose(args.calls, args.shapes[0])
         return
+    from cs336_systems.attention import flash_native
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+
     impls = {name: implementation(name).apply for name in ("triton", "sdpa_flash")}
+    impls["triton python node"] = FlashAttentionTriton.apply
     impls["python node floor"] = _Floor.apply
+    flash_native.load()
+    print(f"C++ autograd node: {flash_native.status()}")
     print(f"{'shape':>12s} {'impl':>18s} {'forward':>9s} {'backward':>9s} {'fwd+bwd':>9s}  (µs of host time per call)")
     for shape in args.shapes:
         heads, n, d = (int(x) for x in shape.split("x"))
@@ -70,6 +76,7 @@ def main() -> None:
         do = torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16)
         for name, apply in impls.items():
             with implementation(name).context() if name in ("triton", "sdpa_flash") else contextlib.nullcontext():
+                # triton: flash_attention_triton, through the C++ node where it serves the geometry
                 for _ in range(3):
                     apply(q, k, v, True).backward(do)
                 fwd = host_us(lambda: apply(q, k, v, True), args.calls)

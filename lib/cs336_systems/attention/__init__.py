@@ -28,9 +28,9 @@ def _flash_pytorch(q, k, v, is_causal: bool = False):
 
 
 def _flash_triton(q, k, v, is_causal: bool = False):
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+    from cs336_systems.attention.flash_triton import flash_attention_triton
 
-    return FlashAttentionTriton.apply(q, k, v, is_causal)
+    return flash_attention_triton(q, k, v, is_causal)
 
 
 ATTENTION_IMPLEMENTATIONS: dict[str, AttentionFn] = {

@@ -1,7 +1,8 @@
 """FlashAttention-2 against PyTorch attention: latency, achieved TFLOP/s and correctness per configuration.
 
 Implementations (`IMPLEMENTATIONS`), all called as f(q, k, v, is_causal) on (batch, heads, seq, d):
-  triton          ours, `FlashAttentionTriton.apply` (attention/flash_triton.py)
+  triton          ours, `flash_attention_triton` (attention/flash_triton.py): FlashAttentionTriton's kernels,
+                  eager calls through the C++ autograd node of attention/flash_native.py where it applies
   pytorch         the materialised softmax(Q Kᵀ/√d) V of attention/naive.py
   sdpa_flash      torch's scaled_dot_product_attention restricted with `sdpa_kernel` to one backend;
   sdpa_cudnn      `fastest_sdpa` then keeps, per configuration, the backend with the lowest
@@ -209,9 +210,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = F
 
 
 def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+    from cs336_systems.attention.flash_triton import flash_attention_triton
 
-    return FlashAttentionTriton.apply(q, k, v, is_causal)
+    return flash_attention_triton(q, k, v, is_causal)
 
 
 # H100, torch 2.11 (notebook 10, 2026-11-23): each capture of the materialised attention left its graph's memory

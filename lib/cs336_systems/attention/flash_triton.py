@@ -41,6 +41,7 @@ from cs336_systems.attention.flash_configs import (
     kv_split_chunk,
     sm_count,
 )
+from cs336_systems.attention import flash_native
 from cs336_systems.attention.flash_gluon import (
     flash_backward_gluon,
     gluon_backward_applies,
@@ -196,7 +197,13 @@ class FlashAttentionTriton(torch.autograd.Function):
 def flash_attention_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, backward_impl: str | None = None
 ) -> torch.Tensor:
-    """`FlashAttentionTriton.apply` with the backward chosen per call (None: the class default)."""
+    """`FlashAttentionTriton.apply` with the backward chosen per call (None: the class default). Eager calls
+    on CUDA tensors with the Triton backward go through the C++ autograd node of `flash_native` where it
+    serves the geometry: the same kernels, launched without Python on the host path."""
+    if (backward_impl or FlashAttentionTriton.backward_impl) == "triton":
+        out = flash_native.attention(q, k, v, is_causal)
+        if out is not None:
+            return out
     return FlashAttentionTriton.apply(q, k, v, is_causal, backward_impl)
 
 

@@ -123,6 +123,13 @@ class CachedLauncher:
         bound.run(gx, gy, gz, stream, bound.function, bound.packed_metadata, metadata, enter, leave, *args)
         return bound.compiled
 
+    def compiled(self, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple, meta: dict):
+        """The compiled kernel that `self(grid, tensors, scalars, meta)` runs, compiled where new (not launched),
+        its function loaded on the current device (`flash_native` launches it from C++)."""
+        compiled = self.kernel.warmup(*tensors, *scalars, grid=grid, **meta)
+        compiled._init_handles()
+        return compiled
+
 
 def _hook(hook):
     """A launch hook as the launcher takes it: None where none is set (Triton 3.6 keeps hooks in a

@@ -1,0 +1,406 @@
+// FlashAttention-2's eager autograd node in C++: the launches of the Triton kernels, forward and backward,
+// without Python on the host path (flash_native.py says why and builds what this file runs).
+//
+// A *program* is what Python derived once per input geometry: for each kernel launch the loaded
+// CUfunction, grid, threads, dynamic shared memory, and the kernel's parameters in Triton's order
+// (tensor slots, integer values, Triton's global scratch, null pointers). `forward(q, k, v, is_causal)`
+// finds the program by the inputs' geometry, allocates O and L, launches, and records a FlashBackward
+// node holding Q, K, V, O and L; the engine later calls its apply(dO) on its device thread, which
+// allocates D, dQ, dK, dV and launches the backward kernels: no Python, so no GIL on that thread.
+//
+// CUDA is reached through the driver API by dlsym (libcuda.so.1 is loaded by PyTorch), so the file
+// builds against any PyTorch's headers, CUDA or CPU-only.
+
+#include <dlfcn.h>
+#include <torch/extension.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <mutex>
+#include <unordered_map>
+
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+// The driver entry points used, declared as cuda.h declares them (ABI-stable since CUDA 4/10).
+using CUresult = int;
+using LaunchKernel = CUresult (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shared, void* stream, void** params, void** extra);
+using GetErrorString = CUresult (*)(CUresult, const char**);
+using StreamIsCapturing = CUresult (*)(void* stream, int* status);
+using CtxGetCurrent = CUresult (*)(void** context);
+using CtxSetCurrent = CUresult (*)(void* context);
+using DeviceGet = CUresult (*)(int* device, int ordinal);
+using PrimaryCtxRetain = CUresult (*)(void** context, int device);
+
+struct Driver {
+  LaunchKernel launch = nullptr;
+  GetErrorString error_string = nullptr;
+  StreamIsCapturing is_capturing = nullptr;
+  CtxGetCurrent ctx_get_current = nullptr;
+  CtxSetCurrent ctx_set_current = nullptr;
+  DeviceGet device_get = nullptr;
+  PrimaryCtxRetain primary_ctx_retain = nullptr;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    TORCH_CHECK(lib != nullptr, "flash_autograd: cannot open libcuda.so.1 (no NVIDIA driver?)");
+    Driver out;
+    out.launch = reinterpret_cast<LaunchKernel>(dlsym(lib, "cuLaunchKernel"));
+    out.error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cuGetErrorString"));
+    out.is_capturing = reinterpret_cast<StreamIsCapturing>(dlsym(lib, "cuStreamIsCapturing"));
+    out.ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+    out.ctx_set_current = reinterpret_cast<CtxSetCurrent>(dlsym(lib, "cuCtxSetCurrent"));
+    out.device_get = reinterpret_cast<DeviceGet>(dlsym(lib, "cuDeviceGet"));
+    out.primary_ctx_retain = reinterpret_cast<PrimaryCtxRetain>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    TORCH_CHECK(out.launch && out.error_string && out.is_capturing && out.ctx_get_current && out.ctx_set_current &&
+                    out.device_get && out.primary_ctx_retain,
+                "flash_autograd: libcuda.so.1 lacks one of the driver functions this file calls");
+    return out;
+  }();
+  return d;
+}
+
+void check(CUresult status, const char* what, const std::string& name) {
+  if (status != 0) {
+    const char* text = nullptr;
+    driver().error_string(status, &text);
+    TORCH_CHECK(false, "flash_autograd: ", what, " ", name, " failed: ", text ? text : "unknown CUDA error");
+  }
+}
+
+// The runtime API makes a device's primary context current lazily, per thread, and autograd's device
+// thread may not have one yet when a backward starts; the driver API needs it (Triton's launcher does
+// the same, `ensureCudaContext`).
+void ensure_context(int ordinal) {
+  const Driver& cuda = driver();
+  void* context = nullptr;
+  check(cuda.ctx_get_current(&context), "cuCtxGetCurrent", "");
+  if (context != nullptr) return;
+  int device = 0;
+  check(cuda.device_get(&device, ordinal), "cuDeviceGet", std::to_string(ordinal));
+  check(cuda.primary_ctx_retain(&context, device), "cuDevicePrimaryCtxRetain", std::to_string(ordinal));
+  check(cuda.ctx_set_current(context), "cuCtxSetCurrent", std::to_string(ordinal));
+}
+
+// Tensor slots of a call: the forward's, then the backward's, then the program's own (workspaces).
+enum Slot : int64_t { Q, K, V, OUT, LSE, GRAD_OUT, DELTA, GRAD_Q, GRAD_K, GRAD_V, HELD };
+enum Kind : int64_t { TENSOR = 0, I32 = 1, I64 = 2, I8 = 3, SCRATCH = 4, NULL_POINTER = 5 };
+constexpr size_t MAX_PARAMS = 64;
+
+struct Param {
+  int64_t kind;
+  int64_t value;  // the slot of a TENSOR, the value of an integer
+};
+
+struct Launch {
+  std::string name;
+  void* function;
+  std::array<unsigned, 3> grid;
+  unsigned threads;
+  unsigned shared;
+  int64_t scratch_bytes;  // Triton's global scratch for the whole grid (0: none)
+  std::vector<Param> params;
+};
+
+struct Program {
+  std::vector<Launch> forward;
+  std::vector<Launch> backward;
+  std::vector<at::Tensor> held;  // slots HELD, HELD + 1, ...
+};
+
+using Tensors = std::array<at::Tensor, HELD>;
+
+// PyTorch holds autograd nodes by std::shared_ptr up to 2.12 and by c10::intrusive_ptr since; the branch not
+// taken is never instantiated (its names depend on T), so the file builds against either.
+constexpr bool kSharedNodes = std::is_same_v<decltype(torch::autograd::Edge().function), std::shared_ptr<Node>>;
+
+template <class T, class... Args>
+auto make_node(Args&&... args) {
+  if constexpr (kSharedNodes) {
+    // deleteNode (found through T's base, Node), as PyTorch's generated nodes use: frees long chains without deep recursion
+    return std::shared_ptr<T>(new T(std::forward<Args>(args)...), [](T* p) { deleteNode(p); });
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
+}
+
+void* stream_of(const at::Tensor& t) {
+  auto stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
+  return stream.native_handle();
+}
+
+void launch_all(const std::vector<Launch>& launches, const Tensors& tensors, const Program& program, void* stream) {
+  const Driver& cuda = driver();
+  ensure_context(tensors[Q].device().index());
+  for (const Launch& launch : launches) {
+    std::array<int64_t, MAX_PARAMS> values{};
+    std::array<void*, MAX_PARAMS> pointers{};
+    at::Tensor scratch;
+    size_t i = 0;
+    for (const Param& param : launch.params) {
+      switch (param.kind) {
+        case TENSOR: {
+          const at::Tensor& t = param.value < HELD ? tensors[param.value] : program.held[param.value - HELD];
+          values[i] = reinterpret_cast<int64_t>(t.data_ptr());
+          break;
+        }
+        case I32: {
+          int32_t v = static_cast<int32_t>(param.value);
+          std::memcpy(&values[i], &v, sizeof v);
+          break;
+        }
+        case I8: {
+          int8_t v = static_cast<int8_t>(param.value);
+          std::memcpy(&values[i], &v, sizeof v);
+          break;
+        }
+        case I64:
+          values[i] = param.value;
+          break;
+        case SCRATCH:
+          // Stream-ordered like every allocation of PyTorch's caching allocator (and from the graph's pool
+          // while a CUDA graph captures), so a later launch never overwrites scratch a queued one still reads.
+          scratch = at::empty({launch.scratch_bytes}, tensors[Q].options().dtype(at::kByte));
+          values[i] = reinterpret_cast<int64_t>(scratch.data_ptr());
+          break;
+        case NULL_POINTER:
+          values[i] = 0;
+          break;
+      }
+      pointers[i] = &values[i];
+      ++i;
+    }
+    check(cuda.launch(launch.function, launch.grid[0], launch.grid[1], launch.grid[2], launch.threads, 1, 1,
+                      launch.shared, stream, pointers.data(), nullptr),
+          "launching", launch.name);
+  }
+}
+
+struct FlashBackward : public Node {
+  std::shared_ptr<const Program> program;
+  SavedVariable q_, k_, v_, out_, lse_;
+
+  std::string name() const override { return "FlashAttentionNativeBackward"; }
+
+  void release_variables() override {
+    q_.reset_data();
+    k_.reset_data();
+    v_.reset_data();
+    out_.reset_data();
+    lse_.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    at::Tensor grad_out = grads[0];
+    if (!grad_out.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    Tensors t;
+    t[Q] = q_.unpack();
+    t[K] = k_.unpack();
+    t[V] = v_.unpack();
+    t[OUT] = out_.unpack();
+    t[LSE] = lse_.unpack();
+    // The program's backward kernels were compiled for a contiguous, 16-byte-aligned dO (O's layout). A
+    // broadcast upstream gradient (o.sum() gives stride-0 ones) becomes dense here, as in the Python path.
+    if (!grad_out.is_contiguous() || reinterpret_cast<uintptr_t>(grad_out.data_ptr()) % 16 != 0) {
+      grad_out = grad_out.clone(at::MemoryFormat::Contiguous);
+    }
+    TORCH_CHECK(grad_out.sizes() == t[OUT].sizes() && grad_out.scalar_type() == t[OUT].scalar_type(),
+                "flash_autograd: upstream gradient of shape ", grad_out.sizes(), " and dtype ",
+                grad_out.scalar_type(), " for an output of shape ", t[OUT].sizes(), " and dtype ",
+                t[OUT].scalar_type());
+    t[GRAD_OUT] = grad_out;
+    t[DELTA] = at::empty_like(t[LSE]);
+    t[GRAD_Q] = at::empty_like(t[Q]);
+    t[GRAD_K] = at::empty_like(t[K]);
+    t[GRAD_V] = at::empty_like(t[V]);
+    launch_all(program->backward, t, *program, stream_of(t[Q]));
+    variable_list result{t[GRAD_Q], t[GRAD_K], t[GRAD_V]};
+    if (at::GradMode::is_enabled()) {
+      // As torch.autograd.function.once_differentiable: a second backward through these gradients fails
+      // when it is taken, not silently.
+      auto error = make_node<torch::autograd::Error>(
+          "FlashAttentionTriton's backward is not differentiable twice",
+          torch::autograd::collect_next_edges(grads[0], t[Q], t[K], t[V]));
+      torch::autograd::set_history(result, error);
+    }
+    return result;
+  }
+};
+
+// Programs by input geometry. The key holds everything a program was derived from: per input the sizes,
+// strides, dtype and whether its address is 16-byte aligned; the device, causality, the fp32 matmul
+// precision and the current stream (a program's workspaces serve one stream). A null program marks a
+// geometry the Python path serves (flash_native.py).
+using Key = std::vector<int64_t>;
+
+struct KeyHash {
+  size_t operator()(const Key& key) const noexcept {
+    size_t h = key.size();
+    for (int64_t x : key) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+std::mutex registry_mutex;
+std::unordered_map<Key, std::shared_ptr<const Program>, KeyHash> registry;
+
+void append_geometry(Key& key, const at::Tensor& t) {
+  key.push_back(t.dim());
+  for (int64_t s : t.sizes()) key.push_back(s);
+  for (int64_t s : t.strides()) key.push_back(s);
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  key.push_back(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
+}
+
+Key make_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal, void* stream) {
+  Key key;
+  key.reserve(40);
+  append_geometry(key, q);
+  append_geometry(key, k);
+  append_geometry(key, v);
+  key.push_back(q.device().index());
+  key.push_back(k.device() == q.device() && v.device() == q.device());
+  key.push_back(is_causal);
+  key.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
+  key.push_back(reinterpret_cast<int64_t>(stream));
+  return key;
+}
+
+bool usable(const at::Tensor& t) { return t.defined() && t.is_cuda() && !t._is_zerotensor(); }
+
+// Returns O; None where no program is registered for this geometry yet (Python derives one and calls
+// `register_program`), False where the geometry belongs to the Python path or the stream is capturing
+// a CUDA graph (a program's split-key workspace serves eager launches on one stream).
+py::object forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal) {
+  if (!(usable(q) && usable(k) && usable(v))) return py::bool_(false);
+  void* stream = stream_of(q);
+  int capturing = 0;
+  if (driver().is_capturing(stream, &capturing) != 0 || capturing != 0) return py::bool_(false);
+  std::shared_ptr<const Program> program;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto found = registry.find(make_key(q, k, v, is_causal, stream));
+    if (found == registry.end()) return py::none();
+    program = found->second;
+  }
+  if (!program) return py::bool_(false);
+  Tensors t;
+  t[Q] = q;
+  t[K] = k;
+  t[V] = v;
+  t[OUT] = at::empty(q.sizes(), q.options());
+  t[LSE] = at::empty(q.sizes().slice(0, q.dim() - 1), q.options().dtype(at::kFloat));
+  launch_all(program->forward, t, *program, stream);
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+    auto node = make_node<FlashBackward>();
+    node->program = program;
+    node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+    torch::autograd::set_history(t[OUT], node);
+    node->q_ = SavedVariable(q, false);
+    node->k_ = SavedVariable(k, false);
+    node->v_ = SavedVariable(v, false);
+    // O's data, not O: saved as the node's own output it would need the node's pointer to unpack, whose
+    // type differs across PyTorch versions. A detached alias shares O's storage and version counter, so
+    // an in-place change of O before the backward is still caught, and it holds no reference to the node.
+    node->out_ = SavedVariable(t[OUT].detach(), false);
+    node->lse_ = SavedVariable(t[LSE], false);
+  }
+  return py::cast(t[OUT]);
+}
+
+std::vector<Launch> to_launches(const py::list& specs) {
+  std::vector<Launch> out;
+  for (const py::handle& item : specs) {
+    auto spec = item.cast<py::dict>();
+    Launch launch;
+    launch.name = spec["name"].cast<std::string>();
+    launch.function = reinterpret_cast<void*>(spec["function"].cast<uint64_t>());
+    auto grid = spec["grid"].cast<std::vector<int64_t>>();
+    TORCH_CHECK(grid.size() == 3, "flash_autograd: ", launch.name, ": a grid has 3 dimensions");
+    for (size_t i = 0; i < 3; ++i) launch.grid[i] = static_cast<unsigned>(grid[i]);
+    launch.threads = spec["threads"].cast<unsigned>();
+    launch.shared = spec["shared"].cast<unsigned>();
+    launch.scratch_bytes = spec["scratch_bytes"].cast<int64_t>();
+    for (const auto& p : spec["params"].cast<std::vector<std::pair<int64_t, int64_t>>>()) {
+      TORCH_CHECK(p.first >= TENSOR && p.first <= NULL_POINTER, "flash_autograd: ", launch.name,
+                  ": unknown parameter kind ", p.first);
+      launch.params.push_back(Param{p.first, p.second});
+    }
+    TORCH_CHECK(launch.params.size() <= MAX_PARAMS, "flash_autograd: ", launch.name, " takes ",
+                launch.params.size(), " parameters, more than ", MAX_PARAMS);
+    out.push_back(std::move(launch));
+  }
+  return out;
+}
+
+// Registers the program for the geometry of (q, k, v, is_causal) on the current stream; `forward_specs`
+// None marks the geometry as the Python path's. A launch spec is a dict: name, function (CUfunction
+// address), grid (3 ints), threads, shared (bytes), scratch_bytes, params [(kind, value)].
+void register_program(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                      const py::object& forward_specs, const py::object& backward_specs,
+                      const std::vector<at::Tensor>& held) {
+  std::shared_ptr<const Program> program;
+  if (!forward_specs.is_none()) {
+    auto made = std::make_shared<Program>();
+    made->forward = to_launches(forward_specs.cast<py::list>());
+    made->backward = to_launches(backward_specs.cast<py::list>());
+    made->held = held;
+    for (const auto* launches : {&made->forward, &made->backward}) {
+      for (const Launch& launch : *launches) {
+        for (const Param& p : launch.params) {
+          TORCH_CHECK(p.kind != TENSOR || (p.value >= 0 && p.value < HELD + static_cast<int64_t>(held.size())),
+                      "flash_autograd: ", launch.name, ": tensor slot ", p.value, " out of range");
+        }
+      }
+    }
+    program = made;
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry[make_key(q, k, v, is_causal, stream_of(q))] = program;
+}
+
+void clear() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry.clear();
+}
+
+size_t size() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return registry.size();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "FlashAttention-2's eager autograd node: the Triton kernels' launches in C++ (flash_native.py)";
+  m.def("forward", &forward, "O of (q, k, v, is_causal) by the registered program; None: none registered; "
+        "False: the Python path's", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"));
+  m.def("register_program", &register_program, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"),
+        py::arg("forward_specs"), py::arg("backward_specs"), py::arg("held"));
+  m.def("clear", &clear, "forget every program");
+  m.def("size", &size, "the number of geometries registered");
+  m.attr("TENSOR") = static_cast<int64_t>(TENSOR);
+  m.attr("I32") = static_cast<int64_t>(I32);
+  m.attr("I64") = static_cast<int64_t>(I64);
+  m.attr("I8") = static_cast<int64_t>(I8);
+  m.attr("SCRATCH") = static_cast<int64_t>(SCRATCH);
+  m.attr("NULL_POINTER") = static_cast<int64_t>(NULL_POINTER);
+  py::dict slots;
+  for (auto [name, slot] : {std::pair<const char*, int64_t>{"q", Q}, {"k", K}, {"v", V}, {"out", OUT}, {"lse", LSE},
+                            {"grad_out", GRAD_OUT}, {"delta", DELTA}, {"grad_q", GRAD_Q}, {"grad_k", GRAD_K},
+                            {"grad_v", GRAD_V}, {"held", HELD}}) {
+    slots[name] = slot;
+  }
+  m.attr("SLOTS") = slots;
+}

@@ -1,0 +1,198 @@
+"""The C++ autograd node of FlashAttention (attention/flash_native.py, csrc/flash_autograd.cpp).
+
+On CPU: the extension builds against this PyTorch and leaves CPU tensors to the Python path, and the
+launch parameters it is given follow Triton's own launcher (the order `make_launcher` packs them in).
+On a GPU: the node's outputs and gradients are the Python path's, for the geometries it serves, and
+the calls it does not serve take the Python path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from cs336_systems.attention import flash_native  # noqa: E402
+from cs336_systems.attention.flash_benchmark import reference_gradients  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+KINDS = SimpleNamespace(TENSOR=0, I32=1, I64=2, I8=3, SCRATCH=4, NULL_POINTER=5)
+
+
+@pytest.fixture(scope="module")
+def native():
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the extension with")
+    module = flash_native.load()
+    assert module is not None, flash_native.status()
+    return module
+
+
+def test_extension_builds_and_leaves_cpu_tensors_to_python(native):
+    assert flash_native.status() == "loaded"
+    q = torch.randn(1, 2, 8, 16)
+    assert native.forward(q, q, q, True) is False
+    assert flash_native.attention(q, q, q, True) is None
+    # the parameter kinds and tensor slots Python packs are the extension's
+    assert {name: getattr(native, name) for name in vars(KINDS)} == vars(KINDS)
+    assert native.SLOTS["q"] == 0 and native.SLOTS["held"] == len(native.SLOTS) - 1
+
+
+def _compiled(signature: dict, **metadata) -> SimpleNamespace:
+    md = dict(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, profile_scratch_size=0,
+              global_scratch_align=128, global_scratch_size=0, num_warps=4, shared=2048)
+    md.update(metadata)
+    return SimpleNamespace(metadata=SimpleNamespace(**md), src=SimpleNamespace(signature=signature), name="kernel",
+                           function=0x1234)
+
+
+def _triton_launcher_params(signature: dict) -> list[str]:
+    """The kernel parameters Triton's generated launcher passes, in order (`void *params[] = {...}`)."""
+    from triton.backends.nvidia.driver import make_launcher
+
+    source = make_launcher({}, signature, None)
+    return re.search(r"void \*params\[\] = \{ (.*?) \};", source).group(1).split(", ")
+
+
+def test_launch_spec_follows_triton_launcher():
+    # Two tensors, then integers as Triton specializes them: i32, a stride equal to 1 (a constant, not
+    # passed), i64 past 2^31, then the constexprs.
+    signature = {"q": "*bf16", "lse": "*fp32", "stride": "i32", "unit": "constexpr", "big": "i64", "D": "constexpr"}
+    plan = SimpleNamespace(grid=(3, 2), scalars=(64, 1, 2**40))
+    spec = flash_native.launch_spec("dq", plan, ("q", "lse"), (0, 4), compiled=_compiled(
+        signature, global_scratch_size=128), kinds=KINDS)
+    assert spec["params"] == [(KINDS.TENSOR, 0), (KINDS.TENSOR, 4), (KINDS.I32, 64), (KINDS.I64, 2**40),
+                              (KINDS.SCRATCH, 0), (KINDS.NULL_POINTER, 0)]
+    launcher = _triton_launcher_params(signature)
+    assert launcher == ["&arg0", "&arg1", "&arg2", "&arg4", "&global_scratch", "&profile_scratch"]
+    assert len(spec["params"]) == len(launcher)
+    assert spec["grid"] == [3, 2, 1] and spec["threads"] == 128 and spec["shared"] == 2048
+    assert spec["scratch_bytes"] == 3 * 2 * 128 and spec["function"] == 0x1234
+    # no global scratch: a null pointer in its place
+    spec = flash_native.launch_spec("dq", plan, ("q", "lse"), (0, 4), compiled=_compiled(signature), kinds=KINDS)
+    assert spec["params"][-2:] == [(KINDS.NULL_POINTER, 0), (KINDS.NULL_POINTER, 0)]
+
+
+@pytest.mark.parametrize("signature, metadata", [
+    ({"q": "*bf16", "scale": "fp32"}, {}),  # a runtime float
+    ({"q": "*bf16", "n": "i32"}, {"num_ctas": 2}),  # a cluster launch
+    ({"q": "*bf16", "n": "i32"}, {"launch_pdl": True}),
+    ({"q": "*bf16", "n": "i32"}, {"profile_scratch_size": 64}),
+    ({"q": "*bf16", "n": "i32", "extra": "i32"}, {}),  # a runtime parameter the plan does not give
+])
+def test_launch_spec_refuses_what_the_node_does_not_launch(signature, metadata):
+    plan = SimpleNamespace(grid=(1,), scalars=(0.5,) if "scale" in signature else (8,))
+    with pytest.raises(flash_native.Unsupported):
+        flash_native.launch_spec("dq", plan, ("q",), (0,), compiled=_compiled(signature, **metadata), kinds=KINDS)
+
+
+# --- GPU ------------------------------------------------------------------------------------------------------
+
+GEOMETRIES = [((1, 1, 1024, 64), torch.bfloat16, True), ((1, 1, 4096, 128), torch.bfloat16, True),
+              ((2, 3, 333, 32), torch.float16, False), ((1, 2, 1000, 16), torch.bfloat16, True),
+              ((1, 1, 512, 64), torch.float32, True), ((2, 4, 2048, 64), torch.bfloat16, False)]
+
+
+def _inputs(shape, dtype, seed=0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(shape, device="cuda", dtype=dtype, generator=generator).requires_grad_() for _ in range(3)]
+
+
+def _run(fn, q, k, v, is_causal, grad_out):
+    for t in (q, k, v):
+        t.grad = None
+    out = fn(q, k, v, is_causal)
+    out.backward(grad_out)
+    return out, q.grad, k.grad, v.grad
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape, dtype, is_causal", GEOMETRIES)
+def test_native_node_matches_python_path_and_float64(native, shape, dtype, is_causal):
+    from cs336_systems.attention.flash_benchmark import TOLERANCE, implementation, relative_errors
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_attention_triton
+
+    q, k, v = _inputs(shape, dtype)
+    grad_out = torch.randn_like(q)
+    out = flash_attention_triton(q, k, v, is_causal)
+    assert out.grad_fn.name() == "FlashAttentionNativeBackward"
+    ours = _run(flash_attention_triton, q, k, v, is_causal, grad_out)
+    python = _run(FlashAttentionTriton.apply, q, k, v, is_causal, grad_out)
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), ours, python):
+        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+    reference = reference_gradients(q, k, v, grad_out, is_causal)
+    errors = relative_errors(implementation("triton"), q, k, v, grad_out, is_causal, reference)
+    assert max(errors.values()) < TOLERANCE[dtype], errors
+
+
+@needs_cuda
+def test_native_node_reads_a_broadcast_gradient_and_keeps_one_program_per_geometry(native):
+    from cs336_systems.attention.flash_triton import flash_attention_triton
+
+    q, k, v = _inputs((1, 2, 1024, 64), torch.bfloat16)
+    before = native.size()
+    for _ in range(3):
+        for t in (q, k, v):
+            t.grad = None
+        flash_attention_triton(q, k, v, True).sum().backward()  # stride-0 upstream gradient
+    assert native.size() == before + 1
+    expected = reference_gradients(q, k, v, torch.ones_like(q), True)
+    for grad, ref in zip((q.grad, k.grad, v.grad), (expected["dQ"], expected["dK"], expected["dV"])):
+        assert ((grad.double() - ref).norm() / ref.norm()).item() < 5e-2
+
+
+@needs_cuda
+def test_native_node_guards_its_saved_tensors(native):
+    from cs336_systems.attention.flash_triton import flash_attention_triton
+
+    q, k, v = _inputs((1, 1, 1024, 64), torch.bfloat16)
+    out = flash_attention_triton(q, k, v, True)
+    with torch.no_grad():
+        out.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(torch.ones_like(out))
+    # create_graph: the gradients exist, and a second backward through them fails when taken
+    out = flash_attention_triton(q, k, v, True)
+    (grad_q,) = torch.autograd.grad(out, q, torch.randn_like(out), create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable twice"):
+        grad_q.sum().backward()
+    # no grad: no node
+    with torch.no_grad():
+        assert flash_attention_triton(q, k, v, True).grad_fn is None
+    # only k requires grad: one gradient, through the node
+    q2, v2 = q.detach(), v.detach()
+    out = flash_attention_triton(q2, k, v2, True)
+    k.grad = None
+    out.backward(torch.ones_like(out))
+    assert k.grad is not None and q2.grad is None
+
+
+@needs_cuda
+def test_calls_the_node_does_not_serve_take_the_python_path(native):
+    from cs336_systems.attention.flash_triton import flash_attention_triton
+
+    q, k, v = _inputs((1, 1024, 2, 64), torch.bfloat16)
+    strided = [t.transpose(1, 2) for t in (q, k, v)]  # (batch, heads, N, d) views, not contiguous
+    assert flash_attention_triton(*strided, True).grad_fn.name() == "FlashAttentionTritonBackward"
+    q, k, v = _inputs((1, 1, 1024, 64), torch.bfloat16)
+    assert flash_attention_triton(q, k, v, True, backward_impl="pytorch").grad_fn.name() == "FlashAttentionTritonBackward"
+    flash_attention_triton(q, k, v, True)  # registered, then captured: the capture takes the Python path
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.no_grad():
+        flash_attention_triton(q, k, v, True)
+        with torch.cuda.graph(graph, stream=stream):
+            captured = flash_attention_triton(q, k, v, True)
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        torch.testing.assert_close(captured, flash_attention_triton(q, k, v, True))
