@@ -456,6 +456,47 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
     assert rel_error(out, unsplit.double()) < 1e-6
 
 
+@pytest.mark.parametrize(
+    "shape_q, shape_kv, is_causal",
+    [((1, 100, 16), (1, 100, 16), True), ((2, 64, 24), (2, 80, 24), True), ((1, 70, 16), (1, 70, 16), False),
+     ((1, 1, 64, 32), (1, 1, 64, 32), True)],
+    ids=["causal-ragged", "causal-nq<nk-d24", "full", "causal-4d"],
+)
+def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch, shape_q, shape_kv, is_causal):
+    """fp32 on a grid smaller than the SMs (`backward_split`): the dQ kernel's key tiles and the dK/dV
+    kernel's query tiles split over programs that add into zeroed gradients. Here the device is given 64
+    SMs, so these tiny problems split; their gradients match float64, twice (the zeroing is per call)."""
+    from cs336_systems.attention import flash_triton as ft
+
+    monkeypatch.setattr(ft, "sm_count", lambda device: 64)
+    for cache in (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES):  # derived with the real SM count
+        cache.clear()
+    try:
+        for _ in range(2):
+            check_against_reference(FlashAttentionTriton.apply, shape_q, shape_kv, torch.float32, is_causal,
+                                    triton_device)
+        plans = {key[0]: plan for key, plan in ft._PLANS.items()}
+        assert plans["dq"].meta["SPLIT"] and plans["dq"].grid[2] > 1
+        assert plans["dkdv"].meta["SPLIT"] and plans["dkdv"].grid[2] > 1
+    finally:
+        for cache in (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES):
+            cache.clear()
+
+
+def test_backward_split_policy():
+    from cs336_systems.attention.flash_configs import backward_split
+
+    # one head, N = 2,048, 64-row tiles on 132 SMs: 32 programs, 32 loop tiles -> 4 chunks of 8 tiles
+    assert backward_split("dkdv", 1, 2048, 2048, 64, 64, 132) == (512, 4)
+    assert backward_split("dq", 1, 2048, 2048, 64, 64, 132) == (512, 4)
+    # a full grid, or too few loop tiles to keep MIN_SPLIT_TILES each: no split
+    assert backward_split("dq", 8, 2048, 2048, 64, 64, 132) == (0, 1)
+    assert backward_split("dkdv", 1, 128, 128, 64, 64, 132) == (0, 1)
+    # the chunks cover the loop: chunks x rows >= N
+    chunk, splits = backward_split("dkdv", 1, 1000, 3000, 32, 64, 132)
+    assert splits > 1 and chunk % 32 == 0 and chunk * splits >= 1000 and chunk * (splits - 1) < 1000
+
+
 def test_split_key_forward_rejects_a_chunk_off_the_key_tile(triton_device):
     from cs336_systems.attention.flash_configs import KernelConfig
 

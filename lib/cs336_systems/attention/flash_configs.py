@@ -147,6 +147,30 @@ def kv_split_chunk(batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int,
     return chunk * k_tile if max(tiles) > 2 * chunk else None
 
 
+def backward_split(kernel: str, batch: int, n_q: int, n_k: int, loop_tile: int, grid_tile: int,
+                   sm_count: int) -> tuple[int, int]:
+    """(rows per chunk, chunks) where a small grid's fp32 backward kernel splits its loop over programs
+    (`flash_triton_backward`, SPLIT), (0, 1) where it does not: the dK/dV kernel splits each key tile's
+    query tiles (`loop_tile` = Q_TILE, `grid_tile` = K_TILE), the dQ kernel each query tile's key tiles.
+
+    As in the forward (`kv_split_chunk`), one program per SM-less tile leaves SMs idle while the longest
+    loop is the latency: the chunks multiply the programs up to about one per SM, each loop keeping at
+    least MIN_SPLIT_TILES tiles. The partial results add into zeroed fp32 gradients by atomics, hence
+    fp32 only (a 16-bit gradient would need an fp32 buffer and a conversion, two more launches; the
+    16-bit small grids measured fast enough without). On an H100 (2026-11-24, notebook 10, one head, fp32,
+    causal) the unsplit backward at d = 64 took 0.24, 0.44 and 0.85 ms at N = 1,024, 2,048 and 4,096,
+    time growing as N, the loop, not N², the work: the materialised attention's backward took 0.38 ms at
+    N = 2,048 in that run."""
+    rows_of_grid, rows_of_loop = (n_k, n_q) if kernel == "dkdv" else (n_q, n_k)
+    programs = batch * -(-rows_of_grid // grid_tile)
+    tiles = -(-rows_of_loop // loop_tile)
+    splits = min(sm_count // max(programs, 1), tiles // MIN_SPLIT_TILES)
+    if splits <= 1:
+        return 0, 1
+    chunk_tiles = -(-tiles // splits)
+    return chunk_tiles * loop_tile, -(-tiles // chunk_tiles)
+
+
 def seq_bucket(n: int) -> int:
     """The power of two >= n (at least 16) whose tuned configurations serve sequence length n.
 

@@ -134,14 +134,14 @@ def register(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causa
     except Unsupported:
         program = None
     if program is None:
-        native.register_program(q, k, v, is_causal, None, None, [])
+        native.register_program(q, k, v, is_causal, None, None, [], [])
     else:
         native.register_program(q, k, v, is_causal, *program)
 
 
 def derive_program(slots: dict, q, k, v, is_causal: bool):
-    """(forward launch specs, backward launch specs, held tensors) of this geometry, or None where the
-    Python path serves it (module docstring)."""
+    """(forward launch specs, backward launch specs, held tensors, zeroed gradient slots) of this geometry,
+    or None where the Python path serves it (module docstring)."""
     from cs336_systems.attention import flash_triton as ft
     from cs336_systems.attention.flash_gluon import gluon_forward_applies
 
@@ -176,7 +176,10 @@ def derive_program(slots: dict, q, k, v, is_causal: bool):
         launch_spec("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grad_k, grad_v),
                     (s["q"], s["k"], s["v"], s["grad_out"], s["lse"], s["delta"], s["grad_k"], s["grad_v"])),
     ]
-    return forward, backward, held
+    # a kernel that splits its loop adds into its gradients, as `flash_triton._run` zeroes them for
+    zeroed = ([s["grad_q"]] if route.dq.meta["SPLIT"] else []) + (
+        [s["grad_k"], s["grad_v"]] if route.dkdv.meta["SPLIT"] else [])
+    return forward, backward, held, zeroed
 
 
 # Triton's scalar parameter types as the C++ node packs them (Triton's launcher: `ty_to_cpp`).

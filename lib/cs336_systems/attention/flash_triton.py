@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 from cs336_systems.attention.flash_configs import (
     KernelConfig,
     answer_cache,
+    backward_split,
     config_for,
     device_facts,
     is_small_grid,
@@ -505,6 +506,14 @@ def _launch_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     workspace = None
+    if kernel != "forward":
+        chunk, splits = 0, 1
+        batch = q.numel() // (n_q * d)
+        if (q.dtype == torch.float32 and not torch.compiler.is_compiling()
+                and is_small_grid(kernel, batch, n_q, n_k, sm_count(q.device))):
+            loop_tile, grid_tile = (config.q_tile, config.k_tile) if kernel == "dkdv" else (config.k_tile, config.q_tile)
+            chunk, splits = backward_split(kernel, batch, n_q, n_k, loop_tile, grid_tile, sm_count(q.device))
+        grid, scalars, meta["SPLIT"] = (*grid, splits), (*scalars, chunk), splits > 1
     if kernel == "forward":
         chunk, splits, workspace = _split_plan(q, n_k, is_causal, config, kv_chunk)
         grid, scalars, meta["SPLIT_KV"] = (*grid, splits), (*scalars, chunk), bool(chunk)
@@ -600,6 +609,9 @@ def _run(kernel: str, plan: _LaunchPlan, tensors: tuple[torch.Tensor, ...]):
         # Descriptors built on the device need scratch memory from Triton's allocator: a per-thread
         # setting, and the backward runs on autograd's thread (torch.compile's launcher sets its own).
         triton.set_allocator(_descriptor_scratch)
+    if kernel != "forward" and plan.meta["SPLIT"]:  # the chunks add into the gradients (`backward_split`)
+        for grad in tensors[-1:] if kernel == "dq" else tensors[-2:]:
+            grad.zero_()
     signature = None if compiling or True in plan.copies else plan.serial  # a copy's address is not in the key
     return _LAUNCHERS[kernel](plan.grid, tensors, plan.scalars, plan.meta, signature)
 

@@ -82,7 +82,7 @@ def flash_bwd_dkdv_kernel(
     stride_lb, stride_lq,
     stride_dkb, stride_dkk, stride_dkd,
     stride_dvb, stride_dvk, stride_dvd,
-    N_QUERIES, N_KEYS,
+    N_QUERIES, N_KEYS, Q_CHUNK,
     scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
@@ -91,7 +91,11 @@ def flash_bwd_dkdv_kernel(
     is_causal: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,
+    SPLIT: tl.constexpr = False,
 ):
+    """dK^(j), dV^(j) of one key tile. SPLIT: grid axis 2 splits the query tiles into chunks of Q_CHUNK
+    rows (a multiple of Q_TILE_SIZE), each program adding its chunk's share into zeroed fp32 dK, dV
+    (`atomic_add`); else one program takes every query tile and stores."""
     key_tile_index = tl.program_id(0)  # causal: tile 0 sees every query, so the heaviest programs start first
     tile_batch = tl.program_id(1)
     batch_index = tile_batch.to(tl.int64)
@@ -109,6 +113,19 @@ def flash_bwd_dkdv_kernel(
         last_key_query = k_start + K_TILE_SIZE - 1 - offset
         q_full = q_lo + tl.cdiv(tl.maximum(last_key_query - q_lo, 0), Q_TILE_SIZE) * Q_TILE_SIZE
     q_full_end = q_full + (tl.maximum(N_QUERIES - q_full, 0) // Q_TILE_SIZE) * Q_TILE_SIZE
+    q_stop = N_QUERIES
+    if SPLIT:  # this program's chunk of each range
+        chunk_lo = tl.program_id(2) * Q_CHUNK
+        chunk_hi = chunk_lo + Q_CHUNK
+        q_stop = tl.minimum(q_stop, chunk_hi)
+        q_full_end = tl.minimum(q_full_end, chunk_hi)
+        q_full = tl.minimum(q_full, chunk_hi)
+        q_lo = tl.maximum(q_lo, chunk_lo)
+        q_mid = tl.maximum(q_full, chunk_lo)
+        q_tail = tl.maximum(q_full_end, chunk_lo)
+    else:
+        q_mid = q_full
+        q_tail = q_full_end
 
     K_source = row_source(K_ptr, tile_batch, stride_kb, stride_kk, stride_kd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
     V_source = row_source(V_ptr, tile_batch, stride_vb, stride_vk, stride_vd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
@@ -129,19 +146,28 @@ def flash_bwd_dkdv_kernel(
 
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_lo, tl.minimum(q_full, N_QUERIES), key_pos, offset, qk_scale, N_QUERIES,
+        q_lo, tl.minimum(q_full, q_stop), key_pos, offset, qk_scale, N_QUERIES,
         Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_full, q_full_end, key_pos, offset, qk_scale, N_QUERIES,
+        q_mid, q_full_end, key_pos, offset, qk_scale, N_QUERIES,
         Q_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_full_end, N_QUERIES, key_pos, offset, qk_scale, N_QUERIES,
+        q_tail, q_stop, key_pos, offset, qk_scale, N_QUERIES,
         Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
+
+    if SPLIT:
+        cols = tl.arange(0, D_TILE)
+        inside = (key_pos[:, None] < N_KEYS) & (cols[None, :] < D)
+        tl.atomic_add(dK_ptr + batch_index * stride_dkb + key_pos[:, None] * stride_dkk + cols[None, :] * stride_dkd,
+                      dk * scale, mask=inside, sem="relaxed")
+        tl.atomic_add(dV_ptr + batch_index * stride_dvb + key_pos[:, None] * stride_dvk + cols[None, :] * stride_dvd,
+                      dv, mask=inside, sem="relaxed")
+        return
 
     dK_block_ptr = tl.make_block_ptr(
         dK_ptr + batch_index * stride_dkb, shape=(N_KEYS, D), strides=(stride_dkk, stride_dkd),
@@ -198,7 +224,7 @@ def flash_bwd_dq_kernel(
     stride_dob, stride_doq, stride_dod,
     stride_lb, stride_lq,
     stride_dqb, stride_dqq, stride_dqd,
-    N_QUERIES, N_KEYS,
+    N_QUERIES, N_KEYS, K_CHUNK,
     scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
@@ -207,7 +233,11 @@ def flash_bwd_dq_kernel(
     is_causal: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr,
+    SPLIT: tl.constexpr = False,
 ):
+    """dQ_i and D_i of one query tile. SPLIT: grid axis 2 splits the key tiles into chunks of K_CHUNK
+    rows (a multiple of K_TILE_SIZE), each program adding its chunk's share into a zeroed fp32 dQ
+    (`atomic_add`), the first chunk's program storing D_i; else one program takes every key tile."""
     query_tile_index = tl.program_id(0)
     if is_causal:
         query_tile_index = tl.num_programs(0) - 1 - query_tile_index  # the longest loops first
@@ -232,7 +262,8 @@ def flash_bwd_dq_kernel(
     # D_i = rowsum(dO_i * O_i), stored for the dK/dV kernel that runs next.
     o = load_rows(O_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, delta, mask=in_range)
+    tl.store(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, delta,
+             mask=in_range & (tl.program_id(2) == 0))
     dq = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
     query_pos = query_index + offset
@@ -243,15 +274,27 @@ def flash_bwd_dq_kernel(
     if is_causal:
         k_full = tl.minimum(k_full, ((q_start + offset + 1) // K_TILE_SIZE) * K_TILE_SIZE)
         k_stop = tl.minimum(N_KEYS, q_start + Q_TILE_SIZE + offset)
+    k_lo = 0
+    k_masked = k_full
+    if SPLIT:  # this program's chunk of each range
+        k_lo = tl.program_id(2) * K_CHUNK
+        k_stop = tl.minimum(k_stop, k_lo + K_CHUNK)
+        k_full = tl.minimum(k_full, k_lo + K_CHUNK)
+        k_masked = tl.maximum(k_full, k_lo)
 
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_source, V_source, tile_batch, 0, k_full, query_pos, qk_scale, N_KEYS,
+        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_lo, k_full, query_pos, qk_scale, N_KEYS,
         K_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_full, k_stop, query_pos, qk_scale, N_KEYS,
+        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_masked, k_stop, query_pos, qk_scale, N_KEYS,
         K_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
+    if SPLIT:
+        cols = tl.arange(0, D_TILE)
+        tl.atomic_add(dQ_ptr + batch_index * stride_dqb + query_index[:, None] * stride_dqq + cols[None, :] * stride_dqd,
+                      dq * scale, mask=in_range[:, None] & (cols[None, :] < D), sem="relaxed")
+        return
 
     dQ_block_ptr = tl.make_block_ptr(
         dQ_ptr + batch_index * stride_dqb, shape=(N_QUERIES, D), strides=(stride_dqq, stride_dqd),

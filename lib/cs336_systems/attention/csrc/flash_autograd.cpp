@@ -117,6 +117,7 @@ struct Program {
   std::vector<Launch> forward;
   std::vector<Launch> backward;
   std::vector<at::Tensor> held;  // slots HELD, HELD + 1, ...
+  std::vector<int64_t> zeroed;    // gradient slots the backward's kernels add into rather than store
 };
 
 using Tensors = std::array<at::Tensor, HELD>;
@@ -224,6 +225,7 @@ struct FlashBackward : public Node {
     t[GRAD_Q] = at::empty_like(t[Q]);
     t[GRAD_K] = at::empty_like(t[K]);
     t[GRAD_V] = at::empty_like(t[V]);
+    for (int64_t slot : program->zeroed) t[slot].zero_();
     launch_all(program->backward, t, *program, stream_of(t[Q]));
     variable_list result{t[GRAD_Q], t[GRAD_K], t[GRAD_V]};
     if (at::GradMode::is_enabled()) {
@@ -346,16 +348,22 @@ std::vector<Launch> to_launches(const py::list& specs) {
 
 // Registers the program for the geometry of (q, k, v, is_causal) on the current stream; `forward_specs`
 // None marks the geometry as the Python path's. A launch spec is a dict: name, function (CUfunction
-// address), grid (3 ints), threads, shared (bytes), scratch_bytes, params [(kind, value)].
+// address), grid (3 ints), threads, shared (bytes), scratch_bytes, params [(kind, value)]. `zeroed`: the
+// gradient slots the backward zeroes before its launches (kernels that split their loop add into them).
 void register_program(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
                       const py::object& forward_specs, const py::object& backward_specs,
-                      const std::vector<at::Tensor>& held) {
+                      const std::vector<at::Tensor>& held, const std::vector<int64_t>& zeroed) {
   std::shared_ptr<const Program> program;
   if (!forward_specs.is_none()) {
     auto made = std::make_shared<Program>();
     made->forward = to_launches(forward_specs.cast<py::list>());
     made->backward = to_launches(backward_specs.cast<py::list>());
     made->held = held;
+    for (int64_t slot : zeroed) {
+      TORCH_CHECK(slot == GRAD_Q || slot == GRAD_K || slot == GRAD_V, "flash_autograd: only gradients are zeroed, got slot ",
+                  slot);
+    }
+    made->zeroed = zeroed;
     for (const auto* launches : {&made->forward, &made->backward}) {
       for (const Launch& launch : *launches) {
         for (const Param& p : launch.params) {
@@ -387,7 +395,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "O of (q, k, v, is_causal) by the registered program; None: none registered; "
         "False: the Python path's", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"));
   m.def("register_program", &register_program, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"),
-        py::arg("forward_specs"), py::arg("backward_specs"), py::arg("held"));
+        py::arg("forward_specs"), py::arg("backward_specs"), py::arg("held"), py::arg("zeroed"));
   m.def("clear", &clear, "forget every program");
   m.def("size", &size, "the number of geometries registered");
   m.attr("TENSOR") = static_cast<int64_t>(TENSOR);
