@@ -362,6 +362,41 @@ def test_rounds_rotate_the_order_and_pool_the_runs():
         lb.leaderboard_table(["triton"], device="cpu", rounds=0)
 
 
+def test_sweep_times_in_interleaved_rounds(triton_on_cpu, monkeypatch):
+    """`flash_benchmark` checks every implementation, then times them in interleaved rounds
+    (`timed_in_rounds`): each round starts with another implementation and the runs of all rounds are
+    pooled (one CPU call per round here: cpu_steps / rounds)."""
+    timed, calls = fb.time_passes, []
+
+    def recording(impl, *args):
+        calls.append(impl.name)
+        return timed(impl, *args)
+
+    monkeypatch.setattr(fb, "time_passes", recording)
+    df = fb.flash_benchmark([32], [16], [torch.float32], ["triton", "pytorch"], device="cpu",
+                            settings=fb.TimingSettings(cpu_steps=3, rounds=3), progress=False)
+    assert calls == ["triton", "pytorch", "pytorch", "triton", "triton", "pytorch"]
+    assert list(df.status) == ["ok", "ok"] and (df.runs == 3).all()
+
+
+def test_a_failure_in_a_later_round_becomes_the_row(triton_on_cpu, monkeypatch):
+    timed, calls = fb.time_passes, []
+
+    def flaky(impl, *args):
+        calls.append(impl.name)
+        if impl.name == "pytorch" and calls.count("pytorch") == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+        return timed(impl, *args)
+
+    monkeypatch.setattr(fb, "time_passes", flaky)
+    df = fb.flash_benchmark([32], [16], [torch.float32], ["triton", "pytorch"], device="cpu",
+                            settings=fb.TimingSettings(cpu_steps=3, rounds=3), progress=False).set_index("impl")
+    assert calls == ["triton", "pytorch", "pytorch", "triton", "triton"]  # pytorch leaves the rounds
+    assert df.loc["pytorch", "status"] == "OOM" and "3.00 GiB" in df.loc["pytorch", "note"]
+    assert pd.isna(df.loc["pytorch", "forward_ms"]) and df.loc["triton", "runs"] == 3
+    assert df.loc["triton", "status"] == "ok"
+
+
 def test_leaderboard_bars():
     df = pd.DataFrame([
         dict(impl="triton", status="ok", fwd_ms=1.0, fwd_bwd_ms=3.0),

@@ -41,7 +41,7 @@ import statistics
 import timeit
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 import torch
@@ -104,6 +104,9 @@ class TimingSettings:
     rep_ms: float = 20.0
     min_runs: int = 3
     cpu_steps: int = 3
+    # `flash_benchmark` times a configuration's implementations in this many interleaved rounds, each
+    # with a share of rep_ms (and of cpu_steps), and takes the median over all rounds' runs (see there)
+    rounds: int = 1
 
 
 def measure_times_ms(
@@ -390,36 +393,95 @@ def failure_row(
     return None
 
 
-def benchmark_implementation(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, reference: dict[str, torch.Tensor], settings: TimingSettings,
-) -> dict:
-    """Status, error against the reference and median latencies of one implementation on one input."""
+def _guarded(impl: Implementation, q, k, v, step: Callable[[], dict], caught: list) -> dict:
+    """`step()`'s columns, or the row of a failure the sweep records (`failure_row`); others raise."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            errors = relative_errors(impl, q, k, v, grad_out, is_causal, reference)
-        times = time_passes(impl, q, k, v, grad_out, is_causal, settings)
+        return step()
     except Exception as err:  # noqa: BLE001 - failure_row decides which failures become rows
         q.grad = k.grad = v.grad = None
         failure = failure_row(err, impl, caught)
         if failure is None:
             raise
-    else:
-        row = _measured_row(errors, times, TOLERANCE[q.dtype])
-        row.update(_device_columns(impl, q, k, v, grad_out, is_causal, settings))
-        return row
     free_device_memory()  # here, once the exception no longer holds the failed call's tensors
     return failure
 
 
-def _measured_row(errors: dict[str, float], times: dict[str, list[float]], tolerance: float) -> dict:
-    worst = max(errors, key=lambda name: errors[name] if errors[name] == errors[name] else float("inf"))
-    row = dict(max_rel_error=errors[worst], worst_tensor=worst, runs=min(len(t) for t in times.values()))
-    row.update({f"{p}_ms": statistics.median(times[p]) for p in PASSES})
-    ok = all(e <= tolerance for e in errors.values())  # NaN compares False: never ok
-    row["status"] = "ok" if ok else "wrong"
+def check_implementation(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, reference: dict[str, torch.Tensor], settings: TimingSettings,
+) -> dict:
+    """Status and error against the reference of one implementation on one input, and its device times
+    (CUDA), or the row of a failure the sweep records."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        row = _guarded(impl, q, k, v, lambda: _error_columns(
+            relative_errors(impl, q, k, v, grad_out, is_causal, reference), TOLERANCE[q.dtype]), caught)
+    if "max_rel_error" in row:
+        row.update(_device_columns(impl, q, k, v, grad_out, is_causal, settings))
     return row
+
+
+def benchmark_implementation(
+    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, reference: dict[str, torch.Tensor], settings: TimingSettings,
+) -> dict:
+    """Status, error against the reference and median latencies of one implementation on one input."""
+    row = check_implementation(impl, q, k, v, grad_out, is_causal, reference, settings)
+    if "max_rel_error" in row:
+        row.update(_guarded(impl, q, k, v, lambda: _time_columns(
+            time_passes(impl, q, k, v, grad_out, is_causal, settings)), []))
+    return row
+
+
+def _error_columns(errors: dict[str, float], tolerance: float) -> dict:
+    worst = max(errors, key=lambda name: errors[name] if errors[name] == errors[name] else float("inf"))
+    ok = all(e <= tolerance for e in errors.values())  # NaN compares False: never ok
+    return dict(max_rel_error=errors[worst], worst_tensor=worst, status="ok" if ok else "wrong")
+
+
+def _time_columns(times: dict[str, list[float]]) -> dict:
+    row = {f"{p}_ms": statistics.median(times[p]) for p in PASSES}
+    row["runs"] = min(len(t) for t in times.values())
+    return row
+
+
+def round_orders(names: Sequence, rounds: int) -> list[list]:
+    """Round r times the implementations in `names` rotated by r: each takes every place equally often
+    (over len(names) rounds), so none is always timed on a GPU that the others have just heated."""
+    names = list(names)
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)] if names else []
+
+
+def timed_in_rounds(
+    impls: Sequence[Implementation], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+    is_causal: bool, settings: TimingSettings,
+) -> dict[str, dict]:
+    """Per implementation, the latency columns (`{pass}_ms`, `runs`) or a failure row, timed in
+    `settings.rounds` interleaved rounds: in round r the implementations take turns starting with the
+    r-th, each with rep_ms / rounds of measuring time (min_runs / rounds runs at least, cpu_steps / rounds
+    calls on CPU, rounded up), and a pass's latency is the median over every round's runs.
+
+    Why rounds: a host that slows down for a while (on the lent GPU hosts eager medians of kernels taking
+    0.01-0.04 ms moved by 0.1-0.15 ms for one or two consecutive configurations and not in the next run)
+    then slows one round of several implementations rather than all of one implementation's runs, and
+    the median over rounds holds. A failure in any round makes the implementation's row that failure."""
+    rounds = max(1, settings.rounds)
+    share = replace(settings, rep_ms=settings.rep_ms / rounds, min_runs=max(1, -(-settings.min_runs // rounds)),
+                    cpu_steps=max(1, -(-settings.cpu_steps // rounds)))
+    runs: dict[str, dict[str, list[float]]] = {impl.name: {p: [] for p in PASSES} for impl in impls}
+    failed: dict[str, dict] = {}
+    for order in round_orders(impls, rounds):
+        for impl in order:
+            if impl.name in failed:
+                continue
+            timed = _guarded(impl, q, k, v, lambda impl=impl: dict(
+                times=time_passes(impl, q, k, v, grad_out, is_causal, share)), [])
+            if "times" not in timed:
+                failed[impl.name] = timed
+                continue
+            for p in PASSES:
+                runs[impl.name][p].extend(timed["times"][p])
+    return {impl.name: failed.get(impl.name) or _time_columns(runs[impl.name]) for impl in impls}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -462,6 +524,7 @@ def flash_benchmark(
         gen = torch.Generator().manual_seed(n + d + 1)
         grad_out = torch.randn(batch, heads, n, d, generator=gen).to(device=device, dtype=dtype)
         reference = reference_gradients(q, k, v, grad_out, is_causal)
+        here, checked = {}, []
         for impl in impls:
             bar.set_postfix_str(f"{impl.name} {_dtype_name(dtype)} d={d} N={n}")
             row = dict(impl=impl.name, batch=batch, heads=heads, seq_len=n, head_dim=d, dtype=_dtype_name(dtype),
@@ -471,7 +534,15 @@ def flash_benchmark(
                 row.update(status="skipped: memory",
                            note=f"predicted peak {peak / 2**30:.1f} GiB > budget {memory_budget_bytes / 2**30:.1f} GiB")
             else:
-                row.update(benchmark_implementation(impl, q, k, v, grad_out, is_causal, reference, settings))
+                row.update(check_implementation(impl, q, k, v, grad_out, is_causal, reference, settings))
+                if "max_rel_error" in row:
+                    checked.append(impl)
+            here[impl.name] = row
+        bar.set_postfix_str(f"timing {_dtype_name(dtype)} d={d} N={n}")
+        for name, columns in timed_in_rounds(checked, q, k, v, grad_out, is_causal, settings).items():
+            here[name].update(columns)
+        for impl in impls:
+            row = here[impl.name]
             for p in PASSES:
                 row[f"{p}_tflops"] = flops[p] / (row[f"{p}_ms"] * 1e-3) / 1e12 if f"{p}_ms" in row else float("nan")
             rows.append(row)

@@ -44,6 +44,7 @@ from cs336_systems.attention.flash_benchmark import (
     measure_times_ms,
     reference_gradients,
     relative_errors,
+    round_orders,
 )
 from cs336_systems.benchmarking.harness import free_device_memory
 
@@ -138,13 +139,6 @@ def pooled_latencies(rounds: Sequence[dict[str, list[float]]]) -> dict[str, floa
     return dict(fwd_ms=fwd_ms, bwd_ms=fwd_bwd_ms - fwd_ms, fwd_bwd_ms=fwd_bwd_ms,
                 fwd_bwd_mean_ms=statistics.fmean(fwd_bwd), runs=len(fwd_bwd), rounds=len(rounds),
                 fwd_bwd_round_min_ms=min(per_round), fwd_bwd_round_max_ms=max(per_round))
-
-
-def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:
-    """Round r times the implementations in `names` rotated by r: each takes every place equally often
-    (over len(names) rounds), so none is always timed on a GPU that the others have just heated."""
-    names = list(names)
-    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)] if names else []
 
 
 def leaderboard_implementation(name: str, compile: bool) -> Implementation:
