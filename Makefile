@@ -15,7 +15,7 @@ PYTHON    ?= $(VENV)/bin/python
 HAVE_GPU  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= $(if $(HAVE_GPU),torch>=2.11,torch==2.13.0 triton==3.6.0)
 WHEELHOUSE ?= wheelhouse
-OFFLINE_PACKAGES := papermill nbconvert nbformat ipykernel transformers
+OFFLINE_PACKAGES := papermill nbconvert nbformat ipykernel transformers ninja
 
 export PYTHONPATH := $(CURDIR)/lib$(if $(PYTHONPATH),:$(PYTHONPATH))
 
@@ -61,8 +61,8 @@ pdf: $(SETUP)
 	$(PYTHON) -m cs336_systems.report.pdf --profile $(PROFILE) $(if $(OUT),--out $(OUT))
 
 # Wheels of everything the GPU nodes lack (papermill, nbconvert, jupyter bits, transformers for the
-# Llama reference) for Python 3.12 on x86-64 Linux; torch, triton, numpy, pandas, matplotlib and
-# seaborn are expected on the node.
+# Llama reference, ninja for FlashAttention's C++ autograd node) for Python 3.12 on x86-64 Linux;
+# torch, triton, numpy, pandas, matplotlib and seaborn are expected on the node.
 wheelhouse:
 	python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

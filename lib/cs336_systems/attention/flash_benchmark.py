@@ -462,7 +462,7 @@ def timed_in_rounds(
     calls on CPU, rounded up), and a pass's latency is the median over every round's runs.
 
     Why rounds: a host that slows down for a while (on the lent GPU hosts eager medians of kernels taking
-    0.01-0.04 ms moved by 0.1-0.15 ms for one or two consecutive configurations and not in the next run)
+    0.01-0.04 ms moved by 0.09-0.16 ms for one or two consecutive configurations and not in the next run)
     then slows one round of several implementations rather than all of one implementation's runs, and
     the median over rounds holds. A failure in any round makes the implementation's row that failure."""
     rounds = max(1, settings.rounds)

@@ -254,6 +254,7 @@ struct KeyHash {
   }
 };
 
+constexpr size_t MAX_PROGRAMS = 4096;
 std::mutex registry_mutex;
 std::unordered_map<Key, std::shared_ptr<const Program>, KeyHash> registry;
 
@@ -375,6 +376,9 @@ void register_program(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     program = made;
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
+  // Each new stream adds its geometries (notebook 10 times its CUDA-graph captures on a fresh stream per
+  // configuration): past this many the registry starts over, as the Python path's plan caches do.
+  if (registry.size() >= MAX_PROGRAMS) registry.clear();
   registry[make_key(q, k, v, is_causal, stream_of(q))] = program;
 }
 
