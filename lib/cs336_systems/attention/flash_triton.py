@@ -16,6 +16,10 @@ several programs (`flash_configs.kv_split_chunk`), whose partial results the ker
 On Hopper, 16-bit forwards at d = 64 and 128 with enough work to fill the GPU run the warp-specialized
 Gluon kernel instead (`flash_gluon`), and so do causal backwards at d = 64 (one fused kernel, dQ
 summed by TMA reduce-add).
+On grids with fewer programs than SMs, fp32 backwards split each kernel's loop over programs that add
+into zeroed gradients (`flash_configs.backward_split`).
+`flash_attention_triton` sends eager CUDA calls through the C++ autograd node of `flash_native` where it
+serves the geometry (the same kernels and launch plans, no Python on the host path).
 At short N the host is the latency, so a launch does little work per call: its grid, strides and
 constexprs are derived once per geometry (`_plan`; the forward's input checks and kernel choice too,
 `flash_forward_triton`), and `triton_launch.CachedLauncher` skips Triton's per-call argument

@@ -10,7 +10,10 @@ instead: `flash_bwd_dkdv_kernel` (one program per key tile, looping over query t
 dK^(j), dV^(j), and `flash_bwd_dq_kernel` (one program per query tile, looping over key tiles)
 owns dQ_i, so no two programs write the same tile. The dQ kernel runs first: with O_i and dO_i
 loaded anyway it computes D_i (one row-sum per query tile) and stores it for the dK/dV kernel,
-so D costs no pass over O and dO of its own. The key-tile program computes the
+so D costs no pass over O and dO of its own. Where the grid has fewer programs than the GPU has SMs
+(fp32, one head: `flash_configs.backward_split`), each kernel's loop is split into chunks, one program
+each (grid axis 2, SPLIT), whose partial dK, dV or dQ add into zeroed fp32 gradients by atomics: there
+the longest program's loop, not the work, was the latency. The key-tile program computes the
 transposed tiles S^T = K^(j) Q_i^T directly, so P^T and dS^T come out as the products
 dV += P^T dO and dK += dS^T Q take them, and no (K_TILE, Q_TILE) tile is ever transposed.
 
