@@ -46,6 +46,24 @@ def test_extension_builds_and_leaves_cpu_tensors_to_python(native):
     assert native.SLOTS["q"] == 0 and native.SLOTS["held"] == len(native.SLOTS) - 1
 
 
+def test_an_extension_that_cannot_be_built_leaves_the_python_path(monkeypatch, capsys):
+    from torch.utils import cpp_extension
+
+    def failing_build(**kwargs):
+        raise RuntimeError("Error building extension 'x': [1/2] c++ -c flash_autograd.cpp\n"
+                           "flash_autograd.cpp:3:1: error: expected declaration\nninja: build stopped: subcommand failed.")
+
+    monkeypatch.setattr(flash_native, "_module", None)
+    monkeypatch.setattr(flash_native, "_failure", None)
+    monkeypatch.setattr(cpp_extension, "load", failing_build)
+    assert flash_native.load() is None
+    assert flash_native.status() == "RuntimeError: flash_autograd.cpp:3:1: error: expected declaration"
+    assert "eager calls take the Python autograd.Function" in capsys.readouterr().err
+    monkeypatch.setattr(flash_native, "_failure", None)
+    monkeypatch.setenv("CS336_FLASH_NATIVE", "0")
+    assert flash_native.load() is None and flash_native.status() == "disabled by CS336_FLASH_NATIVE=0"
+
+
 def _compiled(signature: dict, **metadata) -> SimpleNamespace:
     md = dict(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, profile_scratch_size=0,
               global_scratch_align=128, global_scratch_size=0, num_warps=4, shared=2048)

@@ -346,8 +346,9 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
     return config
 
 
-# Caches of what is derived from the answers (`answer_cache`), cleared with them.
-_ANSWER_CACHES: list[dict] = [_ANSWERS]
+# Caches of what is derived from the answers (`answer_cache`; and the C++ node's programs, `flash_native`),
+# cleared with them: anything with a clear().
+_ANSWER_CACHES: list = [_ANSWERS]
 
 
 def answer_cache() -> dict:

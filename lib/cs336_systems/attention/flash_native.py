@@ -73,8 +73,10 @@ def load(verbose: bool = False):
                   f"source and PyTorch takes about a minute)", file=sys.stderr, flush=True)
             module = build(name=EXTENSION_NAME, sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=verbose)
         except Exception as err:  # no compiler, no ninja, no headers: the Python path serves
-            text = str(err).strip().splitlines()
-            _failure = f"{type(err).__name__}: {text[-1] if text else ''}"[:400]
+            lines = str(err).strip().splitlines()
+            # a compiler's first error says more than ninja's closing "build stopped"
+            reason = next((line for line in lines if "error:" in line), lines[-1] if lines else "")
+            _failure = f"{type(err).__name__}: {reason.strip()}"[:400]
             print(f"cs336_systems: the FlashAttention autograd node could not be built ({_failure}); eager calls "
                   f"take the Python autograd.Function", file=sys.stderr, flush=True)
             return None
