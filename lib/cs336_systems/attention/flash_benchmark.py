@@ -421,18 +421,6 @@ def check_implementation(
     return row
 
 
-def benchmark_implementation(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, reference: dict[str, torch.Tensor], settings: TimingSettings,
-) -> dict:
-    """Status, error against the reference and median latencies of one implementation on one input."""
-    row = check_implementation(impl, q, k, v, grad_out, is_causal, reference, settings)
-    if "max_rel_error" in row:
-        row.update(_guarded(impl, q, k, v, lambda: _time_columns(
-            time_passes(impl, q, k, v, grad_out, is_causal, settings)), []))
-    return row
-
-
 def _error_columns(errors: dict[str, float], tolerance: float) -> dict:
     worst = max(errors, key=lambda name: errors[name] if errors[name] == errors[name] else float("inf"))
     ok = all(e <= tolerance for e in errors.values())  # NaN compares False: never ok
