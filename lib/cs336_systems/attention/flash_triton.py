@@ -36,6 +36,7 @@ import torch
 import triton
 from torch.autograd.function import once_differentiable
 
+from cs336_systems.attention import flash_native
 from cs336_systems.attention.flash_configs import (
     KernelConfig,
     answer_cache,
@@ -46,7 +47,6 @@ from cs336_systems.attention.flash_configs import (
     kv_split_chunk,
     sm_count,
 )
-from cs336_systems.attention import flash_native
 from cs336_systems.attention.flash_gluon import (
     flash_backward_gluon,
     gluon_backward_applies,
@@ -510,18 +510,17 @@ def _launch_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     workspace = None
-    if kernel != "forward":
-        chunk, splits = 0, 1
-        batch = q.numel() // (n_q * d)
+    if kernel == "forward":
+        chunk, splits, workspace = _split_plan(q, n_k, is_causal, config, kv_chunk)
+        grid, scalars, meta["SPLIT_KV"] = (*grid, splits), (*scalars, chunk), bool(chunk)
+        meta["MAX_SPLITS"] = max(2, 1 << (splits - 1).bit_length())
+    else:
+        chunk, splits, batch = 0, 1, grid[1]
         if (q.dtype == torch.float32 and not torch.compiler.is_compiling()
                 and is_small_grid(kernel, batch, n_q, n_k, sm_count(q.device))):
             loop_tile, grid_tile = (config.q_tile, config.k_tile) if kernel == "dkdv" else (config.k_tile, config.q_tile)
             chunk, splits = backward_split(kernel, batch, n_q, n_k, loop_tile, grid_tile, sm_count(q.device))
         grid, scalars, meta["SPLIT"] = (*grid, splits), (*scalars, chunk), splits > 1
-    if kernel == "forward":
-        chunk, splits, workspace = _split_plan(q, n_k, is_causal, config, kv_chunk)
-        grid, scalars, meta["SPLIT_KV"] = (*grid, splits), (*scalars, chunk), bool(chunk)
-        meta["MAX_SPLITS"] = max(2, 1 << (splits - 1).bit_length())
     return _LaunchPlan(serial, grid, tuple(copies), scalars, meta, workspace)
 
 
