@@ -62,6 +62,7 @@ def _adapters_step(ctx: DistContext) -> list[bool]:
     same = []
     for ddp, before, after in (
         (adapters_ddp.get_ddp_individual_parameters(ToyModelWithTiedWeights()), None, adapters_ddp.ddp_individual_parameters_on_after_backward),
+        (adapters_ddp.get_ddp(ToyModelWithTiedWeights()), None, adapters_ddp.ddp_on_after_backward),  # the 2026 names
         (adapters_ddp.get_ddp_bucketed(ToyModelWithTiedWeights(), 1e-9), adapters_ddp.ddp_bucketed_on_train_batch_start, adapters_ddp.ddp_bucketed_on_after_backward),
     ):
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -92,7 +93,23 @@ def correctness():
 
 def test_course_adapters_synchronize_gradients(correctness):
     _, same = correctness
-    assert all(all(r) for r in same) and len(same[0]) == 4
+    assert all(all(r) for r in same) and len(same[0]) == 6
+
+
+def test_adapters_carry_both_course_suites_names():
+    """`from cs336_systems.adapters import *` is the course's whole tests/adapters.py (2025 and 2026)."""
+    import cs336_systems.adapters as adapters
+
+    names = {
+        "get_flashattention_autograd_function_pytorch", "get_flashattention_autograd_function_triton",
+        "get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward", "get_ddp_bucketed",
+        "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start", "get_sharded_optimizer",
+        "get_ddp", "ddp_on_after_backward", "get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params",
+    }
+    assert names <= set(adapters.__all__)
+    namespace: dict = {}
+    exec("from cs336_systems.adapters import *", namespace)
+    assert all(callable(namespace[n]) for n in names)
 
 
 def test_every_flavour_matches_single_process_training(correctness):

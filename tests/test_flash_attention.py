@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton  # noqa: E402
 from cs336_systems.attention.flash_gluon import (  # noqa: E402
@@ -70,10 +71,9 @@ def reference(q, k, v, is_causal):
     """float64 O and logsumexp from torch's softmax and logsumexp, and the float64 leaves (for their .grad)."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if is_causal:
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        query_pos = torch.arange(n_q, device=q.device)[:, None] + (n_k - n_q)
-        scores = scores.masked_fill(torch.arange(n_k, device=q.device)[None, :] > query_pos, float("-inf"))
+    if is_causal:  # query i sees keys j <= i (upper-left, as scaled_dot_product_attention)
+        after = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(diagonal=1)
+        scores = scores.masked_fill(after, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1), (q, k, v)
 
 
@@ -167,8 +167,6 @@ UNEVEN_SHAPES = {
 @pytest.mark.parametrize("shape", UNEVEN_SHAPES.values(), ids=UNEVEN_SHAPES.keys())
 def test_triton_unequal_tiles_match_float64(small_tiles, triton_device, monkeypatch, tiles, is_causal, shape):
     """Q_TILE != K_TILE moves the boundary between the full and the masked loops off the tile grid of the other side."""
-    if is_causal and shape[0][-2] > shape[1][-2]:
-        pytest.skip("causal attention needs N_q <= N_k")
     monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
     check_against_reference(FlashAttentionTriton.apply, *shape, torch.float32, is_causal, triton_device)
 
@@ -429,8 +427,8 @@ def _forward_with_chunk(q, k, v, is_causal, kv_chunk, config):
 @pytest.mark.parametrize(
     "shape_q, shape_kv, is_causal, chunk_tiles",
     [((2, 70, 16), (2, 70, 16), True, 1), ((1, 64, 24), (1, 100, 24), True, 2), ((3, 50, 16), (3, 90, 16), False, 2),
-     ((1, 2, 40, 16), (1, 2, 40, 16), True, 3)],
-    ids=["causal-ragged-1", "causal-nq<nk-d24-2", "full-2", "causal-4d-3"],
+     ((1, 2, 40, 16), (1, 2, 40, 16), True, 3), ((1, 90, 16), (1, 40, 16), True, 1)],
+    ids=["causal-ragged-1", "causal-nq<nk-d24-2", "full-2", "causal-4d-3", "causal-nq>nk-1"],
 )
 def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_causal, chunk_tiles):
     """Each query tile's keys split over programs (chunks of `chunk_tiles` 16-key tiles), partials merged
@@ -447,7 +445,10 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
     for _ in range(2):
         out, lse = _forward_with_chunk(q, k, v, is_causal, 16 * chunk_tiles, config)
         plan = list(ft._PLANS.values())[-1]
-        assert plan.meta["SPLIT_KV"] and plan.grid[2] == -(-shape_kv[-2] // (16 * chunk_tiles))
+        # causal: query tile i stops at key 16(i + 1), so no chunk lies past the last query tile's keys
+        n_q, n_k = shape_q[-2], shape_kv[-2]
+        keys = min(n_k, -(-n_q // 16) * 16) if is_causal else n_k
+        assert plan.meta["SPLIT_KV"] and plan.grid[2] == -(-keys // (16 * chunk_tiles))
         assert rel_error(out, ref_out) < 1e-5 and rel_error(lse, ref_lse) < 1e-5
         partials, arrivals = ft._split_workspace(q.device, plan.workspace)
         assert arrivals[:plan.workspace[1]].eq(0).all(), "an arrival count was left non-zero"
@@ -459,8 +460,8 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
 @pytest.mark.parametrize(
     "shape_q, shape_kv, is_causal",
     [((1, 100, 16), (1, 100, 16), True), ((2, 64, 24), (2, 80, 24), True), ((1, 70, 16), (1, 70, 16), False),
-     ((1, 1, 64, 32), (1, 1, 64, 32), True)],
-    ids=["causal-ragged", "causal-nq<nk-d24", "full", "causal-4d"],
+     ((1, 1, 64, 32), (1, 1, 64, 32), True), ((1, 80, 16), (1, 64, 16), True)],
+    ids=["causal-ragged", "causal-nq<nk-d24", "full", "causal-4d", "causal-nq>nk"],
 )
 def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch, shape_q, shape_kv, is_causal):
     """fp32 on a grid smaller than the SMs (`backward_split`): the dQ kernel's key tiles and the dK/dV
@@ -579,6 +580,89 @@ def test_model_with_flash_attention_matches_naive(small_tiles, triton_device, at
     assert rel_error(grad, ref_grad.double()) < 1e-3
 
 
+# ---------------------------------------------------------------- is_causal as in scaled_dot_product_attention
+# Upper-left alignment: query i sees keys j <= i (mask ones(N_q, N_k).tril(0)), so with N_q > N_k the
+# queries i >= N_k see every key, and with N_k > N_q the keys j >= N_q are seen by no query (dK = dV = 0).
+
+def sdpa_causal(q, k, v, grad):
+    """O, dQ, dK, dV of scaled_dot_product_attention(q, k, v, is_causal=True) in float64, on q's device."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
+    out.backward(grad.double())
+    return dict(O=out.detach(), dQ=q64.grad, dK=k64.grad, dV=v64.grad)
+
+
+def check_causal_against_sdpa(apply, shape_q, shape_kv, dtype, device, tol):
+    """O and the gradients of q, k, v (random upstream gradient) against SDPA's causal attention in float64;
+    the rows of keys that no query sees get gradients of exactly zero."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(shape_q, generator=gen).to(device, dtype).requires_grad_()
+    k, v = (torch.randn(shape_kv, generator=gen).to(device, dtype).requires_grad_() for _ in range(2))
+    grad = torch.randn(shape_q, generator=gen).to(device, dtype)
+    out = apply(q, k, v, True)
+    out.backward(grad)
+    found = dict(O=out, dQ=q.grad, dK=k.grad, dV=v.grad)
+    # relative to the reference's norm; absolute below 1, as for one query or one key, where dQ = dK = 0
+    errors = {name: ((found[name].detach().double() - ref).norm() / ref.norm().clamp_min(1)).item()
+              for name, ref in sdpa_causal(q, k, v, grad).items()}
+    bad = {name: e for name, e in errors.items() if not e < tol}  # NaN fails here too
+    assert not bad, f"errors above {tol}: {bad} (all: {errors})"
+    n_q = shape_q[-2]
+    assert k.grad[..., n_q:, :].eq(0).all() and v.grad[..., n_q:, :].eq(0).all(), "a key no query sees got a gradient"
+    return out
+
+
+# (N_q, N_k): fewer and more queries than keys, lengths off every tile, and a single query or key
+CAUSAL_RAGGED = {"q37_k100": (37, 100), "q100_k37": (100, 37), "q1_k65": (1, 65), "q65_k1": (65, 1)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("n_q, n_k", CAUSAL_RAGGED.values(), ids=CAUSAL_RAGGED.keys())
+def test_pytorch_causal_matches_sdpa(small_tiles, n_q, n_k, dtype):
+    check_causal_against_sdpa(FlashAttentionPytorch.apply, (2, n_q, 32), (2, n_k, 32), dtype, "cpu",
+                              1e-5 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)], ids=["q16_k16", "q32_k16", "q16_k32"])
+@pytest.mark.parametrize("n_q, n_k", CAUSAL_RAGGED.values(), ids=CAUSAL_RAGGED.keys())
+def test_triton_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q, n_k, tiles):
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
+    check_causal_against_sdpa(FlashAttentionTriton.apply, (2, n_q, 16), (2, n_k, 16), torch.float32, triton_device,
+                              1e-5)
+
+
+@pytest.mark.parametrize("n_q, n_k", [(70, 150), (150, 70)], ids=["q70_k150", "q150_k70"])
+def test_triton_split_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q, n_k):
+    """The split-keys forward and the split fp32 backward kernels (64 SMs given: these one-head grids are
+    small), N_q != N_k."""
+    from cs336_systems.attention import flash_triton as ft
+
+    monkeypatch.setattr(ft, "sm_count", lambda device: 64)
+    caches = (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES)  # derived with the real SM count
+    for cache in caches:
+        cache.clear()
+    try:
+        check_causal_against_sdpa(FlashAttentionTriton.apply, (1, n_q, 16), (1, n_k, 16), torch.float32,
+                                  triton_device, 1e-5)
+        plans = {key[0]: plan for key, plan in ft._PLANS.items()}
+        assert plans["forward"].meta["SPLIT_KV"] and plans["forward"].grid[2] > 1
+        assert plans["dq"].meta["SPLIT"] and plans["dq"].grid[2] > 1
+        assert plans["dkdv"].meta["SPLIT"] and plans["dkdv"].grid[2] > 1
+    finally:
+        for cache in caches:
+            cache.clear()
+
+
+@pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)], ids=["q16_k16", "q32_k16", "q16_k32"])
+def test_triton_keys_no_query_sees_get_zero_gradients(small_tiles, triton_device, monkeypatch, tiles):
+    """N_k > N_q: key tiles wholly past the last query run empty loops and must still store their zero dK, dV
+    (the gradients are allocated uninitialised: here filled with NaN, so a skipped store shows)."""
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(float("nan")))
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
+    check_causal_against_sdpa(FlashAttentionTriton.apply, (1, 20, 16), (1, 90, 16), torch.float32, triton_device, 1e-5)
+
+
 # ---------------------------------------------------------------- input validation
 
 def _qkv(q_shape=(2, 16, 16), kv_shape=None, **kw):
@@ -605,10 +689,12 @@ def test_bad_inputs_raise_value_error(apply, make, message):
         apply(*make())
 
 
-@pytest.mark.parametrize("apply", [FlashAttentionPytorch.apply, FlashAttentionTriton.apply], ids=["pytorch", "triton"])
-def test_causal_with_more_queries_than_keys_is_rejected(apply):
-    with pytest.raises(ValueError, match="N_q <= N_k"):
-        apply(*_qkv((1, 32, 16), (1, 16, 16)), True)
+@pytest.mark.parametrize("flash", [FlashAttentionPytorch, FlashAttentionTriton], ids=["pytorch", "triton"])
+def test_causal_with_more_queries_than_keys_is_accepted(small_tiles, triton_device, flash):
+    """Every query sees key 0, so N_q > N_k is no input error: queries i >= N_k see every key."""
+    q, k, v = _qkv((1, 32, 16), (1, 16, 16), device="cpu" if flash is FlashAttentionPytorch else triton_device)
+    out = flash.apply(q, k, v, True)
+    torch.testing.assert_close(out[:, 16:], F.scaled_dot_product_attention(q, k, v)[:, 16:], atol=1e-5, rtol=1e-5)
 
 
 def test_triton_rejects_head_dim_over_256():
@@ -876,3 +962,46 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
 def test_pytorch_on_gpu():
     """The tiled forward and the torch.compile'd backward (compiled for this one case)."""
     check_against_reference(FlashAttentionPytorch.apply, (2, 2, 300, 64), (2, 2, 300, 64), torch.bfloat16, True, "cuda")
+
+
+# (N_q, N_k) of one head, N_q != N_k: lengths off every tile, up to 16,384
+GPU_CAUSAL_RAGGED = {"q1000_k3000": (1000, 3000), "q3000_k1000": (3000, 1000), "q4097_k16384": (4097, 16384),
+                     "q16384_k4097": (16384, 4097)}
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("split", [False, True], ids=["as-planned", "split"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n_q, n_k", GPU_CAUSAL_RAGGED.values(), ids=GPU_CAUSAL_RAGGED.keys())
+def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
+    """The real kernels against SDPA's causal attention, through `FlashAttentionTriton.apply` and the eager
+    `flash_attention_triton` (the C++ node where it builds). `split`: every forward splits its keys, in about
+    8 chunks of the longest query tile's, and (8,192 SMs given) every fp32 backward kernel splits its loop."""
+    from cs336_systems.attention import flash_configs, flash_native
+    from cs336_systems.attention import flash_triton as ft
+
+    if split:
+        monkeypatch.setattr(ft, "kv_split_chunk", lambda batch, n_q, n_k, is_causal, q_tile, k_tile, *rest:
+                            k_tile * -(-min(n_q, n_k) // (8 * k_tile)))
+        monkeypatch.setattr(ft, "sm_count", lambda device: 8192)
+    caches = (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES)  # plans derived with the real SM count
+    for cache in caches:
+        cache.clear()
+    flash_configs._forget_answers()  # the C++ node's programs too
+    try:
+        shape_q, shape_kv = (1, 1, n_q, d), (1, 1, n_k, d)
+        check_causal_against_sdpa(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
+        plans = {key[0]: plan for key, plan in ft._PLANS.items()}
+        if split:
+            assert plans["forward"].meta["SPLIT_KV"] and plans["forward"].grid[2] > 1
+            if dtype == torch.float32:
+                assert plans["dq"].meta["SPLIT"] and plans["dkdv"].meta["SPLIT"]
+        out = check_causal_against_sdpa(ft.flash_attention_triton, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
+        if flash_native.load() is not None:
+            assert out.grad_fn.name() == "FlashAttentionNativeBackward"
+    finally:
+        for cache in caches:
+            cache.clear()
+        flash_configs._forget_answers()

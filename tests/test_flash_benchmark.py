@@ -110,15 +110,16 @@ def test_matmul_ceiling_is_a_positive_rate():
 # --- the float64 reference --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("n_q, n_k", [(13, 21), (21, 13)])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_chunked_reference_matches_a_direct_float64_autograd(is_causal):
-    n_q, n_k, d = 13, 21, 8
+def test_chunked_reference_matches_a_direct_float64_autograd(is_causal, n_q, n_k):
+    d = 8
     q, k, v, g = torch.randn(2, n_q, d), torch.randn(2, n_k, d), torch.randn(2, n_k, d), torch.randn(2, n_q, d)
     ref = fb.reference_gradients(q, k, v, g, is_causal, chunk_elements=2 * 2 * n_k)  # 2 query rows per chunk
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     scores = q64 @ k64.transpose(-1, -2) / d**0.5
-    if is_causal:  # query i sits at position i + n_k - n_q
-        allowed = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
+    if is_causal:  # query i sees keys j <= i (upper-left, as scaled_dot_product_attention)
+        allowed = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None]
         scores = scores.masked_fill(~allowed, float("-inf"))
     out = torch.softmax(scores, -1) @ v64
     out.backward(g.double())

@@ -127,8 +127,10 @@ def test_kv_split_chunk_spreads_the_work_over_the_sms():
     assert kv_split_chunk(1, 1024, 1024, True, 64, 128, 64, 132) == 2 * 128, "at least MIN_SPLIT_TILES"
     # without the mask every query tile holds all 8 key tiles: 128 in all, the floor of 2 per chunk
     assert kv_split_chunk(1, 1024, 1024, False, 64, 128, 64, 132) == 2 * 128
-    # N_q < N_k: the first query tile already sees N_k - N_q + 64 keys
-    assert kv_split_chunk(1, 1024, 4096, True, 64, 128, 64, 132) == 3 * 128  # 16 tiles of 25-32 key tiles: 456
+    # N_q < N_k: query tile i sees its (i + 1)·64 keys, as at N_k = N_q: 16 tiles of 1-8 key tiles, 72 in all
+    assert kv_split_chunk(1, 1024, 4096, True, 64, 128, 64, 132) == 2 * 128
+    # N_q > N_k: the query tiles past N_k see all 8 key tiles: 72 + 48·8 = 456 in all
+    assert kv_split_chunk(1, 4096, 1024, True, 64, 128, 64, 132) == 3 * 128
     assert kv_split_chunk(1, 8192, 8192, True, 64, 128, 128, 132) is None, "chunks of 48 would keep most of 64 tiles"
     assert kv_split_chunk(8, 1024, 1024, True, 64, 128, 64, 132) is None, "chunks of 4 would keep half of 8 tiles"
     assert kv_split_chunk(3, 4096, 4096, True, 64, 128, 64, 132) is None, "192 programs fill 132 SMs"

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from cs336_systems.accounting.sharding import is_sharded_by_fsdp, setup_for_model, transformer_parameter_shapes
 from cs336_systems.distributed.adapters_sharding import fsdp_gather_full_params, fsdp_on_after_backward, get_fsdp
-from cs336_systems.distributed.fsdp import FSDP, SHARDED_MODULES, ShardedWeight
+from cs336_systems.distributed.fsdp import FSDP, ShardedWeight, shardable_weight
 from cs336_systems.distributed.fsdp_timeline import forward_gather_timing
 from cs336_systems.distributed.launch import spawn
 from cs336_systems.distributed.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel
@@ -68,7 +68,7 @@ def _reference_step(master: nn.Module, optimizer: torch.optim.Optimizer, inputs,
     working = master if dtype == torch.float32 else copy.deepcopy(master)
     if working is not master:
         for m in working.modules():
-            if isinstance(m, SHARDED_MODULES):
+            if shardable_weight(m) is not None:
                 m.weight.data = m.weight.data.to(dtype)
         if inputs.is_floating_point():
             inputs = inputs.to(dtype)
@@ -233,7 +233,7 @@ def test_dropped_fsdp_frees_its_model(two_ranks):
 
 def test_bad_arguments_are_value_errors(two_ranks):
     errors = two_ranks[0]["errors"]
-    assert "no Linear or Embedding" in errors["no_layers"]
+    assert "no submodule with a trainable 2-D weight" in errors["no_layers"]
     assert "floating-point" in errors["int_dtype"]
     assert "tied weights are not supported" in errors["tied"]
 

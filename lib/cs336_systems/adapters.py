@@ -1,5 +1,6 @@
-"""The CS336 test-harness adapters, with the course's names, so the course's own test suite can be
-pointed at this library (see the README: its `tests/adapters.py` imports these)."""
+"""The CS336 test-harness adapters, with the course's names (spring 2025 and spring 2026 suites), so
+the course's own test suite can be pointed at this library: its `tests/adapters.py` becomes the one
+line `from cs336_systems.adapters import *` (README, "The course's test suite")."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "get_flashattention_autograd_function_pytorch",
     "get_flashattention_autograd_function_triton",
+    "get_ddp",
+    "ddp_on_after_backward",
     "get_ddp_individual_parameters",
     "ddp_individual_parameters_on_after_backward",
     "get_ddp_bucketed",

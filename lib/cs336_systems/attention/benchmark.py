@@ -471,8 +471,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_ca
     q, k, v = (t.double() for t in (q, k, v))
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     if is_causal:
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        after = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(diagonal=n_k - n_q + 1)
+        after = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(diagonal=1)
         scores = scores.masked_fill(after, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
 

@@ -262,7 +262,7 @@ def reference_gradients(
 
     Query rows are independent, so each chunk's O and dQ rows are exact and its dK, dV terms
     add up; a chunk holds at most `chunk_elements` scores, so N = 65536 fits in a few GiB.
-    Query i sits at position i + N_k − N_q (as in every implementation here).
+    Causal query i sees keys j <= i (upper-left, as SDPA's is_causal and every implementation here).
     """
     k64, v64 = (t.detach().double().requires_grad_() for t in (k, v))
     q64, g64 = q.detach().double(), grad_out.detach().double()
@@ -275,7 +275,7 @@ def reference_gradients(
             q_chunk = q64[..., start:stop, :].requires_grad_()
             mask = None
             if is_causal:
-                mask = torch.ones(stop - start, n_k, dtype=torch.bool, device=q.device).tril(start + n_k - n_q)
+                mask = torch.ones(stop - start, n_k, dtype=torch.bool, device=q.device).tril(start)
             o = F.scaled_dot_product_attention(q_chunk, k64, v64, attn_mask=mask)
             o.backward(g64[..., start:stop, :])
             out[..., start:stop, :] = o.detach()

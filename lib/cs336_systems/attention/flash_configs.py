@@ -128,18 +128,18 @@ def kv_split_chunk(batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int,
     (`flash_triton_forward`, SPLIT_KV), None where it does not split.
 
     A grid of batch·ceil(N_q / q_tile) programs smaller than the GPU's `sm_count` SMs leaves SMs
-    idle while the longest program (under the causal mask the last query tile's, all N_k keys) is
-    the latency. Chunks of C key tiles make that latency C tiles plus one merge of the chunks'
-    partials, and the programs many: C is the work W (key tiles over all programs) spread over
-    `split_programs_per_sm` programs per SM, at least MIN_SPLIT_TILES. No split where the longest
-    program would keep half its tiles or more: there the merge and the extra programs' start cost
-    as much as the split saves (H100, 8 heads at N = 1,024, d = 64: 17.7 µs unsplit, 18.8-19.5 µs
-    in chunks of 4 to 6 of its 8 tiles)."""
+    idle while the longest program (under the causal mask the last query tile's, its
+    min(N_k, ceil(N_q / q_tile)·q_tile) keys) is the latency. Chunks of C key tiles make that latency
+    C tiles plus one merge of the chunks' partials, and the programs many: C is the work W (key tiles
+    over all programs) spread over `split_programs_per_sm` programs per SM, at least MIN_SPLIT_TILES.
+    No split where the longest program would keep half its tiles or more: there the merge and the
+    extra programs' start cost as much as the split saves (H100, 8 heads at N = 1,024, d = 64:
+    17.7 µs unsplit, 18.8-19.5 µs in chunks of 4 to 6 of its 8 tiles)."""
     n_q_tiles = -(-n_q // q_tile)
     if batch * n_q_tiles >= sm_count:
         return None
-    if is_causal:  # query tile i stops at key i·q_tile + q_tile + N_k - N_q (its last query's position, + 1)
-        tiles = [-(-min(n_k, (i + 1) * q_tile + n_k - n_q) // k_tile) for i in range(n_q_tiles)]
+    if is_causal:  # query tile i stops at key (i + 1)·q_tile (its last query sees keys j <= (i + 1)·q_tile - 1)
+        tiles = [-(-min(n_k, (i + 1) * q_tile) // k_tile) for i in range(n_q_tiles)]
     else:
         tiles = [-(-n_k // k_tile)] * n_q_tiles
     work = batch * sum(tiles)

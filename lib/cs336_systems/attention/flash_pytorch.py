@@ -16,8 +16,11 @@ Only L, Q, K, V and O are saved. The backward recomputes P from L (equations 13-
     S = Q K^T * scale,  P = exp(S - L),  dV = P^T dO,  dP = dO V^T,
     dS = P * (dP - D),  dQ = dS K * scale,  dK = dS^T Q * scale
 
-With `is_causal`, query i sits at absolute position i + N_k - N_q (q is the tail of k) and
-sees keys at positions <= its own; key tiles entirely after a query tile are skipped.
+With `is_causal`, query i sees keys j <= i: the upper-left aligned mask
+torch.ones(N_q, N_k).tril(0) of `scaled_dot_product_attention(is_causal=True)`, so queries
+i >= N_k see every key and keys j >= N_q are seen by none. Decoding against a cache (the
+lower-right alignment, query i at position i + N_k - N_q) is not offered. Key tiles entirely
+after a query tile are skipped.
 """
 
 from __future__ import annotations
@@ -46,19 +49,18 @@ def flash_forward_tiles(
     n_k = k.shape[-2]
     acc = accumulation_dtype(q.dtype)
     scale = d**-0.5
-    offset = n_k - n_q  # absolute position of query 0
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, n_q, dtype=acc, device=q.device)
     key_pos = torch.arange(n_k, device=q.device)
     for q_start in range(0, n_q, q_tile):
         q_i = q[:, q_start : q_start + q_tile].to(acc)
         rows = q_i.shape[1]
-        query_pos = torch.arange(q_start, q_start + rows, device=q.device) + offset
+        query_pos = torch.arange(q_start, q_start + rows, device=q.device)
         o_i = torch.zeros(batch, rows, d, dtype=acc, device=q.device)
         l_i = torch.zeros(batch, rows, dtype=acc, device=q.device)
         m_i = torch.full((batch, rows), float("-inf"), dtype=acc, device=q.device)
         # Under the causal mask, keys after the tile's last query contribute exactly nothing.
-        k_stop = min(n_k, q_start + rows + offset) if is_causal else n_k
+        k_stop = min(n_k, q_start + rows) if is_causal else n_k
         for k_start in range(0, k_stop, k_tile):
             k_j = k[:, k_start : k_start + k_tile].to(acc)
             v_j = v[:, k_start : k_start + k_tile].to(acc)
@@ -94,7 +96,7 @@ def flash_backward_reference(
     delta = (of * dof).sum(dim=-1, keepdim=True)
     p = torch.exp(qf @ kf.transpose(-1, -2) * scale - lse.to(acc)[..., None])
     if is_causal:
-        after = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(diagonal=n_k - n_q + 1)
+        after = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(diagonal=1)
         p = p.masked_fill(after, 0.0)
     grad_v = p.transpose(-1, -2) @ dof
     grad_p = dof @ vf.transpose(-1, -2)

@@ -9,6 +9,8 @@ Inputs (..., N, d) of any leading shape are read as (batch·heads, N, d) (`as_ro
 the leading dimensions merge into one stride, else from a contiguous copy); N_q and N_k may
 differ; any N works (edge tiles are masked); d <= 256; fp32, fp16, bf16. fp32 products follow
 `torch.set_float32_matmul_precision` (see `input_precision`).
+`is_causal` means what it means for `scaled_dot_product_attention`: query i sees keys j <= i (the mask
+aligned to the upper left); decoding against a cache (lower-right alignment) is not offered.
 16-bit inputs are read through tensor descriptors (TMA) on Hopper and later (`reads_by_tma`), except
 by forwards whose grid is small (`flash_configs.is_small_grid`): there building the descriptors is
 latency no other program hides. Where it pays, such forwards also split each query tile's keys over
@@ -464,8 +466,10 @@ def _split_plan(q: torch.Tensor, n_k: int, is_causal: bool, config: KernelConfig
         raise ValueError(f"kv_chunk must be 0 (no split) or a positive multiple of K_TILE = {config.k_tile}, got {kv_chunk}")
     if not kv_chunk:
         return 0, 1, None
-    splits = -(-n_k // kv_chunk)
     query_tiles = batch * -(-n_q // config.q_tile)
+    # Causal query tiles stop at key (i + 1)·Q_TILE: no program of the last one's keys is idle.
+    keys = min(n_k, -(-n_q // config.q_tile) * config.q_tile) if is_causal else n_k
+    splits = -(-keys // kv_chunk)
     return kv_chunk, splits, (query_tiles * splits * config.q_tile * (head_dim_tile(d) + 2), query_tiles)
 
 

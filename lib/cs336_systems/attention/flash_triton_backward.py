@@ -19,8 +19,9 @@ dV += P^T dO and dK += dS^T Q take them, and no (K_TILE, Q_TILE) tile is ever tr
 
 Masking, as in the forward kernel: each loop is split into full tiles (every pair visible, no
 padding: no mask computed) and masked tiles (the causal diagonal and ragged edge tiles), where
-entries with a padded query or key or, when causal, a key after its query (query r sits at
-position r + N_KEYS - N_QUERIES) get P = 0. Tiles where every entry is masked are skipped.
+entries with a padded query or key or, when causal, a key after its query (query r sees keys
+c <= r, upper-left aligned as in `scaled_dot_product_attention`; keys c >= N_QUERIES are seen by
+no query and get dK = dV = 0) get P = 0. Tiles where every entry is masked are skipped.
 Base-2 exponentials as in the forward kernel.
 """
 
@@ -37,7 +38,7 @@ from cs336_systems.attention.flash_triton_tiles import load_rows, row_source
 def _dkdv_query_tiles(
     dk, dv, k, v,
     Q_source, dO_source, batch_index, L_ptr, Delta_ptr, stride_lq,
-    q_lo, q_hi, key_pos, offset, qk_scale, N_QUERIES,
+    q_lo, q_hi, key_pos, qk_scale, N_QUERIES,
     Q_TILE_SIZE: tl.constexpr,
     D_TILE: tl.constexpr,
     MASKED: tl.constexpr,
@@ -64,7 +65,7 @@ def _dkdv_query_tiles(
         if MASKED:
             keep = query_index[None, :] < N_QUERIES
             if is_causal:
-                keep = keep & (key_pos[:, None] <= query_index[None, :] + offset)
+                keep = keep & (key_pos[:, None] <= query_index[None, :])
             p_t = tl.where(keep, p_t, 0.0)
 
         dv = tl.dot(p_t.to(do.dtype), do, acc=dv, input_precision=INPUT_PRECISION)
@@ -103,18 +104,17 @@ def flash_bwd_dkdv_kernel(
     tile_batch = tl.program_id(1)
     batch_index = tile_batch.to(tl.int64)
     k_start = key_tile_index * K_TILE_SIZE
-    offset = N_KEYS - N_QUERIES  # position of query 0
     EVEN_D: tl.constexpr = D == D_TILE
 
     # Query tiles: masked [q_lo, q_full), full [q_full, q_full_end), masked [q_full_end, N_QUERIES).
+    # A causal key tile past the last query (k_start >= N_QUERIES) finds no visible entry and stores dK = dV = 0.
     q_lo = 0
     q_full = 0
     if is_causal:
         # The first query tile holding a query at or after this tile's first key ...
-        q_lo = (tl.maximum(k_start - offset, 0) // Q_TILE_SIZE) * Q_TILE_SIZE
+        q_lo = (k_start // Q_TILE_SIZE) * Q_TILE_SIZE
         # ... and the first whose every query is at or after this tile's last key.
-        last_key_query = k_start + K_TILE_SIZE - 1 - offset
-        q_full = q_lo + tl.cdiv(tl.maximum(last_key_query - q_lo, 0), Q_TILE_SIZE) * Q_TILE_SIZE
+        q_full = q_lo + tl.cdiv(k_start + K_TILE_SIZE - 1 - q_lo, Q_TILE_SIZE) * Q_TILE_SIZE
     q_full_end = q_full + (tl.maximum(N_QUERIES - q_full, 0) // Q_TILE_SIZE) * Q_TILE_SIZE
     q_stop = N_QUERIES
     if SPLIT:  # this program's chunk of each range
@@ -149,17 +149,17 @@ def flash_bwd_dkdv_kernel(
 
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_lo, tl.minimum(q_full, q_stop), key_pos, offset, qk_scale, N_QUERIES,
+        q_lo, tl.minimum(q_full, q_stop), key_pos, qk_scale, N_QUERIES,
         Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_mid, q_full_end, key_pos, offset, qk_scale, N_QUERIES,
+        q_mid, q_full_end, key_pos, qk_scale, N_QUERIES,
         Q_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
         dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_tail, q_stop, key_pos, offset, qk_scale, N_QUERIES,
+        q_tail, q_stop, key_pos, qk_scale, N_QUERIES,
         Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
 
@@ -247,7 +247,6 @@ def flash_bwd_dq_kernel(
     tile_batch = tl.program_id(1)
     batch_index = tile_batch.to(tl.int64)
     q_start = query_tile_index * Q_TILE_SIZE
-    offset = N_KEYS - N_QUERIES
     EVEN_D: tl.constexpr = D == D_TILE
 
     Q_source = row_source(Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
@@ -269,14 +268,13 @@ def flash_bwd_dq_kernel(
              mask=in_range & (tl.program_id(2) == 0))
     dq = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
-    query_pos = query_index + offset
 
     # Padded query rows (past N_QUERIES) are never stored: only the key side is masked.
     k_full = (N_KEYS // K_TILE_SIZE) * K_TILE_SIZE
     k_stop = N_KEYS
     if is_causal:
-        k_full = tl.minimum(k_full, ((q_start + offset + 1) // K_TILE_SIZE) * K_TILE_SIZE)
-        k_stop = tl.minimum(N_KEYS, q_start + Q_TILE_SIZE + offset)
+        k_full = tl.minimum(k_full, ((q_start + 1) // K_TILE_SIZE) * K_TILE_SIZE)
+        k_stop = tl.minimum(N_KEYS, q_start + Q_TILE_SIZE)
     k_lo = 0
     k_masked = k_full
     if SPLIT:  # this program's chunk of each range
@@ -286,11 +284,11 @@ def flash_bwd_dq_kernel(
         k_masked = tl.maximum(k_full, k_lo)
 
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_lo, k_full, query_pos, qk_scale, N_KEYS,
+        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_lo, k_full, query_index, qk_scale, N_KEYS,
         K_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_masked, k_stop, query_pos, qk_scale, N_KEYS,
+        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_masked, k_stop, query_index, qk_scale, N_KEYS,
         K_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
     )
     if SPLIT:

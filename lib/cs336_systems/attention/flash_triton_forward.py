@@ -14,9 +14,11 @@ into the scale (exp2 is the native instruction). L is written back in natural lo
 The pass over key tiles is split in two loops: first the *full* tiles, which every query of the
 tile sees entirely (no causal mask, no padded keys: no masking work at all), then the *masked*
 tiles — the ones on the causal diagonal and the ragged last tile — with the mask and boundary
-checks. Causal query r sits at position r + N_KEYS - N_QUERIES; key tiles wholly after every
-query of the tile are never visited. The head dimension D is padded on chip to D_TILE (a power
-of two >= 16, as tl.dot needs): zero columns change no score and are never stored.
+checks. Causal query r sees keys c <= r (upper-left aligned, as `scaled_dot_product_attention`
+with is_causal=True; decoding against a cache, lower-right aligned, is not offered); key tiles
+wholly after every query of the tile are never visited. The head dimension D is padded on chip
+to D_TILE (a power of two >= 16, as tl.dot needs): zero columns change no score and are never
+stored.
 Causal programs take the query tiles from the last (the longest loops) to the first, so the
 heaviest work starts first and the GPU's last wave is short.
 
@@ -135,13 +137,12 @@ def flash_fwd_kernel(
     qk_scale = scale * LOG2E
 
     # Full key tiles end at k_full; masked ones run from there to k_stop.
-    query_pos = q_start + tl.arange(0, Q_TILE_SIZE) + (N_KEYS - N_QUERIES)
+    query_pos = q_start + tl.arange(0, Q_TILE_SIZE)
     k_full = (N_KEYS // K_TILE_SIZE) * K_TILE_SIZE
     k_stop = N_KEYS
     if is_causal:
-        first_query_pos = q_start + N_KEYS - N_QUERIES
-        k_full = tl.minimum(k_full, ((first_query_pos + 1) // K_TILE_SIZE) * K_TILE_SIZE)
-        k_stop = tl.minimum(N_KEYS, first_query_pos + Q_TILE_SIZE)
+        k_full = tl.minimum(k_full, ((q_start + 1) // K_TILE_SIZE) * K_TILE_SIZE)
+        k_stop = tl.minimum(N_KEYS, q_start + Q_TILE_SIZE)
 
     k_lo = 0
     k_hi = k_stop

@@ -19,9 +19,8 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     with annotated("computing attention scores"):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         if is_causal:
-            n_q, n_k = q.shape[-2], k.shape[-2]
-            # Query i sits at absolute position i + (n_k - n_q), as when q is the tail of k.
-            mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(diagonal=n_k - n_q)
+            # Query i sees keys j <= i (upper-left aligned, as scaled_dot_product_attention's is_causal).
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
             scores = scores.masked_fill(~mask, float("-inf"))
     with annotated("computing softmax"):
         probs = softmax(scores, dim=-1)

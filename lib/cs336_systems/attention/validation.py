@@ -54,12 +54,6 @@ def check_attention_inputs(
     if dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise ValueError(f"dtype {dtype} is not supported here (supported: {names})")
-    if is_causal and qs[-2] > ks[-2]:
-        # Query i sits at position i + N_k - N_q: with N_q > N_k the first queries see no key at all.
-        raise ValueError(
-            f"causal attention needs N_q <= N_k (query i sits at position i + N_k - N_q), "
-            f"got N_q={qs[-2]} and N_k={ks[-2]}"
-        )
 
 
 def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, interpreted: bool) -> None:

@@ -1,4 +1,8 @@
-"""The DDP functions of the CS336 test harness (tests/adapters.py of the course), with its names."""
+"""The DDP functions of the CS336 test harness (tests/adapters.py of the course), with its names.
+
+Spring 2025 names the per-parameter overlapping DDP `get_ddp_individual_parameters`; spring 2026
+names the same container `get_ddp` (each parameter's gradient all-reduced as soon as it is ready
+in the backward). Both suites' names are here."""
 
 from __future__ import annotations
 
@@ -13,6 +17,16 @@ def get_ddp_individual_parameters(module: torch.nn.Module) -> DDPIndividualParam
 
 
 def ddp_individual_parameters_on_after_backward(ddp_model: DDPIndividualParameters, optimizer: torch.optim.Optimizer) -> None:
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_ddp(module: torch.nn.Module) -> DDPIndividualParameters:
+    """The spring-2026 suite's name for `get_ddp_individual_parameters`."""
+    return DDPIndividualParameters(module)
+
+
+def ddp_on_after_backward(ddp_model: DDPIndividualParameters, optimizer: torch.optim.Optimizer) -> None:
+    """After the backward, before the optimizer step: wait for every parameter's all-reduce."""
     ddp_model.finish_gradient_synchronization()
 
 

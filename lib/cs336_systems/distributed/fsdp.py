@@ -1,9 +1,12 @@
 """Fully sharded data parallelism (ZeRO stage 3), applied by hooks to an unchanged model.
 
-Each Linear and Embedding weight W (numel n) is flattened, zero-padded to N·s elements with
-s = ceil(n / N), and cut into N shards: rank r keeps W_r = flat(W)[r·s : (r+1)·s] in fp32 as the
-parameter the optimizer sees. Other parameters (the norms' gains, biases) are small and stay
-replicated. For a forward or backward pass a module needs the whole weight:
+What is sharded is decided by structure, not by class (`shardable_weight`): every submodule that
+registers a trainable 2-D floating-point `weight` of its own — `torch.nn`'s Linear and Embedding,
+ours, a user's — whatever its forward does with it. Each such weight W (numel n) is flattened,
+zero-padded to N·s elements with s = ceil(n / N), and cut into N shards: rank r keeps
+W_r = flat(W)[r·s : (r+1)·s] in fp32 as the parameter the optimizer sees. Everything else (norm
+gains, biases, frozen weights, weights of other ranks) is small or untrained and stays replicated.
+For a forward or backward pass a module needs the whole weight:
 
     W = unflatten(all-gather(cast(W_0), ..., cast(W_{N-1}))[:n])     cast = to compute_dtype
     dW_r = (1/N) Σ_ranks (dW computed on that rank's batch)[r·s : (r+1)·s]     (reduce-scatter)
@@ -17,10 +20,25 @@ Schedule (module-level hooks, so the model's own code is untouched):
              so a gather starts only once module i-1, two before i+1, has finished; after module
              i the gathered weight's memory is released (storage resized to 0).
   backward — when the gradient of module i's output arrives, wait for its weight (gathered
-             again; an Embedding needs only its indices) and launch the gather of module i-1;
+             again; a lookup table needs only its indices) and launch the gather of module i-1;
              once dW is accumulated, release W and launch the reduce-scatter of dW.
 `finish_gradient_synchronization()` waits for the last reduce-scatters, all-reduces the
 replicated gradients and leaves every shard's .grad ready for the optimizer.
+
+Lookup table or linear map: the module's role is read from its first forward. Integer inputs
+make it a row lookup (W[ids]), whose gradient needs only the indices, so its weight is not
+gathered again for the backward. Anything else keeps the weight gathered for the backward too,
+which is correct for any use of the weight inside the module's own forward (a linear map
+x @ W^T, whose input's last dimension is W's second, or something else, of which the wrapper
+warns once). A weight read outside its module's forward (tied into a parent's F.linear) would
+meet the flat shard and fail on its shape, never silently.
+
+Numerics: with fp32 compute, the reduced gradient is (g_0 + ... + g_{N-1}) / N, each g_r the
+mean-loss gradient of rank r's part of the batch. For N a power of two the division and the
+copy into the shard are exact, so FSDP equals, bit for bit, one process that averages the
+gradients of the same parts. It is not bit-equal to one backward over the whole batch: there a
+weight gradient is one matrix product summing over all tokens, in the BLAS's own order, and
+no way of adding the parts' sums reproduces that order (tests/test_fsdp.py measures both).
 
 Autograd keeps (views of) the gathered parameter for the backward pass; releasing only its
 storage, never the tensor, and gathering into a separate alias of the same storage (whose version
@@ -30,6 +48,7 @@ counter autograd does not watch) lets the backward pass find the re-gathered val
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -41,12 +60,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cs336_systems.distributed.weak_hooks import weak_method
-from cs336_systems.model import Embedding, Linear
 from cs336_systems.profiling.ranges import annotated
 
-SHARDED_MODULES = (Linear, Embedding, nn.Linear, nn.Embedding)
-# The gradient of a row lookup only needs the indices, so these are not re-gathered for backward.
-NO_WEIGHT_IN_BACKWARD = (Embedding, nn.Embedding)
 # Reduce-scatters allowed in flight before the oldest is waited for (each holds one full gradient).
 MAX_REDUCTIONS_IN_FLIGHT = 4
 
@@ -54,6 +69,33 @@ MAX_REDUCTIONS_IN_FLIGHT = 4
 # have the `*_into_tensor` / `*_tensor` ones, which newer releases deprecate.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def shardable_weight(module: nn.Module) -> nn.Parameter | None:
+    """The weight FSDP shards in `module`: its own trainable 2-D floating-point `weight`, else None."""
+    weight = module._parameters.get("weight")
+    if weight is None or weight.dim() != 2 or not weight.is_floating_point() or not weight.requires_grad:
+        return None
+    return weight
+
+
+LOOKUP, LINEAR, OTHER = "lookup", "linear", "other"
+
+
+def weight_role(inputs: tuple, output: Any, weight_shape: torch.Size) -> str:
+    """How a module uses its 2-D weight (rows, cols), read from its first forward (module docstring).
+
+    lookup: integer input ids -> output ids.shape + (cols,); linear: input (..., cols) -> output
+    (..., rows); anything else: other."""
+    x = inputs[0] if inputs and torch.is_tensor(inputs[0]) else None
+    if x is None or not torch.is_tensor(output):
+        return OTHER
+    rows, cols = weight_shape
+    if not (x.is_floating_point() or x.is_complex()) and x.dtype != torch.bool:
+        return LOOKUP if output.shape == (*x.shape, cols) else OTHER
+    if x.dim() >= 1 and x.shape[-1] == cols and output.shape == (*x.shape[:-1], rows):
+        return LINEAR
+    return OTHER
 
 
 def _in_backward() -> bool:
@@ -82,12 +124,17 @@ class ShardedWeight:
         self.gathered = torch.empty(0, dtype=self.compute_dtype, device=weight.device).set_(
             self.full.untyped_storage(), 0, (storage.numel(),)
         )
-        self.needs_weight_in_backward = not isinstance(module, NO_WEIGHT_IN_BACKWARD)
+        self.role: str | None = None  # read at the first forward (`weight_role`)
         self.state = self.FREE
         self.forward_range = None  # an open `annotated` range while the module's forward runs
         self._work: dist.Work | None = None
         self._source: torch.Tensor | None = None
         self._release()
+
+    @property
+    def needs_weight_in_backward(self) -> bool:
+        """A row lookup's gradient needs only its indices; any other use needs the weight again."""
+        return self.role != LOOKUP
 
     def _release(self) -> None:
         self.full.untyped_storage().resize_(0)
@@ -128,7 +175,7 @@ class _Reduction:
 
 
 class FSDP(nn.Module):
-    """Shards every Linear/Embedding weight of `module` over the default process group.
+    """Shards every trainable 2-D `weight` of `module`'s submodules over the default process group.
 
     Build it on each rank from the same model on the rank's device (rank 0's values are broadcast
     first), then build the optimizer over `fsdp.parameters()`: the weight shards and the
@@ -156,15 +203,18 @@ class FSDP(nn.Module):
         self.weights: list[ShardedWeight] = []
         owners: dict[nn.Parameter, str] = {}
         for name, sub in module.named_modules():
-            if not isinstance(sub, SHARDED_MODULES):
+            weight = shardable_weight(sub)
+            if weight is None:
                 continue
-            weight = sub._parameters["weight"]
             if weight in owners:
                 raise ValueError(f"tied weights are not supported: {name}.weight is {owners[weight]}")
             owners[weight] = f"{name}.weight"
             self.weights.append(ShardedWeight(f"{name}.weight", sub, compute_dtype))
         if not self.weights:
-            raise ValueError(f"{type(module).__name__} has no Linear or Embedding layer to shard")
+            raise ValueError(
+                f"{type(module).__name__} has no submodule with a trainable 2-D weight to shard "
+                f"(FSDP shards each module's own 2-D `weight` parameter: linear maps and lookup tables)"
+            )
         self._by_shard = {w.shard: w for w in self.weights}
         for w in self.weights:
             w.module._parameters["weight"] = w.shard
@@ -172,6 +222,7 @@ class FSDP(nn.Module):
             w.module.register_forward_hook(partial(weak_method(self._after_forward), w))
             w.full.register_post_accumulate_grad_hook(partial(weak_method(self._after_backward), w))
         self.replicated = [p for p in module.parameters() if p not in self._by_shard]
+        self.replicated_names = [n for n, p in module.named_parameters() if p not in self._by_shard]
 
         self._order = list(self.weights)  # forward execution order, refined by every forward
         self._position = {w: i for i, w in enumerate(self._order)}
@@ -238,8 +289,18 @@ class FSDP(nn.Module):
         if w.forward_range is not None:
             w.forward_range.__exit__(None, None, None)
             w.forward_range = None
+        if w.role is None:
+            w.role = weight_role(args, output, w.shape)
+            if w.role == OTHER:
+                warnings.warn(
+                    f"FSDP: {w.name} {tuple(w.shape)} is neither a lookup table (integer ids -> rows) nor a "
+                    f"linear map ((..., {w.shape[1]}) -> (..., {w.shape[0]})) in its first forward. It stays "
+                    f"sharded, gathered for its forward and again for its backward, which is right for any "
+                    f"use of the weight inside that forward.",
+                    stacklevel=2,
+                )
         w.free()
-        if torch.is_tensor(output) and output.requires_grad:  # Linear and Embedding return one tensor
+        if torch.is_tensor(output) and output.requires_grad:  # a linear map or lookup returns one tensor
             output.register_hook(partial(weak_method(self._before_backward), w))
 
     # ---- backward ----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory
 from cs336_systems.distributed.ddp_benchmark import timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
-from cs336_systems.distributed.fsdp import FSDP, SHARDED_MODULES
+from cs336_systems.distributed.fsdp import FSDP, shardable_weight
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.distributed.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM
@@ -96,12 +96,12 @@ class FSDPBenchmarkConfig:
 
 # ---- 1. equality -----------------------------------------------------------------------------
 def mixed_precision_step(master: nn.Module, optimizer: torch.optim.Optimizer, inputs, targets, dtype: torch.dtype) -> None:
-    """One non-parallel step: Linear/Embedding weights cast to `dtype` for compute, fp32 gradients and update."""
+    """One non-parallel step: the weights FSDP shards cast to `dtype` for compute, fp32 gradients and update."""
     working = master
     if dtype != torch.float32:
         working = copy.deepcopy(master)
         for m in working.modules():
-            if isinstance(m, SHARDED_MODULES):
+            if shardable_weight(m) is not None:
                 m.weight.data = m.weight.data.to(dtype)
     cross_entropy(working(inputs), targets).backward()
     if working is not master:
