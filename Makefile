@@ -1,8 +1,9 @@
 # CS336 assignment 2 report workbook.
 #   make report                 set up (first time) and regenerate the report for this machine
-#   make test                   the test suite (CPU; GPU tests skip without CUDA)
+#   make test                   the test suite (CPU; GPU tests skip without CUDA); what CI runs
+#   make test-fast              the unit tests without the notebook runs and the multi-process jobs
 #   make report PROFILE=gpu NOTEBOOKS=01,03    a subset, a given profile
-#   make lab | pdf | wheelhouse | clean
+#   make lab | pdf | sync-notebooks | wheelhouse | clean
 # On a node whose Python already has torch (e.g. an offline GPU node): make report PYTHON=python3
 
 PROFILE   ?= auto
@@ -15,7 +16,7 @@ PYTHON    ?= $(VENV)/bin/python
 HAVE_GPU  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= $(if $(HAVE_GPU),torch>=2.11,torch==2.13.0 triton==3.6.0)
 WHEELHOUSE ?= wheelhouse
-OFFLINE_PACKAGES := papermill nbconvert nbformat ipykernel transformers ninja
+OFFLINE_PACKAGES := papermill nbconvert nbformat ipykernel jupytext transformers ninja
 
 export PYTHONPATH := $(CURDIR)/lib$(if $(PYTHONPATH),:$(PYTHONPATH))
 
@@ -25,7 +26,7 @@ else
 SETUP :=
 endif
 
-.PHONY: setup report test lab html pdf wheelhouse install-offline clean
+.PHONY: setup report test test-fast lab sync-notebooks html pdf wheelhouse install-offline clean
 
 setup: $(SETUP)
 
@@ -33,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
-	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	$(VENV)/bin/python -m pip install --quiet -e ".[dev,report,lab,llama]"
 	touch $@
 
 report: $(SETUP)
@@ -46,9 +47,23 @@ report: $(SETUP)
 test: $(SETUP)
 	$(PYTHON) -m pytest -q -ra
 
+# Markers in pyproject.toml: `slow` runs the notebooks, `multiprocess` starts distributed jobs.
+test-fast: $(SETUP)
+	$(PYTHON) -m pytest -q -ra -m "not slow and not multiprocess"
+
+# jupytext's server extension (installed with jupytext) reads notebooks/jupytext.toml: saving a notebook
+# in JupyterLab writes its NN_*.py too; opening one reads the cells from the .py (and refuses, showing
+# the diff, when the .ipynb is newer and holds other cells).
 lab: $(SETUP)
 	$(PYTHON) -m ipykernel install --sys-prefix --name cs336-systems --display-name "CS336 systems"
 	cd notebooks && $(abspath $(PYTHON)) -m jupyter lab
+
+# After editing notebooks/NN_*.py outside JupyterLab: rewrite each NN_*.ipynb from its script, keeping
+# the cell ids and metadata (a new NN_name.py gets its NN_name.ipynb). One direction on purpose:
+# `jupytext --sync` takes the newer file of a pair, and a git checkout can make the .ipynb the newer.
+# The other way, after changing an .ipynb outside JupyterLab: jupytext --to py:percent notebooks/NN_name.ipynb
+sync-notebooks: $(SETUP)
+	$(PYTHON) -m jupytext --update --to ipynb notebooks/[0-9][0-9]_*.py
 
 CHROMIUM_FOUND = $(shell command -v chromium || command -v chromium-browser || command -v google-chrome)
 
@@ -60,8 +75,9 @@ pdf: $(SETUP)
 	fi
 	$(PYTHON) -m cs336_systems.report.pdf --profile $(PROFILE) $(if $(OUT),--out $(OUT))
 
-# Wheels of everything the GPU nodes lack (papermill, nbconvert, jupyter bits, transformers for the
-# Llama reference, ninja for FlashAttention's C++ autograd node) for Python 3.12 on x86-64 Linux;
+# Wheels of everything the GPU nodes lack (papermill, nbconvert, jupyter bits, jupytext for the tests,
+# transformers for the Llama reference, ninja for FlashAttention's C++ autograd node) for Python 3.12
+# on x86-64 Linux;
 # torch, triton, numpy, pandas, matplotlib and seaborn are expected on the node.
 wheelhouse:
 	python3 -m pip download --quiet --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336_systems.distributed.allreduce_benchmark import (
+from cs336_systems.experiments.allreduce_benchmark import (
     MB, benchmark_allreduce, bus_bandwidth, describe_allreduce, ring_traffic, size_label,
 )
 
@@ -22,6 +22,7 @@ def test_bandwidth_formulas_by_hand():
     assert [size_label(s) for s in (10**6, 10**7, 10**8, 10**9)] == ["1 MB", "10 MB", "100 MB", "1 GB"]
 
 
+@pytest.mark.multiprocess
 def test_gloo_run_measures_every_world_size_and_size():
     df, not_run = benchmark_allreduce(["gloo", "nccl"], [1, 2], [4 * 1024, MB], warmup=1, iters=3)
     assert list(zip(df.world_size, df.size_bytes)) == [(1, 4096), (1, MB), (2, 4096), (2, MB)]
@@ -40,10 +41,11 @@ def test_bad_settings_are_rejected_before_starting_processes():
         benchmark_allreduce(["gloo"], [0, 2], [MB])
 
 
+@pytest.mark.multiprocess
 def test_runs_under_torchrun(tmp_path):
     out = tmp_path / "ar.csv"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "cs336_systems.distributed.allreduce_benchmark", "--sizes-mb", "0.004", "0.04",
+           "-m", "cs336_systems.experiments.allreduce_benchmark", "--sizes-mb", "0.004", "0.04",
            "--warmup", "1", "--iters", "2", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]

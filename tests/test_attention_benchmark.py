@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cs336_systems.attention import FlashAttentionPytorch
-from cs336_systems.attention.benchmark import (
+from cs336_systems.experiments.attention_benchmark import (
     MiB,
     SavedForBackward,
     accuracy_table,

@@ -19,14 +19,14 @@ from cs336_systems.distributed import adapters_ddp
 from cs336_systems.distributed.ddp_base import DataParallel
 from cs336_systems.distributed.ddp_bucketed import BYTES_PER_MB, DDPBucketed, assign_buckets
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
-from cs336_systems.distributed.ddp_equivalence import MODELS, train_and_compare
+from cs336_systems.experiments.ddp_equivalence import MODELS, train_and_compare
 from cs336_systems.distributed.compute_stream import prioritized_compute
-from cs336_systems.distributed.ddp_benchmark import add_overheads, describe_stream_priority_effect, stream_priority_effect
-from cs336_systems.distributed.ddp_flavours import DDPFlavour, expand_flavours, flavour_of
-from cs336_systems.distributed.ddp_overhead_model import derive, fit_overhead
-from cs336_systems.distributed.ddp_timeline import communication_after, overlap_fraction, timeline_events
+from cs336_systems.experiments.ddp_benchmark import add_overheads, describe_stream_priority_effect, stream_priority_effect
+from cs336_systems.experiments.ddp_flavours import DDPFlavour, expand_flavours, flavour_of
+from cs336_systems.experiments.ddp_overhead_model import derive, fit_overhead
+from cs336_systems.experiments.ddp_timeline import communication_after, overlap_fraction, timeline_events
 from cs336_systems.distributed.launch import DistContext, spawn
-from cs336_systems.distributed.toy_models import IN_FEATURES, ToyModel, ToyModelWithTiedWeights
+from cs336_systems.experiments.toy_models import IN_FEATURES, ToyModel, ToyModelWithTiedWeights
 
 TOLERANCE = 1e-5
 
@@ -91,6 +91,7 @@ def correctness():
     return pd.DataFrame([row for rows, _ in results for row in rows]), [same for _, same in results]
 
 
+@pytest.mark.multiprocess
 def test_course_adapters_synchronize_gradients(correctness):
     _, same = correctness
     assert all(all(r) for r in same) and len(same[0]) == 6
@@ -112,6 +113,7 @@ def test_adapters_carry_both_course_suites_names():
     assert all(callable(namespace[n]) for n in names)
 
 
+@pytest.mark.multiprocess
 def test_every_flavour_matches_single_process_training(correctness):
     df, _ = correctness
     ddp = df[df.kind != "no-communication"]
@@ -137,6 +139,7 @@ def _rank_one_raises(ctx: DistContext) -> None:
     ddp.finish_gradient_synchronization()  # rank 0 waits here for a peer that is gone
 
 
+@pytest.mark.multiprocess
 def test_a_rank_that_raises_fails_the_job_instead_of_hanging():
     start = time.monotonic()
     # Whichever rank's error arrives first (rank 1's, or rank 0's broken connection to it), the
@@ -160,17 +163,20 @@ def _rank_one_aborts_at_exit(ctx: DistContext) -> int:
     return 10 + ctx.rank
 
 
+@pytest.mark.multiprocess
 def test_a_rank_killed_by_a_signal_is_reported_with_its_stack():
     with pytest.raises(RuntimeError, match=r"(?s)rank 1 of distributed job _rank_one_aborts_while_reducing .*died with SIGABRT.*"
                                            r"_rank_one_aborts_while_reducing"):
         spawn(_rank_one_aborts_while_reducing, 2, backend="gloo", timeout_s=60)
 
 
+@pytest.mark.multiprocess
 def test_a_rank_dying_after_its_result_is_saved_keeps_the_results():
     with pytest.warns(RuntimeWarning, match="rank 1 of _rank_one_aborts_at_exit died with SIGABRT while shutting down"):
         assert spawn(_rank_one_aborts_at_exit, 2, backend="gloo", timeout_s=60) == [10, 11]
 
 
+@pytest.mark.multiprocess
 def test_destroying_the_process_group_stops_its_threads_even_after_compile_imports():
     # A fresh interpreter, so the import order is the one a worker sees: the group is created,
     # then torch._dynamo is imported (torch.compile does this), then the group is destroyed.
@@ -190,10 +196,11 @@ print(sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdi
     assert "gloo" not in done.stdout, f"gloo threads outlived destroy_process_group: {done.stdout}"
 
 
+@pytest.mark.multiprocess
 def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     out = tmp_path / "ddp.csv"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "cs336_systems.distributed.ddp_benchmark", "--size", "nano", "--context-length", "16",
+           "-m", "cs336_systems.experiments.ddp_benchmark", "--size", "nano", "--context-length", "16",
            "--bucket-sizes-mb", "0.01", "--warmup", "0", "--steps", "2", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
@@ -207,9 +214,10 @@ def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     assert (df.compute_priority == "n/a (no CUDA streams)").all()
 
 
+@pytest.mark.multiprocess
 def test_scaling_holds_the_per_rank_batch_and_measures_each_world_size():
-    from cs336_systems.distributed.ddp_benchmark import DDPBenchmarkConfig
-    from cs336_systems.distributed.ddp_scaling import benchmark_scaling, scaling_table
+    from cs336_systems.experiments.ddp_benchmark import DDPBenchmarkConfig
+    from cs336_systems.experiments.ddp_scaling import benchmark_scaling, scaling_table
 
     base = DDPBenchmarkConfig(size="nano", context_length=16, warmup=0, steps=2, backend="gloo")
     df = benchmark_scaling(base, [3, 2], per_rank_batch=1, bucket_size_mb=0.01)
@@ -227,8 +235,8 @@ def test_scaling_holds_the_per_rank_batch_and_measures_each_world_size():
 
 
 def test_scaling_lists_world_sizes_beyond_the_gpus_as_not_run():
-    from cs336_systems.distributed.ddp_benchmark import DDPBenchmarkConfig
-    from cs336_systems.distributed.ddp_scaling import benchmark_scaling
+    from cs336_systems.experiments.ddp_benchmark import DDPBenchmarkConfig
+    from cs336_systems.experiments.ddp_scaling import benchmark_scaling
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     beyond = max(have + 1, 2)
@@ -299,6 +307,7 @@ def _cta_cap_on_gloo(ctx) -> str:
     return "accepted"
 
 
+@pytest.mark.multiprocess
 def test_nccl_thread_block_caps_are_flavours_and_refused_off_nccl():
     flavours = expand_flavours(["naive", "bucketed"], [10, 100], [None, 8])
     assert [f.label for f in flavours] == ["naive", "bucketed 10 MB", "bucketed 100 MB", "bucketed 10 MB, 8 CTAs", "bucketed 100 MB, 8 CTAs"]
@@ -431,8 +440,9 @@ def test_timeline_of_a_cpu_trace_uses_gloo_threads():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.multiprocess
 def test_every_flavour_matches_single_process_training_on_nccl():
-    from cs336_systems.distributed.ddp_equivalence import check_equivalence, summarize_equivalence
+    from cs336_systems.experiments.ddp_equivalence import check_equivalence, summarize_equivalence
 
     flavours = expand_flavours(["naive", "flat", "individual", "bucketed", "torch-ddp"], [None, 1e-9])
     checks = summarize_equivalence(check_equivalence(flavours, backend="nccl"), TOLERANCE)
@@ -458,6 +468,7 @@ def _freed_after_drop(ctx: DistContext) -> dict[str, bool]:
     return freed
 
 
+@pytest.mark.multiprocess
 def test_dropped_wrappers_free_their_models():
     for rank in spawn(_freed_after_drop, 2, backend="gloo", timeout_s=120):
         assert rank == {"individual": True, "bucketed": True}, f"a dropped DDP wrapper kept its model alive: {rank}"

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cs336_systems.attention import flash_native  # noqa: E402
-from cs336_systems.attention.flash_benchmark import reference_gradients  # noqa: E402
+from cs336_systems.experiments.flash_benchmark import reference_gradients  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
@@ -135,7 +135,7 @@ def _run(fn, q, k, v, is_causal, grad_out):
 @needs_cuda
 @pytest.mark.parametrize("shape, dtype, is_causal", GEOMETRIES)
 def test_native_node_matches_python_path_and_float64(native, shape, dtype, is_causal):
-    from cs336_systems.attention.flash_benchmark import TOLERANCE, implementation, relative_errors
+    from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, relative_errors
     from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_attention_triton
 
     q, k, v = _inputs(shape, dtype)

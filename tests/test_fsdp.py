@@ -26,9 +26,9 @@ import torch.nn as nn
 from cs336_systems.accounting.sharding import is_sharded_by_fsdp, setup_for_model, transformer_parameter_shapes
 from cs336_systems.distributed.adapters_sharding import fsdp_gather_full_params, fsdp_on_after_backward, get_fsdp
 from cs336_systems.distributed.fsdp import FSDP, ShardedWeight, shardable_weight
-from cs336_systems.distributed.fsdp_timeline import forward_gather_timing
+from cs336_systems.experiments.fsdp_timeline import forward_gather_timing
 from cs336_systems.distributed.launch import spawn
-from cs336_systems.distributed.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel
+from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel
 from cs336_systems.model import ModelConfig, TransformerLM
 from cs336_systems.nn_utils import cross_entropy
 from cs336_systems.optim import AdamW
@@ -196,6 +196,7 @@ def _check_equal(ranks: list[dict], case: str) -> None:
 
 
 @pytest.mark.parametrize("case", ["fp32", "fp16", "toy-fp32", "checkpointed-fp32"])
+@pytest.mark.multiprocess
 def test_matches_non_parallel_training(two_ranks, case):
     _check_equal(two_ranks, case)
 
@@ -206,16 +207,19 @@ def _check_shards(ranks: list[dict]) -> None:
     assert sizes and all(shard == -(-numel // world_size) == stored for numel, shard, stored in sizes.values())
 
 
+@pytest.mark.multiprocess
 def test_shards_are_equal_sized(two_ranks):
     _check_shards(two_ranks)
 
 
+@pytest.mark.multiprocess
 def test_uneven_split_is_padded_and_exact(three_ranks):
     _check_shards(three_ranks)
     assert all(numel % 3 for numel, _, _ in three_ranks[0]["fp32"]["shard_sizes"].values()), "every shard needs padding"
     _check_equal(three_ranks, "fp32")
 
 
+@pytest.mark.multiprocess
 def test_prefetches_one_module_ahead(two_ranks):
     """In the last forward, module i starts with exactly itself and module i+1 gathered."""
     r = two_ranks[0]["fp32"]
@@ -227,10 +231,12 @@ def test_prefetches_one_module_ahead(two_ranks):
         assert set(names) == set(order[i : i + 2]), f"at {order[i]}: gathered {names}"
 
 
+@pytest.mark.multiprocess
 def test_dropped_fsdp_frees_its_model(two_ranks):
     assert all(r["freed"] for r in two_ranks), "a dropped FSDP model stayed alive (a hook cycle through its parameters)"
 
 
+@pytest.mark.multiprocess
 def test_bad_arguments_are_value_errors(two_ranks):
     errors = two_ranks[0]["errors"]
     assert "no submodule with a trainable 2-D weight" in errors["no_layers"]

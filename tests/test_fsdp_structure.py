@@ -27,6 +27,8 @@ from cs336_systems.distributed.adapters_sharding import fsdp_gather_full_params,
 from cs336_systems.distributed.fsdp import shardable_weight
 from cs336_systems.distributed.launch import spawn
 
+pytestmark = pytest.mark.multiprocess  # every test reads the one 2-rank job
+
 VOCAB, D_MODEL, D_FF, SEQ, BATCH, STEPS, LR = 100, 64, 128, 8, 20, 3, 0.01
 
 

@@ -1,4 +1,4 @@
-"""The leaderboard step kernel by kernel (attention/leaderboard_kernels.py): names, phases, the summary.
+"""The leaderboard step kernel by kernel (experiments/leaderboard_kernels.py): names, phases, the summary.
 
 The kernel names below are those torch.profiler reported on an H100 (torch 2.11) for ours and
 SDPA-cuDNN, with their template arguments cut short."""
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336_systems.attention import leaderboard_kernels as lk
+from cs336_systems.experiments import leaderboard_kernels as lk
 
 OURS = [
     "flash_fwd_gluon_kernel",

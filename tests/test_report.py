@@ -103,3 +103,62 @@ def test_one_machine_and_no_caveats_add_no_tables(tmp_path):
     build_index(tmp_path, "cpu")
     writeup = (tmp_path / "writeup.html").read_text()
     assert "Known problems" not in writeup and "machines (" not in writeup
+
+
+def test_the_runner_prints_its_progress_without_papermill_and_kernel_noise(tmp_path, capfd, caplog):
+    """A `=` in a parameters cell's comment made papermill warn "Unable to parse line" (and then
+    "Passed unknown parameter: profile"), and every kernel start warned about TCP: none of it actionable."""
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    params = 'profile = None  # "cpu" or "gpu", None means gpu = CUDA available\nsteps = 3  # steps = timed steps'
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("print(profile, steps)"),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, d / "01_tiny.ipynb")
+    status = main(["--profile", "cpu", "--notebook-dir", str(d), "--out", str(tmp_path / "out"), "--no-html", "--cell-timeout", "120"])
+    out, err = capfd.readouterr()
+    err += caplog.text  # under pytest, records that reach the root logger are captured there, not on stderr
+    assert status == 0, out + err
+    assert "[report] 01_tiny (cpu) ..." in out and "[report] 01_tiny: ok in" in out and "1 of 1 notebooks ran" in out
+    for noise in ("Unable to parse line", "Passed unknown parameter", "Kernel is running over TCP"):
+        assert noise not in out + err, noise
+    executed = nbformat.read(tmp_path / "out" / "01_tiny.ipynb", as_version=4)
+    assert executed.cells[-1].outputs[0]["text"] == "cpu 3\n"
+
+
+def test_papermill_warnings_that_matter_still_show():
+    import logging
+
+    from cs336_systems.report.run import PapermillNoise
+
+    noise = PapermillNoise()
+    noise.assigned = {"profile"}
+
+    def passes(message: str) -> bool:
+        return noise.filter(logging.LogRecord("papermill", logging.WARNING, __file__, 1, message, None, None))
+
+    assert not passes("Unable to parse line 1 'profile = None  # a = b'.")
+    assert not passes("Passed unknown parameter: profile")
+    assert passes("Passed unknown parameter: profil")  # a parameter the notebook does not have
+    assert passes("Black encountered an error, skipping formatting")
+
+
+def test_the_parameters_a_notebook_assigns(tmp_path):
+    from cs336_systems.report.run import assigned_parameters
+
+    cells = [
+        nbformat.v4.new_code_cell("x = 1  # not y = 2\n# z = 3\nsizes: list | None = None\nitems = [\n  1,\n]", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("w = 4"),
+    ]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / "nb.ipynb")
+    assert assigned_parameters(tmp_path / "nb.ipynb") == {"x", "sizes", "items"}
+
+
+def test_discover_takes_the_notebooks_not_their_paired_scripts(notebook_dir):
+    (notebook_dir / "01_good.py").write_text('# %% tags=["parameters"]\nprofile = None\n')
+    (notebook_dir / "04_script_only.py").write_text("# %%\nprint(1)\n")
+    (notebook_dir / "jupytext.toml").write_text('formats = "ipynb,py:percent"\n')
+    assert [p.name for p in discover(notebook_dir, None)] == ["01_good.ipynb", "02_bad.ipynb", "03_good_too.ipynb"]
+    assert [p.name for p in discover(notebook_dir, "01")] == ["01_good.ipynb"]

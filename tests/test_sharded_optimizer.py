@@ -21,8 +21,8 @@ from cs336_systems.accounting.sharding import (
 from cs336_systems.distributed.adapters_sharding import get_sharded_optimizer
 from cs336_systems.distributed.launch import spawn
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_greedy
-from cs336_systems.distributed.sharding_benchmark import ShardingBenchmarkConfig, rank_owned_numel
-from cs336_systems.distributed.toy_models import IN_FEATURES, OUT_FEATURES, ToyModelWithTiedWeights
+from cs336_systems.experiments.sharding_benchmark import ShardingBenchmarkConfig, rank_owned_numel
+from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModelWithTiedWeights
 from cs336_systems.model import ModelConfig, TransformerLM
 from cs336_systems.nn_utils import cross_entropy
 from cs336_systems.optim import AdamW
@@ -188,6 +188,7 @@ def ranks(request) -> list[dict]:
     return spawn(_worker, request.param, backend="gloo", timeout_s=120)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("model_name", MODELS)
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 def test_equals_unsharded_optimizer(ranks, model_name, optimizer_name):
@@ -198,6 +199,7 @@ def test_equals_unsharded_optimizer(ranks, model_name, optimizer_name):
         assert r["same_on_all_ranks"], f"rank {rank}: weights differ between ranks"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("model_name", MODELS)
 def test_ownership_partitions_and_balances(ranks, model_name):
     world_size = len(ranks)
@@ -212,6 +214,7 @@ def test_ownership_partitions_and_balances(ranks, model_name):
     assert set(r0["owners"]) == set(range(world_size)), "some rank owns nothing"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("model_name", MODELS)
 def test_state_dict_round_trips(ranks, model_name):
     for rank, results in enumerate(ranks):
@@ -222,6 +225,7 @@ def test_state_dict_round_trips(ranks, model_name):
         assert r["resumed_from_shard_diff"] <= 1e-6, f"rank {rank}: resuming from the rank's shard diverged"
 
 
+@pytest.mark.multiprocess
 def test_add_param_group_during_training(ranks):
     for results in ranks:
         r = results["add_param_group"]
@@ -231,6 +235,7 @@ def test_add_param_group_during_training(ranks):
         assert r["hyperparameters"] == [(2e-3, 0.01), (5e-3, 0.0)]
 
 
+@pytest.mark.multiprocess
 def test_bad_arguments_are_value_errors(ranks):
     errors = ranks[0]["errors"]
     assert "torch.optim.Optimizer subclass" in errors["bad_class"]
@@ -282,6 +287,7 @@ def test_zero_paper_numbers():
     assert df.total_GB.round(2).to_dict() == {"ddp": 120.0, "zero1": 31.41, "zero2": 16.64, "fsdp": 1.88}
 
 
+@pytest.mark.multiprocess
 def test_analytic_breakdown_matches_the_optimizer(ranks):
     world_size = len(ranks)
     config = ShardingBenchmarkConfig(size="nano", context_length=CONTEXT, vocab_size=VOCAB, world_size=world_size,

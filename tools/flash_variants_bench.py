@@ -24,7 +24,7 @@ import torch
 import triton.testing
 
 from cs336_systems.attention import flash_gluon as G
-from cs336_systems.attention.flash_benchmark import implementation, reference_gradients
+from cs336_systems.experiments.flash_benchmark import implementation, reference_gradients
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
 
 

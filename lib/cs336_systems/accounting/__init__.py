@@ -10,13 +10,22 @@ and the FLOP counter), `mesh` (the X×Y mesh model), `symbolic` (formulas usable
 sympy symbols), `parallelism_answers` (every 2026 answer as formula plus value).
 """
 
-from cs336_systems.accounting.ffn_stack import *  # noqa: F403
-from cs336_systems.accounting.memory import *  # noqa: F403
-from cs336_systems.accounting.mesh import *  # noqa: F403
-from cs336_systems.accounting.parallelism import *  # noqa: F403
-from cs336_systems.accounting.parallelism_answers import *  # noqa: F403
-from cs336_systems.accounting.rings import *  # noqa: F403
-from cs336_systems.accounting.sharded_ffn import *  # noqa: F403
-from cs336_systems.accounting.symbolic import *  # noqa: F403
-from cs336_systems.accounting.sharding import *  # noqa: F403
-from cs336_systems.accounting.flops import *  # noqa: F403
+# The public API is the submodules; import their names from them, e.g.
+# `from cs336_systems.accounting.memory import ...` or `from cs336_systems.accounting import rings`.
+from cs336_systems.accounting import (
+    ffn_stack,
+    flops,
+    memory,
+    mesh,
+    parallelism,
+    parallelism_answers,
+    rings,
+    sharded_ffn,
+    sharding,
+    symbolic,
+)
+
+__all__ = [
+    "ffn_stack", "flops", "memory", "mesh", "parallelism", "parallelism_answers",
+    "rings", "sharded_ffn", "sharding", "symbolic",
+]

@@ -16,6 +16,11 @@ from cs336_systems.attention.naive import naive_attention
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
+__all__ = [
+    "ATTENTION_IMPLEMENTATIONS", "AttentionFn", "FlashAttentionPytorch", "FlashAttentionTriton", "get_attention",
+    "naive_attention", "sdpa_attention",
+]
+
 
 def sdpa_attention(q, k, v, is_causal: bool = False):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from cs336_systems.accounting.flops import model_flops
 from cs336_systems.benchmarking.harness import MODES, BenchmarkConfig, TrainingSetup, build, free_device_memory, run_benchmark
-from cs336_systems.benchmarking.llama_reference import run_llama_benchmark, transformers_available
+from cs336_systems.benchmarking.llama_reference import INSTALL_HINT, run_llama_benchmark, transformers_available
 from cs336_systems.optim import OPTIMIZERS
 from cs336_systems.profiling.torch_profile import step_phases
 
@@ -130,7 +130,7 @@ def best_versus_llama(
             if compile and (llama_compiled is True or (llama_compiled and (size, context) in set(map(tuple, llama_compiled)))):
                 references.append(_attempt(replace(config, compile=True, compile_scope=compile_scope), run_llama_benchmark, model="llama"))
         else:
-            references.append({**config.label(), "model": "llama", "status": "not run", "error": "transformers is not installed"})
+            references.append({**config.label(), "model": "llama", "status": "not run", "error": f"transformers is not installed: {INSTALL_HINT}"})
         rows += ours + references
         llama = references[0]
         row = dict(size=size, context_length=context, best_attention=best["attention"] if best else None, optimizer=optimizer,

@@ -8,7 +8,8 @@ in architecture fails loudly instead of skewing the comparison.
 
 It is stepped by the harness's own TrainingSetup (same batch, autocast, cross-entropy, AdamW and
 ranges) through a thin module that returns the logits, so only the model differs.
-`transformers` is optional: `transformers_available()` says whether it is installed.
+`transformers` is optional (the `llama` extra): `transformers_available()` says whether it is installed,
+and it is imported only when a Llama is built.
 """
 
 from __future__ import annotations
@@ -25,12 +26,22 @@ from cs336_systems.model import ModelConfig, TransformerLM, count_parameters
 from cs336_systems.optim import make_optimizer
 
 
+INSTALL_HINT = "pip install -e '.[llama]' (make setup installs it)"
+
+
 def transformers_available() -> bool:
     return importlib.util.find_spec("transformers") is not None
 
 
+def require_transformers() -> None:
+    """A clear error where the Llama reference is asked for and `transformers` is missing."""
+    if not transformers_available():
+        raise ImportError(f"the Llama reference needs the 'transformers' package, which is not installed: {INSTALL_HINT}")
+
+
 def llama_config(config: ModelConfig, attention: str = "sdpa"):
     """A transformers.LlamaConfig with the shapes of `config` (rope given the way the installed version takes it)."""
+    require_transformers()
     from transformers import LlamaConfig
 
     kwargs = dict(
@@ -62,8 +73,7 @@ class LlamaLogits(nn.Module):
 
 def build_llama(config: BenchmarkConfig, attention: str = "sdpa") -> TrainingSetup:
     """The harness's TrainingSetup around a LlamaForCausalLM of the same architecture as `config`'s model."""
-    if not transformers_available():
-        raise ValueError("the Llama reference needs the 'transformers' package, which is not installed")
+    require_transformers()
     from transformers import LlamaForCausalLM
 
     config.validate()

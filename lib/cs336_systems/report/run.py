@@ -9,11 +9,15 @@ the error, and the others still run; the exit status is non-zero when any failed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
+import re
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,6 +41,16 @@ def machine_of(env: dict[str, str]) -> str:
     return env.get("GPU") or env.get("CPU", "")
 
 
+# What running and rendering the notebooks needs beyond the library: the `report` extra.
+REPORT_PACKAGES = ("papermill", "nbconvert", "nbformat", "ipykernel")
+
+
+def missing_report_packages(names: tuple[str, ...] = REPORT_PACKAGES) -> list[str]:
+    import importlib.util
+
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def discover(notebook_dir: Path, selection: str | None) -> list[Path]:
     """Notebooks in `notebook_dir`; `selection` is a comma list of prefixes or names ("01,03")."""
     all_nbs = sorted(p for p in notebook_dir.glob("[0-9][0-9]_*.ipynb"))
@@ -50,16 +64,68 @@ def discover(notebook_dir: Path, selection: str | None) -> list[Path]:
     return chosen
 
 
+# ipykernel warns at every start that its sockets are TCP without encryption: they are on loopback,
+# owned by this process, and nothing a report user can change. Errors of the kernel still show.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
+class PapermillNoise(logging.Filter):
+    """Drops the papermill warnings that say nothing wrong: "Unable to parse line ..." for each line of a
+    parameters cell with a second `=` (in its comment: the parameter is still set, papermill only
+    cannot read its default for `--help-notebook`), and the "Passed unknown parameter: x" that follows
+    when the cell does assign `x`. Every other record passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.assigned: set[str] = set()  # the parameters the notebook being run assigns
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Unable to parse line"):
+            return False
+        unknown = re.fullmatch(r"Passed unknown parameter: (\w+)", message)
+        return not (unknown and unknown.group(1) in self.assigned)
+
+
+def assigned_parameters(notebook: Path) -> set[str]:
+    """Names assigned at the start of a line of the notebook's `parameters` cell."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    sources = [c.source for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    return {m.group(1) for src in sources for m in re.finditer(r"^([A-Za-z_]\w*)\s*(?::[^=\n]*)?=", src, re.M)}
+
+
+@contextlib.contextmanager
+def papermill_log(noise: PapermillNoise) -> Iterator[None]:
+    """papermill's warnings to stderr through `noise` while the block runs (they would go to logging's
+    last-resort handler, unfiltered), then the logger as it was."""
+    logger = logging.getLogger("papermill")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(noise)
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def execute(notebook: Path, out_dir: Path, profile: str, cell_timeout: int) -> NotebookRun:
     import papermill as pm
 
     out_path = out_dir / notebook.name
+    noise = PapermillNoise()
     start = time.perf_counter()
     try:
-        pm.execute_notebook(
-            str(notebook), str(out_path), parameters={"profile": profile}, cwd=str(notebook.parent),
-            kernel_name="python3", progress_bar=False, execution_timeout=cell_timeout,
-        )
+        noise.assigned = assigned_parameters(notebook)
+        with papermill_log(noise):
+            pm.execute_notebook(
+                str(notebook), str(out_path), parameters={"profile": profile}, cwd=str(notebook.parent),
+                kernel_name="python3", progress_bar=False, execution_timeout=cell_timeout,
+                extra_arguments=KERNEL_ARGUMENTS,
+            )
         status, error = "ok", ""
     except Exception as err:  # noqa: BLE001 - any failure is recorded and the next notebook runs
         status = "failed"
@@ -161,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: notebooks/)")
     p.add_argument("--index-only", action="store_true", help="only rebuild index.html and writeup.html of --out")
     args = p.parse_args(argv)
+    missing = missing_report_packages(("nbconvert", "nbformat") if args.index_only else REPORT_PACKAGES)
+    if missing:
+        print(f"error: the report needs {', '.join(missing)}, which are not installed: pip install -e '.[report]' "
+              "(make setup installs it)", file=sys.stderr)
+        return 2
     if args.index_only:
         profile = args.profile if args.profile != "auto" else resolve_profile(None)
         build_index(Path(args.out or repo_root() / "reports" / profile), profile)

@@ -24,7 +24,7 @@ fastest rank's mean. A flavour can also record one profiled step (chrome trace -
 ddp_timeline.timeline_events). A flavour that runs out of memory becomes a row with status "OOM".
 
 Runs under `spawn` (notebooks) and torchrun alike:
-    torchrun --nproc-per-node 2 -m cs336_systems.distributed.ddp_benchmark --size xl --out ddp.csv
+    torchrun --nproc-per-node 2 -m cs336_systems.experiments.ddp_benchmark --size xl --out ddp.csv
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_mem
 from cs336_systems.distributed.compute_stream import prioritized_compute
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_flat import DDPFlat
-from cs336_systems.distributed.ddp_flavours import FLAVOURS, DDPFlavour, NoCommunication, expand_flavours
+from cs336_systems.experiments.ddp_flavours import FLAVOURS, DDPFlavour, NoCommunication, expand_flavours
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.ddp_naive import DDPNaive
-from cs336_systems.distributed.ddp_timeline import timeline_events
+from cs336_systems.experiments.ddp_timeline import timeline_events
 from cs336_systems.distributed.launch import DistContext, gather_timings, launch_from_env, spawn
 from cs336_systems.model import VOCAB_SIZE, TransformerLM
 from cs336_systems.nn_utils import cross_entropy

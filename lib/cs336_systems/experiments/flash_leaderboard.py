@@ -33,7 +33,7 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from cs336_systems.attention.flash_benchmark import (
+from cs336_systems.experiments.flash_benchmark import (
     TOLERANCE,
     Implementation,
     TimingSettings,

@@ -21,9 +21,9 @@ import torch.nn as nn
 
 from cs336_systems.distributed.compute_stream import prioritized_compute
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
-from cs336_systems.distributed.ddp_flavours import DDPFlavour
+from cs336_systems.experiments.ddp_flavours import DDPFlavour
 from cs336_systems.distributed.launch import DistContext, spawn
-from cs336_systems.distributed.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel, ToyModelWithTiedWeights
+from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel, ToyModelWithTiedWeights
 from cs336_systems.model import TransformerLM
 from cs336_systems.nn_utils import cross_entropy
 

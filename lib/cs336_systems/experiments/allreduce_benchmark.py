@@ -12,7 +12,7 @@ A ring all-reduce sends and receives 2 (n-1)/n * S bytes per rank (reduce-scatte
 all-gather, each n-1 steps of S/n), so busbw is comparable across n and against the hardware
 link bandwidth, as in nccl-tests. Sizes are decimal (1 MB = 10^6 bytes), bandwidths GB/s = 10^9 B/s.
 
-    torchrun --nproc-per-node 4 -m cs336_systems.distributed.allreduce_benchmark --sizes-mb 1 10 100 1000
+    torchrun --nproc-per-node 4 -m cs336_systems.experiments.allreduce_benchmark --sizes-mb 1 10 100 1000
 """
 
 from __future__ import annotations

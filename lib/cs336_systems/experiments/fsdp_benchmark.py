@@ -40,11 +40,11 @@ import torch.nn as nn
 
 from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory
-from cs336_systems.distributed.ddp_benchmark import timed_step
+from cs336_systems.experiments.ddp_benchmark import timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, shardable_weight
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
-from cs336_systems.distributed.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
+from cs336_systems.experiments.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM
 from cs336_systems.nn_utils import cross_entropy
 from cs336_systems.optim import AdamW

@@ -1,6 +1,6 @@
 """Run attention benchmark configurations in this (fresh) process; print each row as a JSON line.
 
-    python -m cs336_systems.attention.benchmark_worker '{"implementations": {"naive": "naive"},
+    python -m cs336_systems.experiments.attention_benchmark_worker '{"implementations": {"naive": "naive"},
         "d_model": 64, "runs": [[1024, "naive"], [2048, "naive"]], "settings": {"batch": 8,
         "device": "cuda", "dtype": "float32", "is_causal": false, "warmup": 5, "steps": 100,
         "memory_budget_bytes": null}}'
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from cs336_systems.attention.benchmark import (
+from cs336_systems.experiments.attention_benchmark import (
     CudaMemoryCap,
     allocate_library_workspaces,
     resolve_implementation,

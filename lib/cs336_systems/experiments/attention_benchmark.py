@@ -17,7 +17,7 @@ in. A memory budget can be imposed: on CUDA through the allocator's per-process 
 plus the saved tensors pass the budget, so the OOM path runs in the CPU profile too.
 
 Around it: `attention_sweep` (the grid, then doubling the sequence length until OOM; on CUDA each
-d_model's grid in a fresh process and a fresh process after every OOM, see `benchmark_worker`),
+d_model's grid in a fresh process and a fresh process after every OOM, see `attention_benchmark_worker`),
 `naive_attention_memory` (the analytic accounting) and `quadratic_fit` for notebook 07,
 `merge_compiled` for notebook 08, `peak_memory_sweep` and `accuracy_table` (errors of O, L,
 dQ, dK, dV against float64) for notebook 09.
@@ -265,7 +265,7 @@ def run_in_process(
 
 
 def run_in_subprocess(specs: Mapping[str, str], d_model: int, runs: Sequence[Run], settings: dict) -> Iterator[dict]:
-    """`run_in_process` in a fresh Python process (`benchmark_worker`), rows streamed back as JSON lines.
+    """`run_in_process` in a fresh Python process (`attention_benchmark_worker`), rows streamed back as JSON lines.
 
     Whatever an out-of-memory leaves behind on the device (the worker stops at the first) dies with
     the process, so it cannot change the memory or the threshold of the next configuration.
@@ -277,7 +277,7 @@ def run_in_subprocess(specs: Mapping[str, str], d_model: int, runs: Sequence[Run
     env = os.environ.copy()
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "cs336_systems.attention.benchmark_worker", json.dumps(job)]
+    cmd = [sys.executable, "-m", "cs336_systems.experiments.attention_benchmark_worker", json.dumps(job)]
     with tempfile.TemporaryFile(mode="w+") as stderr:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
         received = 0

@@ -50,7 +50,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from cs336_systems.attention import AttentionFn
-from cs336_systems.attention.benchmark import naive_attention_memory, random_qkv
+from cs336_systems.experiments.attention_benchmark import naive_attention_memory, random_qkv
 from cs336_systems.attention.naive import naive_attention
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
 
@@ -87,7 +87,7 @@ def attention_min_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dty
 
 
 def naive_peak_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Predicted peak of the materialised attention's forward+backward (attention/benchmark.py's accounting)."""
+    """Predicted peak of the materialised attention's forward+backward (experiments/attention_benchmark.py's accounting)."""
     parts = naive_attention_memory(batch * heads, seq_len, head_dim, dtype.itemsize)
     return parts["before_backward"] + parts["backward_extra"]
 

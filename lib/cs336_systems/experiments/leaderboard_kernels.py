@@ -1,6 +1,6 @@
 """The leaderboard step kernel by kernel: what each implementation's GPU time goes to.
 
-One step is the leaderboard's forward+backward (`leaderboard.py`): `o = f(q, k, v, True)`,
+One step is the leaderboard's forward+backward (`flash_leaderboard.py`): `o = f(q, k, v, True)`,
 `o.sum().backward()` with q, k, v the slices of one leaf. Each step is recorded by torch.profiler
 (CUDA activity only) after warm-up steps, and every kernel gets a phase from where it runs:
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import pandas as pd
 import torch
 
-from cs336_systems.attention.leaderboard import (
+from cs336_systems.experiments.flash_leaderboard import (
     LEADERBOARD,
     LEADERBOARD_IMPLS,
     LeaderboardConfig,

@@ -21,7 +21,7 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
-from cs336_systems.distributed.ddp_benchmark import DDPBenchmarkConfig, benchmark_ddp
+from cs336_systems.experiments.ddp_benchmark import DDPBenchmarkConfig, benchmark_ddp
 from cs336_systems.distributed.launch import resolve_backend
 
 SCALING_FLAVOURS = ("no-communication", "naive", "bucketed", "torch-ddp")

@@ -32,7 +32,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from cs336_systems.accounting.sharding import ShardingSetup, memory_per_rank, setup_for_model, transformer_parameter_shapes
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
-from cs336_systems.distributed.ddp_benchmark import timed_step
+from cs336_systems.experiments.ddp_benchmark import timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_greedy

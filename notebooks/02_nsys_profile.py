@@ -1,0 +1,306 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Problem `nsys_profile` — where the time of a step goes, kernel by kernel
+# Spring 2025 handout §1.1.4 (the same five questions are in the spring 2026 handout, §2.1.4):
+# profile the forward pass, the backward pass and the optimizer step of every model size at context
+# 128, 256, 512 and 1024 (noting the ones that run out of memory), then answer (a) how long the
+# forward pass takes next to the Python timer of the benchmarking script, (b) which kernel takes the
+# most GPU time in the forward pass, how often it runs per forward pass and whether it also leads in
+# forward+backward, (c) which non-matmul kernels take non-trivial time, (d) how the matmul share
+# moves from inference to a full training step, and (e) how the softmax's time compares with the
+# two matmuls around it, against their FLOPs.
+
+# %% tags=["parameters"]
+profile = None            # "cpu" | "gpu"; None picks gpu when CUDA is available
+sizes = None              # model sizes; None means the default of the profile
+context_lengths = None    # None means 128, 256, 512, 1024 on gpu
+batch_size = 4
+warmup = None             # warm-up steps; the last runs under the profiler and is filtered out by its range
+steps = None              # profiled measured steps
+timing_warmup = None      # settings of the benchmarking script for (a); None means 5 on gpu
+timing_steps = None       # None means 10 on gpu
+timeline_size = None      # the configuration whose trace is kept, drawn and exported for Perfetto
+timeline_context = None
+share_threshold = 0.01    # "non-trivial": at least this share of the forward pass's kernel time
+
+# %%
+from cs336_systems.report import setup_notebook
+
+ctx = setup_notebook("02_nsys_profile", profile=profile)
+sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=["small", "medium", "large", "xl", "2.7B"])
+context_lengths = ctx.pick(context_lengths, cpu=[32], gpu=[128, 256, 512, 1024])
+warmup = ctx.pick(warmup, cpu=1, gpu=2)
+steps = ctx.pick(steps, cpu=2, gpu=2)
+timeline_size = ctx.pick(timeline_size, cpu=sizes[0], gpu="small")
+timeline_context = ctx.pick(timeline_context, cpu=context_lengths[0], gpu=256)
+timing_warmup = ctx.pick(timing_warmup, cpu=1, gpu=5)
+timing_steps = ctx.pick(timing_steps, cpu=3, gpu=10)
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep
+from cs336_systems.model import MODEL_SIZES
+from cs336_systems.profiling.profile_sweep import matmul_shares, profile_sweep, top_kernels
+from cs336_systems.profiling.timeline import CATEGORY_COLORS, plot_timeline, range_span
+from cs336_systems.profiling.trace import load_trace, range_instances
+from cs336_systems.report.tables import fmt_ms
+
+span = lambda values, f: f.format(values.min()) if f.format(values.min()) == f.format(values.max()) else f"{f.format(values.min())}–{f.format(values.max())}"  # noqa: E731
+
+# %% [markdown]
+# ## How the profile is taken
+# `cs336_systems.profiling.profile_sweep` runs the benchmarking harness under `torch.profiler`
+# (CPU activity, plus CUDA activity through CUPTI, the same activity records Nsight Systems
+# reads), exports each trace as Chrome/Perfetto JSON and reads it back as a table of events. The
+# harness wraps every step in named ranges — `warmup step` / `measured step`, `forward`,
+# `backward`, `optimizer step` — and the naive attention in `computing attention scores`,
+# `computing softmax`, `final matmul`. Each range is both a `record_function` range (seen by
+# torch.profiler) and an NVTX range (seen by `nsys`). A kernel belongs to a range when the CPU call
+# that **launched** it lies inside the range, which is how Nsight Systems projects NVTX ranges onto
+# the GPU rows; only the measured steps count. Each size and context is profiled twice: an
+# inference forward pass, and a full training step (forward, cross-entropy, backward, AdamW).
+
+# %%
+base = BenchmarkConfig(batch_size=batch_size, warmup=warmup, steps=steps)
+traces_dir = ctx.path("traces")
+profiled = profile_sweep(base, sizes, context_lengths, trace_for=(timeline_size, timeline_context), trace_dir=traces_dir)
+runs = profiled.runs
+ctx.save_table(runs, "profiled_runs", show=False)
+unit = profiled.unit
+gpu = unit == "CUDA kernel"
+oom = runs[runs.status != "ok"]
+ctx.md(
+    f"Profiled {len(runs)} runs ({len(sizes)} size{'s' * (len(sizes) > 1)} × {len(context_lengths)} context{'s' * (len(context_lengths) > 1)} "
+    f"× forward / training step), "
+    f"batch {batch_size}, {warmup} warm-up and {steps} measured steps each. "
+    + (f"Out of memory: {', '.join(f'{r.size} at {r.context_length} ({r.mode})' for r in oom.itertuples())}."
+       if len(oom) else "Every configuration fit in memory.")
+    + ("" if gpu else " **This machine has no GPU**, so the traces hold CPU operators only: below, every "
+       "'kernel' is a CPU operator (aten::mm, aten::bmm, ...) timed by its self time (its duration minus "
+       "that of the operators it calls), and every GPU time is CPU time.")
+)
+
+# %% [markdown]
+# ## (a) Forward time: profiler against the Python timer
+# The benchmarking script's number (harness, `timeit.default_timer` around synchronized steps, no
+# profiler) next to what the profile says about the same forward pass: the wall time of the
+# `measured step` range (CPU side, includes the synchronize), and the time the device needed for
+# the forward pass's kernels (from its first kernel's start to its last kernel's end).
+
+# %%
+timed = sweep(grid(BenchmarkConfig(batch_size=batch_size, mode="forward", warmup=timing_warmup, steps=timing_steps),
+                   size=sizes, context_length=context_lengths), desc="harness timing")
+device_col = "forward_gpu_span_ms" if gpu else "forward_compute_ms"
+fwd = runs[(runs["mode"] == "forward") & (runs.status == "ok")]
+compare = timed[["size", "context_length", "status", "mean_ms", "std_ms"]].rename(
+    columns={"mean_ms": "harness_ms", "std_ms": "harness_std_ms"}).merge(
+    fwd[["size", "context_length", "profiled_step_ms", device_col]], on=["size", "context_length"], how="left")
+compare["profiled_over_harness"] = compare[device_col] / compare["harness_ms"]
+ctx.save_table(compare, "forward_time_vs_harness");
+
+# %%
+both = compare.dropna(subset=["harness_ms", device_col])
+if len(both):
+    lo, hi = both.profiled_over_harness.min(), both.profiled_over_harness.max()
+    detail = both[(both["size"] == timeline_size) & (both.context_length == timeline_context)]
+    d = detail.iloc[0] if len(detail) else both.iloc[0]
+    ctx.md(
+        f"For **{d['size']}** at context {d.context_length}, the forward pass takes {fmt_ms(d[device_col])} of "
+        f"{'GPU time (first to last kernel)' if gpu else 'CPU operator time'} in the profile and "
+        f"{fmt_ms(d.harness_ms)} ± {fmt_ms(d.harness_std_ms)} by the Python timer; the profiled measured step "
+        f"(with its synchronize, under the profiler) takes {fmt_ms(d.profiled_step_ms)}. Over all {len(both)} "
+        f"configurations the profiled forward time is {lo:.2f}–{hi:.2f}× the harness time: "
+        + ("they match within 10%." if lo > 0.9 and hi < 1.1 else
+           "the profile counts only the time of the operators themselves, while the Python timer also includes the "
+           "interpreter and dispatch time between them (and, on a shared CPU, time spent waiting for a core)."
+           if hi < 1.0 else
+           "the profiler's own overhead (recording every operator and launch) and, for short passes, the time the "
+           "CPU needs to launch the kernels, which the device-side span does not include, account for the difference.")
+    )
+    ctx.headline(f"{d['size']} ctx {d.context_length} forward, profiled", round(float(d[device_col]), 3), "ms")
+
+# %% [markdown]
+# ## (b) The kernel with the most time in the forward pass
+# Per configuration: the forward pass's top kernel (share of the forward pass's kernel time and
+# invocations per forward pass) and the top kernel of forward+backward (the training step without
+# its optimizer range).
+
+# %%
+fwd_top = top_kernels(profiled, "forward")
+fb_top = top_kernels(profiled, "forward+backward")
+top = fwd_top.merge(fb_top, on=["size", "context_length"], how="outer", suffixes=("", "_fwd_bwd"))
+top["same_kernel"] = top["name"] == top["name_fwd_bwd"]
+top_table = top[["size", "context_length", "kernel", "share", "instances_per_range", "kernel_fwd_bwd", "share_fwd_bwd", "same_kernel"]]
+ctx.save_table(top_table.rename(columns={"instances_per_range": "calls_per_forward"}), "top_kernels");
+
+# %%
+if len(top):
+    row = top[(top["size"] == timeline_size) & (top.context_length == timeline_context)]
+    r = row.iloc[0] if len(row) else top.iloc[0]
+    layers = MODEL_SIZES[r["size"]]["num_layers"]
+    n_same = int(top.same_kernel.sum())
+    ctx.md(
+        f"For **{r['size']}** at context {r.context_length}, the {unit} with the most time in the forward pass is "
+        f"`{r.kernel}` ({100 * r.share:.1f}% of the forward pass's {unit} time), called "
+        f"{r.instances_per_range:.0f} times per forward pass (with {layers} layer{'s' if layers > 1 else ''}, the model "
+        f"makes {7 * layers + 1} weight matmuls per forward pass — q, k, v, output, W1, W2, W3 per layer, plus the "
+        f"LM head — and {2 * layers} attention matmuls). In forward+backward the top {unit} is `{r.kernel_fwd_bwd}` "
+        f"({100 * r.share_fwd_bwd:.1f}%): {'the same' if r.same_kernel else 'a different one'}. "
+        f"Across the {len(top)} configurations the forward and forward+backward leaders coincide in {n_same}; "
+        f"the forward leaders are {', '.join(f'`{k}`' for k in top.kernel.unique())}."
+    )
+    ctx.headline(f"{r['size']} ctx {r.context_length}: top forward {unit} share", round(100 * float(r.share), 1), "%")
+
+# %% [markdown]
+# ## (c) Non-matmul kernels with non-trivial time in the forward pass
+# Every non-matmul kernel with at least `share_threshold` of the forward pass's kernel time, for
+# the detailed configuration; then the category shares for all configurations.
+
+# %%
+k = profiled.kernels
+detail_k = k[(k.scope == "forward") & (k["size"] == timeline_size) & (k.context_length == timeline_context)]
+non_matmul = detail_k[(detail_k.category != "matmul") & (detail_k.share >= share_threshold)]
+ctx.save_table(non_matmul[["kernel", "category", "total_ms", "instances", "avg_us", "share"]], "non_matmul_forward");
+shares = matmul_shares(profiled)
+fwd_cat = shares.pivot_table(index=["size", "context_length"], columns="category", values="forward").reset_index()
+ctx.save_table(fwd_cat, "forward_category_shares");
+
+# %%
+if len(non_matmul):
+    by_cat = non_matmul.groupby("category").share.sum().sort_values(ascending=False)
+    ctx.md(
+        f"In the forward pass of **{timeline_size}** at context {timeline_context}, {len(non_matmul)} non-matmul "
+        f"{unit}{'s each take' if len(non_matmul) > 1 else ' takes'} at least {100 * share_threshold:.0f}% of the time, together "
+        f"{100 * non_matmul.share.sum():.1f}%: "
+        + ", ".join(f"`{r.kernel}` ({r.category}, {100 * r.share:.1f}%)" for r in non_matmul.head(6).itertuples())
+        + ". By category: " + ", ".join(f"{c} {100 * v:.1f}%" for c, v in by_cat.items()) + "."
+    )
+
+# %% [markdown]
+# ## (d) Matmul share: inference against a full training step
+
+# %%
+wide = shares.pivot_table(index=["size", "context_length"], columns="category", values=["forward", "training step"])
+wide.columns = [f"{cat} ({scope})" for scope, cat in wide.columns]
+ctx.save_table(wide.reset_index(), "category_shares_inference_vs_training");
+fig, axes = plt.subplots(1, 2, figsize=(13, 4), sharey=True)
+for ax, scope in zip(axes, ["forward", "training step"]):
+    pivot = shares.pivot_table(index=["size", "context_length"], columns="category", values=scope)
+    pivot.index = [f"{s}\n{c}" for s, c in pivot.index]
+    pivot.plot(kind="bar", stacked=True, ax=ax, width=0.8, legend=ax is axes[-1], color=[CATEGORY_COLORS[c] for c in pivot.columns])
+    ax.set(title=f"{scope}: share of {unit} time", ylabel="share")
+    ax.tick_params(axis="x", labelsize=7)
+axes[-1].legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
+ctx.save_figure(fig, "category_shares")
+
+# %%
+mm = shares[shares.category == "matmul"]
+if len(mm):
+    moves = shares.groupby("category")[["forward", "training step"]].median()
+    moves["change"] = moves["training step"] - moves["forward"]
+    up, down = moves.change.idxmax(), moves.change.idxmin()
+    ctx.md(
+        f"The matmul share of {unit} time is {100 * mm.forward.median():.1f}% in inference (median over "
+        f"{mm.forward.count()} configurations, range {100 * mm.forward.min():.1f}–{100 * mm.forward.max():.1f}%) and "
+        f"{100 * mm['training step'].median():.1f}% in a full training step (median over the "
+        f"{mm['training step'].count()} that fit in memory, range "
+        f"{100 * mm['training step'].min():.1f}–{100 * mm['training step'].max():.1f}%). The category that gains "
+        f"the most is {up} ({100 * moves.loc[up, 'forward']:.1f}% → {100 * moves.loc[up, 'training step']:.1f}%), "
+        f"the one that loses the most {down} ({100 * moves.loc[down, 'forward']:.1f}% → "
+        f"{100 * moves.loc[down, 'training step']:.1f}%)."
+    )
+    ctx.headline("matmul share, inference → training step (median)",
+                 f"{100 * mm.forward.median():.0f}% → {100 * mm['training step'].median():.0f}%")
+
+# %% [markdown]
+# ## (e) Softmax against the two attention matmuls
+# Inside one naive attention, per layer and forward pass: the time of each named range and its
+# FLOPs from the shapes — Q Kᵀ and P V do 2·B·H·S²·d_h each, the softmax about 5·B·H·S² (max,
+# subtract, exp, sum, divide per score).
+
+# %%
+att = profiled.attention
+if len(att):
+    per = att.pivot_table(index=["size", "context_length"], columns="range", values="compute_ms")
+    flops = att.pivot_table(index=["size", "context_length"], columns="range", values="flops_per_layer")
+    matmul_ms = per["computing attention scores"] + per["final matmul"]
+    attention_table = pd.DataFrame({
+        "scores_ms": per["computing attention scores"], "softmax_ms": per["computing softmax"], "final_matmul_ms": per["final matmul"],
+        "softmax_over_matmuls_time": per["computing softmax"] / matmul_ms,
+        "softmax_over_matmuls_flops": flops["computing softmax"] / (flops["computing attention scores"] + flops["final matmul"]),
+    }).reset_index()
+    attention_table["time_ratio_over_flop_ratio"] = attention_table.softmax_over_matmuls_time / attention_table.softmax_over_matmuls_flops
+    ctx.save_table(attention_table, "softmax_vs_matmuls")
+    a = attention_table
+    ctx.md(
+        f"The softmax takes {span(a.softmax_over_matmuls_time, '{:.2f}')}× the time of "
+        f"the two matmuls together (median {a.softmax_over_matmuls_time.median():.2f}×) while doing only "
+        f"{span(100 * a.softmax_over_matmuls_flops, '{:.2f}')}% of their FLOPs: "
+        f"per FLOP it is {span(a.time_ratio_over_flop_ratio, '{:.0f}')}× slower."
+    )
+    ctx.headline("softmax time / attention matmul time (median)", round(float(a.softmax_over_matmuls_time.median()), 2), "×")
+else:
+    ctx.not_run("(e) softmax against the matmuls", "the attention is not the naive one, so the three attention ranges are absent")
+
+# %% [markdown]
+# ## Timeline of one training step
+# The kept trace (the measured steps of the detailed configuration), drawn from the profiler's
+# events: one lane per GPU stream (CPU thread on a CPU-only machine), kernels coloured by
+# category, ranges above. The `.json.gz` beside the report opens in https://ui.perfetto.dev.
+
+# %%
+key = (timeline_size, timeline_context, "train-step")
+if key in profiled.traces:
+    events = load_trace(profiled.traces[key])
+    fig = plot_timeline(events, ranges=["forward", "backward", "optimizer step"], window="measured step",
+                        title=f"{timeline_size}, context {timeline_context}: one measured training step")
+    ctx.save_figure(fig, "timeline_training_step")
+    if len(range_instances(events, "computing softmax")):
+        measured = range_instances(events, "measured step").iloc[0]
+        window = range_span(events, "computing attention scores", "final matmul", after_us=measured.ts_us, gpu=gpu)
+        fig = plot_timeline(events, ranges=["computing attention scores", "computing softmax", "final matmul"],
+                            window=window, title=f"{timeline_size}, context {timeline_context}: one attention (first layer)")
+        ctx.save_figure(fig, "timeline_attention")
+    ctx.md(f"Trace files: {', '.join(f'`{p.name}`' for p in profiled.traces.values())}, in the report's `results/traces/`.")
+else:
+    ctx.not_run("timeline", f"{timeline_size} at context {timeline_context} did not run (out of memory)")
+
+# %% [markdown]
+# ## The same run under Nsight Systems
+# Nothing in the code depends on torch.profiler: `annotated()` opens NVTX ranges too, so
+#
+#     nsys profile -o result --trace=cuda,nvtx python -m cs336_systems.benchmarking \
+#         --size small --context-length 256 --mode train-step --warmup 2 --steps 3
+#
+# shows the same `warmup step` / `measured step`, `forward`, `backward`, `optimizer step` and
+# attention ranges; filter the CUDA GPU Kernel Summary on the `measured step` NVTX range to leave
+# the warm-up out.
+#
+# ## Why the numbers look like this
+# - **Non-matmul kernels take real time** although almost all FLOPs are in matmuls: each
+#   elementwise or reduction kernel (RMSNorm's square, mean, rsqrt and scaling; RoPE's products;
+#   the residual additions; SiLU; the softmax's max, subtract, exp, sum, divide; copies for
+#   reshapes) reads and writes whole activation tensors while doing one or two FLOPs per element,
+#   so its time is set by memory bandwidth, not by the tensor cores.
+# - **In a training step the matmul share drops**: the backward adds more elementwise work
+#   (every elementwise op has a gradient kernel, and gradients accumulate), and AdamW is a
+#   dozen elementwise passes over every parameter, gradient and moment, with no matmul at all.
+# - **Softmax versus matmuls**: the two matmuls do 4·d_h FLOPs per score for every 5 of the softmax,
+#   but the matmuls run on tensor cores at hundreds of TFLOP/s while the softmax's five kernels each
+#   stream the B·H·S² score tensor through memory, so the softmax's time is far out of proportion to
+#   its FLOPs — the motivation for fusing attention (FlashAttention, notebook 09).

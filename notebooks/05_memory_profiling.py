@@ -1,0 +1,226 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Problem `memory_profiling` — where the memory of a step goes
+# Spring 2025 handout §1.1.6 (spring 2026 §2.1.6 asks the same of the xl model): profile the
+# memory of the 2.7B model at context 128, 256 and 512 — (a) the active-memory timelines of an
+# inference forward pass and of a full training step, (b) the peak memory of each, (c) the same
+# with bf16 mixed precision, (d) the size of one residual-stream activation, (e) the largest
+# allocations and the code that makes them. Every measured peak is set next to the analytic
+# model of `cs336_systems.accounting.memory`.
+
+# %% tags=["parameters"]
+profile = None            # "cpu" | "gpu"; None picks gpu when CUDA is available
+size = None               # model size; None means 2.7B on gpu
+context_lengths = None    # None means 128, 256, 512 on gpu
+batch_size = 4
+warmup = 1                # steps before measuring, so AdamW's state exists as in steady training
+snapshot_context = None   # context of the recorded timelines (a) and (e); None means 256 on gpu
+top_allocations = 8       # source lines coloured in the timelines
+
+# %%
+from cs336_systems.report import setup_notebook
+
+ctx = setup_notebook("05_memory_profiling", profile=profile)
+size = ctx.pick(size, cpu="tiny", gpu="2.7B")
+context_lengths = ctx.pick(context_lengths, cpu=[32, 64], gpu=[128, 256, 512])
+snapshot_context = ctx.pick(snapshot_context, cpu=context_lengths[-1], gpu=256)
+
+# %%
+import pandas as pd
+
+from cs336_systems.accounting.memory import describe_size, memory_estimate, residual_stream_bytes
+from cs336_systems.benchmarking import BenchmarkConfig, grid
+from cs336_systems.benchmarking.harness import is_out_of_memory
+from cs336_systems.profiling.memory import (
+    largest_allocations, load_snapshot, phase_peaks, plot_active_memory, record_step_snapshot, snapshot_allocations,
+)
+from cs336_systems.profiling.peak_memory import measure_peak_memory
+from cs336_systems.report.environment import repo_root
+
+MIB, GIB = 2**20, 2**30
+unit, scale = ("GiB", GIB) if ctx.device.type == "cuda" else ("MiB", MIB)  # tiny CPU models: MiB
+u = unit.lower()
+base = BenchmarkConfig(size=size, batch_size=batch_size, warmup=warmup, steps=1)
+model_config = base.model_config()
+autocast_device = ctx.device.type  # CUDA and CPU autocast keep different ops in fp32
+
+# %% [markdown]
+# ## (a) Active memory over one step
+# `cs336_systems.profiling.memory.record_step_snapshot` runs the warm-up steps, then records one
+# step with `torch.cuda.memory._record_memory_history`, dumps the snapshot with `_dump_snapshot`
+# (the pickle opens in https://pytorch.org/memory_viz) and marks the phases. The figure is drawn
+# from the pickle: active memory after each allocation or free, the source lines with the largest
+# allocations in colour (first frame in our code, not in torch), memory allocated before recording
+# (parameters, optimizer state) in light grey.
+
+# %%
+snapshots = {}
+if ctx.device.type == "cuda":
+    for mode in ("forward", "train-step"):
+        path = ctx.path(f"memory_snapshot_{size}_ctx{snapshot_context}_{mode}.pickle")
+        config = BenchmarkConfig(**{**base.__dict__, "context_length": snapshot_context, "mode": mode})
+        try:
+            snapshots[mode] = load_snapshot(record_step_snapshot(config, path))
+        except Exception as err:  # noqa: BLE001 - out of memory is reported, anything else is not expected
+            if not is_out_of_memory(err):
+                raise
+            ctx.not_run(f"(a) {mode} snapshot at context {snapshot_context}", "out of memory")
+else:
+    ctx.not_run("(a) live memory snapshots", "torch.cuda.memory._record_memory_history records the CUDA caching "
+                "allocator and this machine has no GPU; the figure below renders the stored example snapshot instead")
+    snapshots["example"] = load_snapshot(repo_root() / "tests" / "data" / "memory_snapshot_example.pickle")
+
+# %%
+titles = {"forward": "inference forward pass", "train-step": "training step (forward, backward, AdamW)",
+          "example": "EXAMPLE: synthetic snapshot from tests/data (not a measurement)"}
+phase_tables = []
+for mode, (snapshot, phases) in snapshots.items():
+    fig = plot_active_memory(snapshot, phases, top=top_allocations,
+                             title=f"{size}, context {snapshot_context}: {titles[mode]}" if mode != "example" else titles[mode])
+    ctx.save_figure(fig, f"active_memory_{mode}")
+    phase_tables.append(phase_peaks(snapshot_allocations(snapshot), phases).assign(run=mode))
+phase_table = pd.concat(phase_tables, ignore_index=True)
+for col in ("start_bytes", "peak_bytes", "end_bytes"):
+    phase_table[col.replace("bytes", u)] = phase_table.pop(col) / scale
+ctx.save_table(phase_table, "phase_memory");
+
+# %%
+for mode, g in phase_table.groupby("run", sort=False):
+    p = g.set_index("phase")
+    text = f"**{titles[mode]}**: " + "; ".join(
+        f"{phase} starts at {r[f'start_{u}']:.2f} {unit}, peaks at {r[f'peak_{u}']:.2f} {unit} and ends at {r[f'end_{u}']:.2f} {unit}"
+        for phase, r in p.iterrows())
+    if {"forward", "backward"} <= set(p.index):
+        text += (f". The forward pass adds {p.loc['forward', f'end_{u}'] - p.loc['forward', f'start_{u}']:.2f} {unit} of "
+                 f"activations saved for the backward; the backward then frees them while gradients appear, ending "
+                 f"{p.loc['backward', f'end_{u}'] - p.loc['backward', f'start_{u}']:+.2f} {unit} from where it started")
+    ctx.md(text + ". The phases can be told apart by the shape: a ramp while the forward saves activations, "
+           "the highest point at the turn into the backward, a descent through the backward, and a flat band "
+           "with small spikes (one temporary per parameter) in the optimizer step.")
+
+# %% [markdown]
+# ## (b) and (c) Peak memory, full and mixed precision, measured and predicted
+# Measured: `torch.cuda.max_memory_allocated` over one step after the warm-up (on a CPU the
+# profiler's allocation events, above the tensors alive between steps). Predicted: the analytic
+# model — parameters, AdamW state, gradients and every tensor autograd saves, walked through the
+# backward pass (see `cs336_systems/accounting/memory.py`).
+
+# %%
+configs = grid(base, context_length=context_lengths, mode=["forward", "train-step"], precision=["fp32", "bf16"])
+rows = []
+for config in configs:
+    measured = measure_peak_memory(config)
+    row = dict(context_length=config.context_length, mode=config.mode, precision=config.precision, status=measured["status"])
+    est = memory_estimate(model_config, batch_size, config.context_length, config.mode, config.precision,
+                          config.attention, autocast_device=autocast_device)
+    row.update({f"measured_{u}": measured.get("peak_bytes", float("nan")) / scale, f"predicted_{u}": est["peak"] / scale,
+                "peak_at": est["peak_at"], f"parameters_{u}": est["parameters"] / scale,
+                f"optimizer_state_{u}": est["optimizer_state"] / scale, f"activations_{u}": est["activations"] / scale})
+    rows.append(row)
+peaks = pd.DataFrame(rows)
+peaks["error"] = peaks[f"predicted_{u}"] / peaks[f"measured_{u}"] - 1
+ctx.save_table(peaks, "peak_memory");
+two = peaks.pivot_table(index="context_length", columns=["precision", "mode"], values=f"measured_{u}")
+two.columns = [f"{m} {p} ({unit})" for p, m in two.columns]
+ctx.save_table(two.reset_index(), "peak_memory_two_numbers");
+
+# %%
+ok = peaks[peaks.status == "ok"]
+fp32 = ok[ok.precision == "fp32"].set_index(["context_length", "mode"])[f"measured_{u}"]
+bf16 = ok[ok.precision == "bf16"].set_index(["context_length", "mode"])[f"measured_{u}"]
+train = ok[ok["mode"] == "train-step"]
+within = train[train.error.abs() <= 0.10]
+if len(fp32):
+    ctx.md(
+        "Peak memory (b): " + "; ".join(
+            f"context {c}: forward {fp32.get((c, 'forward'), float('nan')):.2f} {unit}, training step {fp32.get((c, 'train-step'), float('nan')):.2f} {unit}"
+            for c in context_lengths) + ". "
+        + (f"Out of memory: {', '.join(f'{r.mode} {r.precision} at {r.context_length}' for r in peaks[peaks.status != 'ok'].itertuples())}. "
+           if (peaks.status != "ok").any() else "")
+        + f"The analytic model is within 10% of the measured peak for {len(within)} of {len(train)} training-step rows"
+        + (f" (largest error {100 * train.error.abs().max():.1f}%)." if len(train) else ".")
+    )
+    ctx.headline(f"{size} peak, training step fp32, ctx {context_lengths[-1]}", round(float(fp32.get((context_lengths[-1], "train-step"), float("nan"))), 2), unit)
+    ctx.headline(f"{size} analytic peak error, training steps (max)", round(100 * float(train.error.abs().max()), 1), "%")
+    off = train[train.error.abs() > 0.10]
+    for r in off.itertuples():
+        ctx.md(f"Context {r.context_length}, {r.precision}: measured {getattr(r, f'measured_{u}'):.2f} {unit} against "
+               f"{getattr(r, f'predicted_{u}'):.2f} {unit} predicted ({100 * r.error:+.1f}%); the model puts the peak at the "
+               f"{r.peak_at}, with {getattr(r, f'activations_{u}'):.2f} {unit} of saved activations, so the difference is "
+               f"memory that its list of saved tensors and temporaries does not contain.")
+
+# %%
+if len(bf16):
+    delta = (bf16 - fp32).dropna()
+    fwd_d, train_d = delta.xs("forward", level="mode"), delta.xs("train-step", level="mode")
+    act = train.pivot_table(index="context_length", columns="precision", values=f"activations_{u}", aggfunc="first")
+    params = ok[f"parameters_{u}"].iloc[0]
+    ctx.md(
+        f"With bf16 autocast (c) the forward peak changes by {fwd_d.min():+.2f} to {fwd_d.max():+.2f} {unit} and the training-step "
+        f"peak by {train_d.min():+.2f} to {train_d.max():+.2f} {unit}. Mixed precision keeps fp32 master weights "
+        f"({params:.2f} {unit}), fp32 gradients (as much again) and fp32 AdamW state (twice that), so only activations change"
+        + (f": the analytic saved activations go from {act['fp32'].min():.2f}–{act['fp32'].max():.2f} {unit} in fp32 to "
+           f"{act['bf16'].min():.2f}–{act['bf16'].max():.2f} {unit} in bf16, which also keep a bf16 copy of every weight for the backward."
+           if act is not None and {"fp32", "bf16"} <= set(act.columns) else ".")
+        + " Mixed precision is therefore " + ("not a significant memory saving here." if train_d.abs().max() < 0.1 * fp32.max()
+                                              else "a noticeable memory change here.")
+    )
+
+# %% [markdown]
+# ## (d) One residual-stream activation
+# A tensor of the residual stream holds batch × context × d_model numbers; in single precision each
+# takes 4 bytes.
+
+# %%
+d_model = model_config.d_model
+residual = pd.DataFrame([dict(context_length=c, elements=batch_size * c * d_model,
+                              mib=residual_stream_bytes(batch_size, c, d_model) / MIB) for c in context_lengths])
+ctx.save_table(residual, "residual_stream_size");
+ctx.md("; ".join(f"context {r.context_length}: {batch_size} × {r.context_length} × {d_model} × 4 bytes = "
+                 f"{r.elements * 4:,} bytes = **{r.mib:.2f} MiB**" for r in residual.itertuples()) + ".")
+ctx.headline(f"{size} residual stream, ctx {context_lengths[-1]}", round(float(residual.mib.iloc[-1]), 2), "MiB")
+
+# %% [markdown]
+# ## (e) The largest allocations of the forward pass, and where they come from
+
+# %%
+mode = "forward" if "forward" in snapshots else next(iter(snapshots), None)
+if mode is None:
+    ctx.not_run("(e) largest allocations", "no snapshot could be recorded (out of memory)")
+else:
+    allocations = snapshot_allocations(snapshots[mode][0])
+    largest = largest_allocations(allocations[allocations.start >= 0], top=10)
+    largest["looks_like"] = [describe_size(int(s * MIB), model_config, batch_size, snapshot_context) for s in largest.size_mib]
+    ctx.save_table(largest, f"largest_allocations_{mode}")
+    top = largest.iloc[0]
+    ctx.md(
+        ("**Example snapshot, not a measurement.** " if mode == "example" else "")
+        + f"The largest allocations made during the {'recorded step' if mode == 'example' else titles[mode]} are "
+        f"{top.size_mib:,.1f} MiB ({top['count']} of them), "
+        f"made at `{top.label}`" + (f" — the size of a {top.looks_like} tensor" if top.looks_like else "")
+        + ". Next: " + "; ".join(f"{r.size_mib:,.1f} MiB ×{r.count} at `{r.label}`" + (f" ({r.looks_like})" if r.looks_like else "")
+                                 for r in largest.iloc[1:4].itertuples()) + "."
+    )
+
+# %% [markdown]
+# **Reading the timelines.** In the forward pass without gradients, each layer's intermediates are
+# freed as soon as the next layer has consumed them, so memory rises and falls per layer around the
+# constant block of parameters; the largest spikes are the attention's B×H×S×S score and probability
+# tensors (naive attention materialises several at once inside the softmax) and the B×S×V logits. In
+# a training step autograd keeps every tensor a backward formula needs, so the forward is a ramp;
+# the backward releases them layer by layer while parameter gradients (as large as the parameters)
+# accumulate; AdamW then updates in place with one temporary per parameter. The peak sits at the
+# start of the backward when activations dominate (long contexts) and at its end when gradients do.
