@@ -977,11 +977,10 @@ GPU_CAUSAL_RAGGED = {"q1000_k3000": (1000, 3000), "q3000_k1000": (3000, 1000), "
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("n_q, n_k", GPU_CAUSAL_RAGGED.values(), ids=GPU_CAUSAL_RAGGED.keys())
 def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
-    """The real kernels against SDPA's causal attention, through `FlashAttentionTriton.apply` and the eager
-    `flash_attention_triton` (the C++ node where it builds). `split`: every forward splits its keys, in about
+    """The real kernels against SDPA's causal attention, through the Python `autograd.Function`
+    (`FlashAttentionTriton.python_apply`) and `FlashAttentionTriton.apply` (the C++ node where it builds). `split`: every forward splits its keys, in about
     8 chunks of the longest query tile's, and (8,192 SMs given) every fp32 backward kernel splits its loop."""
     from cs336_systems.attention import flash_configs, flash_native
-    from cs336_systems.attention import flash_triton as ft
     from cs336_systems.attention.flash_launch import LAUNCHES
 
     if split:
@@ -994,13 +993,13 @@ def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
     flash_configs._forget_answers()  # the C++ node's programs too
     try:
         shape_q, shape_kv = (1, 1, n_q, d), (1, 1, n_k, d)
-        check_causal_against_sdpa(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
+        check_causal_against_sdpa(FlashAttentionTriton.python_apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
         plans = {key[0]: plan for key, plan in LAUNCHES.plans.items()}
         if split:
             assert plans["forward"].meta["SPLIT_KV"] and plans["forward"].grid[2] > 1
             if dtype == torch.float32:
                 assert plans["dq"].meta["SPLIT"] and plans["dkdv"].meta["SPLIT"]
-        out = check_causal_against_sdpa(ft.flash_attention_triton, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
+        out = check_causal_against_sdpa(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
         if flash_native.load() is not None:
             assert out.grad_fn.name() == "FlashAttentionNativeBackward"
     finally:

@@ -17,9 +17,9 @@ The layers under this module, each importing only those below it: the kernels (`
 stride facts); `flash_launch` (launch plans and every cache, one object) and `flash_gluon` (the Gluon
 launches); `flash_dispatch` (which kernels serve a call); `flash_native` (the C++ autograd node). The
 switches `FlashAttentionTriton.backward_impl` and `.tiles` are read here only and passed down.
-`flash_attention_triton` sends eager CUDA calls through the C++ node where it serves the geometry (the
-same kernels and launch plans, no Python on the host path); everything else, torch.compile included,
-takes the Python `autograd.Function`. On CPU tensors the kernels run only under TRITON_INTERPRET=1, set
+`FlashAttentionTriton.apply` (and so `flash_attention_triton`, `flash_attention`) sends eager CUDA calls
+through the C++ node where it serves the geometry (the same kernels and launch plans, no Python on the
+host path); everything else, torch.compile included, takes the Python `autograd.Function`. On CPU tensors the kernels run only under TRITON_INTERPRET=1, set
 before triton is imported.
 """
 
@@ -62,6 +62,24 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     backward_impl: str = "triton"
     tiles: tuple[int, int] | None = None
+
+    @classmethod
+    def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+              backward_impl: str | None = None) -> torch.Tensor:
+        """Eager CUDA calls with the Triton backward go through the C++ autograd node of `flash_native`
+        where it serves the geometry (the same kernels and plans, no Python on the host path; its grad_fn
+        shows the same saved tensors); every other call, torch.compile's included, through this Function."""
+        if (backward_impl or cls.backward_impl) == "triton" and not torch.compiler.is_compiling():
+            out = flash_native.attention(q, k, v, is_causal, cls.tiles)
+            if out is not None:
+                return out
+        return super().apply(q, k, v, is_causal, backward_impl)
+
+    @classmethod
+    def python_apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                     backward_impl: str | None = None) -> torch.Tensor:
+        """This Python autograd.Function alone, never the C++ node (to compare the two paths)."""
+        return super().apply(q, k, v, is_causal, backward_impl)
 
     @staticmethod
     def forward(
@@ -108,13 +126,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 def flash_attention_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, backward_impl: str | None = None
 ) -> torch.Tensor:
-    """`FlashAttentionTriton.apply` with the backward chosen per call (None: the class default). Eager calls
-    on CUDA tensors with the Triton backward go through the C++ autograd node of `flash_native` where it
-    serves the geometry: the same kernels, launched without Python on the host path."""
-    if (backward_impl or FlashAttentionTriton.backward_impl) == "triton":
-        out = flash_native.attention(q, k, v, is_causal, FlashAttentionTriton.tiles)
-        if out is not None:
-            return out
+    """`FlashAttentionTriton.apply` with the backward chosen per call (None: the class default), keyword only."""
     return FlashAttentionTriton.apply(q, k, v, is_causal, backward_impl)
 
 
