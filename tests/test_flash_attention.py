@@ -22,7 +22,8 @@ from cs336_systems.attention.flash_gluon import (  # noqa: E402
     gluon_forward_applies,
     gluon_forward_eligible,
 )
-from cs336_systems.attention.flash_triton import kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
+from cs336_systems.attention import flash_dispatch, flash_launch  # noqa: E402
+from cs336_systems.attention.flash_layout import kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
 
@@ -267,7 +268,7 @@ def test_backward_preprocess_kernel(n):
 
 
 def test_as_rows_reads_in_place_where_leading_dimensions_merge():
-    from cs336_systems.attention.flash_triton import _output_strides, as_rows
+    from cs336_systems.attention.flash_layout import as_rows, output_strides
 
     x = torch.empty(2, 3, 40, 16)
     assert as_rows(x)[0] is x and as_rows(x)[1] == (40 * 16, 16, 1)
@@ -282,27 +283,27 @@ def test_as_rows_reads_in_place_where_leading_dimensions_merge():
     lse = torch.empty(2, 3, 40)
     assert as_rows(lse, row_dims=1)[1] == (40, 1)
     with pytest.raises(ValueError, match=r"output of shape \(2, 3, 40, 16\).*merge into one batch stride"):
-        _output_strides(torch.empty(2, 40, 3, 16).transpose(1, 2))
+        output_strides(torch.empty(2, 40, 3, 16).transpose(1, 2))
 
 
 def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypatch):
     """A launch plan (grid, strides, copies, constexprs) is derived once per geometry and reused;
     the same shape with other strides, another fp32 matmul precision or a misaligned start gets
     its own plan, and every call stays correct."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
     from cs336_systems.attention.flash_configs import is_small_grid, sm_count
 
-    monkeypatch.setattr(ft, "_PLANS", {})
-    monkeypatch.setattr(ft, "_FORWARD_ROUTES", {})
+    monkeypatch.setattr(LAUNCHES, "plans", {})
+    monkeypatch.setattr(LAUNCHES, "forward_routes", {})
     gen = torch.Generator().manual_seed(0)
     contiguous = [torch.randn(2, 3, 40, 16, generator=gen).to(triton_device) for _ in range(3)]
     # (batch, seq, heads, d) viewed heads-first: same shape, leading dimensions that do not merge
     model_view = [torch.randn(2, 40, 3, 16, generator=gen).to(triton_device).transpose(1, 2) for _ in range(3)]
     for inputs, plans_after in ((contiguous, 1), (contiguous, 1), (model_view, 2), (contiguous, 2)):
         out = FlashAttentionTriton.apply(*inputs, True)
-        assert len(ft._PLANS) == plans_after
+        assert len(LAUNCHES.plans) == plans_after
         assert rel_error(out, reference(*inputs, True)[0]) < 1e-3
-    plans = list(ft._PLANS.values())
+    plans = list(LAUNCHES.plans.values())
     assert plans[0].copies == (False,) * 5 and plans[1].copies == (True, True, True, False, False)
     assert plans[0].scalars[:3] == (40 * 16, 16, 1) and plans[1].scalars[:3] == (40 * 16, 16, 1), "the copy's strides"
 
@@ -312,14 +313,14 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
         FlashAttentionTriton.apply(*contiguous, True)
     finally:
         torch.set_float32_matmul_precision(previous)
-    assert [plan.meta["INPUT_PRECISION"] for plan in ft._PLANS.values()][-1] == "tf32" != plans[0].meta["INPUT_PRECISION"]
+    assert [plan.meta["INPUT_PRECISION"] for plan in LAUNCHES.plans.values()][-1] == "tf32" != plans[0].meta["INPUT_PRECISION"]
 
     leaves = [torch.randn(2 * 40 * 64 + 1, generator=gen).to(triton_device, torch.bfloat16) for _ in range(3)]
     for offset in (0, 1):
         q, k, v = (t[offset:offset + 2 * 40 * 64].view(2, 40, 64) for t in leaves)
         out = FlashAttentionTriton.apply(q, k, v, False)
         small = is_small_grid("forward", 2, 40, 40, sm_count(q.device))  # a small grid's forward reads by block pointers
-        assert list(ft._PLANS.values())[-1].meta["USE_TMA"] == (offset == 0 and reads_by_tma(leaves[0][:64]) and not small)
+        assert list(LAUNCHES.plans.values())[-1].meta["USE_TMA"] == (offset == 0 and reads_by_tma(leaves[0][:64]) and not small)
         assert rel_error(out, reference(q, k, v, False)[0]) < 1e-2
 
 
@@ -327,28 +328,28 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
     """The forward checks its inputs and picks its kernel and launch plan once per geometry: a second call
     of one geometry re-derives nothing, another geometry, causality or `tiles` override gets its own route,
     a configuration table reload forgets them all, and bad inputs still get the checks' errors."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
     from cs336_systems.attention.flash_configs import reload_config_table
 
-    ft._FORWARD_ROUTES.clear()  # the cache itself: a reload must clear it
+    LAUNCHES.forward_routes.clear()  # the cache itself: a reload must clear it
     checks = []
-    check = ft.check_triton_inputs
-    monkeypatch.setattr(ft, "check_triton_inputs", lambda *args: (checks.append(args[0].shape), check(*args))[1])
+    check = flash_dispatch.check_triton_inputs
+    monkeypatch.setattr(flash_dispatch, "check_triton_inputs", lambda *args: (checks.append(args[0].shape), check(*args))[1])
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 40, 16, generator=gen).to(triton_device) for _ in range(3))
     for _ in range(2):
         out = FlashAttentionTriton.apply(q, k, v, True)
         assert rel_error(out, reference(q, k, v, True)[0]) < 1e-3
-    assert len(checks) == 1 and len(ft._FORWARD_ROUTES) == 1
+    assert len(checks) == 1 and len(LAUNCHES.forward_routes) == 1
     FlashAttentionTriton.apply(q, k, v, False)
     FlashAttentionTriton.apply(q[:, :24], k, v, True)
-    assert len(checks) == 3 and len(ft._FORWARD_ROUTES) == 3
+    assert len(checks) == 3 and len(LAUNCHES.forward_routes) == 3
     monkeypatch.setattr(FlashAttentionTriton, "tiles", (32, 16))
     out = FlashAttentionTriton.apply(q, k, v, True)
-    assert len(ft._FORWARD_ROUTES) == 4 and rel_error(out, reference(q, k, v, True)[0]) < 1e-3
-    assert {route.meta["Q_TILE_SIZE"] for route in ft._FORWARD_ROUTES.values()} == {16, 32}
+    assert len(LAUNCHES.forward_routes) == 4 and rel_error(out, reference(q, k, v, True)[0]) < 1e-3
+    assert {route.meta["Q_TILE_SIZE"] for route in LAUNCHES.forward_routes.values()} == {16, 32}
     reload_config_table()
-    assert not ft._FORWARD_ROUTES
+    assert not LAUNCHES.forward_routes
     with pytest.raises(ValueError, match="q, k and v must share the last"):
         FlashAttentionTriton.apply(q, k, v[..., :8], True)
     with pytest.raises(ValueError, match="k must be a torch.Tensor, got list"):
@@ -360,14 +361,13 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     upstream-gradient layout: a second backward of one geometry re-derives nothing and gives the same gradients,
     a non-contiguous upstream gradient or non-contiguous inputs take the general path (own entry, no route),
     and a configuration table reload forgets the routes."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
     from cs336_systems.attention.flash_configs import reload_config_table
 
-    ft._BACKWARD_ROUTES.clear()  # the cache itself: a reload must clear it
+    LAUNCHES.backward_routes.clear()  # the cache itself: a reload must clear it
     configs = []
-    config = FlashAttentionTriton._config
-    monkeypatch.setattr(FlashAttentionTriton, "_config",
-                        staticmethod(lambda kernel, *args: (configs.append(kernel), config(kernel, *args))[1]))
+    config = flash_dispatch.kernel_config
+    monkeypatch.setattr(flash_dispatch, "kernel_config", lambda kernel, *args: (configs.append(kernel), config(kernel, *args))[1])
     gen = torch.Generator().manual_seed(4)
     q, k, v, do = (torch.randn(2, 40, 16, generator=gen).to(triton_device) for _ in range(4))
     grads = []
@@ -375,7 +375,7 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         FlashAttentionTriton.apply(*leaves, True).backward(do)
         grads.append([t.grad for t in leaves])
-    assert configs.count("dq") == configs.count("dkdv") == 1 and len(ft._BACKWARD_ROUTES) == 1
+    assert configs.count("dq") == configs.count("dkdv") == 1 and len(LAUNCHES.backward_routes) == 1
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
     def expected(grad_out, inputs=(q, k, v)):
@@ -385,13 +385,13 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
 
     for grad, ref in zip(grads[0], expected(do)):
         assert rel_error(grad, ref) < 1e-3
-    route = next(iter(ft._BACKWARD_ROUTES.values()))
-    assert not route.gluon and route.dq.grid and route.dkdv.grid
+    route = next(iter(LAUNCHES.backward_routes.values()))
+    assert route != flash_dispatch.GLUON and route.dq.grid and route.dkdv.grid
 
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     strided_do = torch.randn(2, 16, 40, generator=gen).to(triton_device).transpose(1, 2)
     FlashAttentionTriton.apply(*leaves, True).backward(strided_do)  # the general path makes it contiguous
-    assert len(ft._BACKWARD_ROUTES) == 2 and list(ft._BACKWARD_ROUTES.values())[-1] is None
+    assert len(LAUNCHES.backward_routes) == 2 and list(LAUNCHES.backward_routes.values())[-1] is None
     for grad, ref in zip([t.grad for t in leaves], expected(strided_do)):
         assert rel_error(grad, ref) < 1e-3
     # (batch, seq, heads, d) viewed heads-first: inputs whose leading dimensions do not merge
@@ -399,15 +399,15 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     leaves = [t.detach().requires_grad_() for t in model_view]
     do = torch.randn(2, 3, 40, 16, generator=gen).to(triton_device)
     FlashAttentionTriton.apply(*leaves, True).backward(do)
-    assert len(ft._BACKWARD_ROUTES) == 3 and list(ft._BACKWARD_ROUTES.values())[-1] is None
+    assert len(LAUNCHES.backward_routes) == 3 and list(LAUNCHES.backward_routes.values())[-1] is None
     for grad, ref in zip([t.grad for t in leaves], expected(do, model_view)):
         assert rel_error(grad, ref) < 1e-3
     reload_config_table()
-    assert not ft._BACKWARD_ROUTES
+    assert not LAUNCHES.backward_routes
 
 
 def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
-    from cs336_systems.attention.flash_triton import launch_dq
+    from cs336_systems.attention.flash_launch import launch_dq
     from cs336_systems.attention.flash_configs import KernelConfig
 
     q = torch.randn(2, 40, 16, device=triton_device)
@@ -417,7 +417,7 @@ def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
 
 
 def _forward_with_chunk(q, k, v, is_causal, kv_chunk, config):
-    from cs336_systems.attention.flash_triton import launch_forward
+    from cs336_systems.attention.flash_launch import launch_forward
 
     out, lse = torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     launch_forward(q, k, v, out, lse, is_causal, config, kv_chunk)
@@ -434,7 +434,7 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
     """Each query tile's keys split over programs (chunks of `chunk_tiles` 16-key tiles), partials merged
     by the last program: O and L match float64, and the workspace's arrival counts are back at zero,
     so a second launch reuses it uncleared and is right again."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
     from cs336_systems.attention.flash_configs import KernelConfig
 
     gen = torch.Generator().manual_seed(0)
@@ -444,16 +444,16 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
     config = KernelConfig(16, 16, 4, 1)
     for _ in range(2):
         out, lse = _forward_with_chunk(q, k, v, is_causal, 16 * chunk_tiles, config)
-        plan = list(ft._PLANS.values())[-1]
+        plan = list(LAUNCHES.plans.values())[-1]
         # causal: query tile i stops at key 16(i + 1), so no chunk lies past the last query tile's keys
         n_q, n_k = shape_q[-2], shape_kv[-2]
         keys = min(n_k, -(-n_q // 16) * 16) if is_causal else n_k
         assert plan.meta["SPLIT_KV"] and plan.grid[2] == -(-keys // (16 * chunk_tiles))
         assert rel_error(out, ref_out) < 1e-5 and rel_error(lse, ref_lse) < 1e-5
-        partials, arrivals = ft._split_workspace(q.device, plan.workspace)
+        partials, arrivals = LAUNCHES.split_workspace(q.device, plan.workspace)
         assert arrivals[:plan.workspace[1]].eq(0).all(), "an arrival count was left non-zero"
     unsplit, _ = _forward_with_chunk(q, k, v, is_causal, 0, config)
-    assert not list(ft._PLANS.values())[-1].meta["SPLIT_KV"]
+    assert not list(LAUNCHES.plans.values())[-1].meta["SPLIT_KV"]
     assert rel_error(out, unsplit.double()) < 1e-6
 
 
@@ -467,20 +467,20 @@ def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch,
     """fp32 on a grid smaller than the SMs (`backward_split`): the dQ kernel's key tiles and the dK/dV
     kernel's query tiles split over programs that add into zeroed gradients. Here the device is given 64
     SMs, so these tiny problems split; their gradients match float64, twice (the zeroing is per call)."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
 
-    monkeypatch.setattr(ft, "sm_count", lambda device: 64)
-    for cache in (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES):  # derived with the real SM count
+    monkeypatch.setattr(flash_launch, "sm_count", lambda device: 64)
+    for cache in (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes):  # derived with the real SM count
         cache.clear()
     try:
         for _ in range(2):
             check_against_reference(FlashAttentionTriton.apply, shape_q, shape_kv, torch.float32, is_causal,
                                     triton_device)
-        plans = {key[0]: plan for key, plan in ft._PLANS.items()}
+        plans = {key[0]: plan for key, plan in LAUNCHES.plans.items()}
         assert plans["dq"].meta["SPLIT"] and plans["dq"].grid[2] > 1
         assert plans["dkdv"].meta["SPLIT"] and plans["dkdv"].grid[2] > 1
     finally:
-        for cache in (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES):
+        for cache in (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes):
             cache.clear()
 
 
@@ -635,16 +635,16 @@ def test_triton_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q
 def test_triton_split_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q, n_k):
     """The split-keys forward and the split fp32 backward kernels (64 SMs given: these one-head grids are
     small), N_q != N_k."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
 
-    monkeypatch.setattr(ft, "sm_count", lambda device: 64)
-    caches = (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES)  # derived with the real SM count
+    monkeypatch.setattr(flash_launch, "sm_count", lambda device: 64)
+    caches = (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes)  # derived with the real SM count
     for cache in caches:
         cache.clear()
     try:
         check_causal_against_sdpa(FlashAttentionTriton.apply, (1, n_q, 16), (1, n_k, 16), torch.float32,
                                   triton_device, 1e-5)
-        plans = {key[0]: plan for key, plan in ft._PLANS.items()}
+        plans = {key[0]: plan for key, plan in LAUNCHES.plans.items()}
         assert plans["forward"].meta["SPLIT_KV"] and plans["forward"].grid[2] > 1
         assert plans["dq"].meta["SPLIT"] and plans["dq"].grid[2] > 1
         assert plans["dkdv"].meta["SPLIT"] and plans["dkdv"].grid[2] > 1
@@ -784,16 +784,17 @@ def test_triton_fp32_single_tf32_on_gpu(level):
 def test_split_key_forward_on_gpu(n, d, dtype):
     """One head leaves most SMs idle: the forward splits its keys where `kv_split_chunk` says so, and
     the result (backward included, which reads the merged L) matches float64 and the unsplit kernel."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
+    from cs336_systems.attention.flash_layout import head_dim_tile
     from cs336_systems.attention.flash_configs import kv_split_chunk, sm_count
 
     shape = (1, 1, n, d)
     check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, True, "cuda")
-    plan = next(p for key, p in ft._PLANS.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
+    plan = next(p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(shape, generator=gen).to("cuda", dtype) for _ in range(3))
-    config = FlashAttentionTriton._config("forward", q, n, True)
-    chunk = kv_split_chunk(1, n, n, True, config.q_tile, config.k_tile, ft.head_dim_tile(d), sm_count(q.device))
+    config = flash_dispatch.kernel_config("forward", q, n, True)
+    chunk = kv_split_chunk(1, n, n, True, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device))
     assert chunk is not None, "one head on a GPU with this many SMs should split"
     assert plan.meta["SPLIT_KV"] and plan.scalars[-1] == chunk and plan.grid[2] == -(-n // chunk)
     assert not plan.meta["USE_TMA"], "a small grid's forward reads by block pointers"
@@ -809,7 +810,7 @@ def test_split_key_forward_in_a_cuda_graph_on_gpu():
     """Captured into a CUDA graph, a split-key forward gets its own workspace, its arrival counts a slice
     of the slab zeroed before the capture (no memset in the graph): every replay is right, and so is
     an eager launch on the stream's own workspace in between."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
 
     shape = (1, 1, 4096, 64)
     gen = torch.Generator().manual_seed(2)
@@ -821,11 +822,11 @@ def test_split_key_forward_in_a_cuda_graph_on_gpu():
         FlashAttentionTriton.apply(q, k, v, True)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    carved = ft._GRAPH_ARRIVALS[torch.cuda.current_device()][1]
+    carved = LAUNCHES.graph_arrivals[torch.cuda.current_device()][1]
     with torch.cuda.graph(graph):
         captured = FlashAttentionTriton.apply(q, k, v, True)
-    plan = next(p for key, p in ft._PLANS.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
-    assert plan.meta["SPLIT_KV"] and ft._GRAPH_ARRIVALS[torch.cuda.current_device()][1] == carved + plan.workspace[1]
+    plan = next(p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
+    assert plan.meta["SPLIT_KV"] and LAUNCHES.graph_arrivals[torch.cuda.current_device()][1] == carved + plan.workspace[1]
     for _ in range(3):
         captured.zero_()
         graph.replay()
@@ -864,10 +865,10 @@ def test_triton_launches_skip_the_jit_once_compiled_on_gpu(monkeypatch):
     kernel directly (`triton_launch.CachedLauncher`); inputs of the same shape whose addresses
     Triton specializes differently (fp32 rows starting 4 bytes past 16-byte alignment: no
     vectorized loads) go through the JIT again. Every result matches float64."""
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
 
     jit_runs = []
-    for launcher in ft._LAUNCHERS.values():
+    for launcher in LAUNCHES.launchers.values():
         monkeypatch.setattr(launcher, "signatures", {})
         run = launcher.kernel.run
         monkeypatch.setattr(launcher.kernel, "run", lambda *a, _run=run, **kw: (jit_runs.append(1), _run(*a, **kw))[1])
@@ -888,7 +889,7 @@ def test_triton_launches_skip_the_jit_once_compiled_on_gpu(monkeypatch):
 
 
 def test_fp32_input_precision_follows_torch():
-    from cs336_systems.attention.flash_triton import input_precision
+    from cs336_systems.attention.flash_layout import input_precision
 
     previous = torch.get_float32_matmul_precision()
     try:
@@ -976,29 +977,29 @@ GPU_CAUSAL_RAGGED = {"q1000_k3000": (1000, 3000), "q3000_k1000": (3000, 1000), "
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("n_q, n_k", GPU_CAUSAL_RAGGED.values(), ids=GPU_CAUSAL_RAGGED.keys())
 def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
-    """The real kernels against SDPA's causal attention, through `FlashAttentionTriton.apply` and the eager
-    `flash_attention_triton` (the C++ node where it builds). `split`: every forward splits its keys, in about
+    """The real kernels against SDPA's causal attention, through the Python `autograd.Function`
+    (`FlashAttentionTriton.python_apply`) and `FlashAttentionTriton.apply` (the C++ node where it builds). `split`: every forward splits its keys, in about
     8 chunks of the longest query tile's, and (8,192 SMs given) every fp32 backward kernel splits its loop."""
     from cs336_systems.attention import flash_configs, flash_native
-    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention.flash_launch import LAUNCHES
 
     if split:
-        monkeypatch.setattr(ft, "kv_split_chunk", lambda batch, n_q, n_k, is_causal, q_tile, k_tile, *rest:
+        monkeypatch.setattr(flash_launch, "kv_split_chunk", lambda batch, n_q, n_k, is_causal, q_tile, k_tile, *rest:
                             k_tile * -(-min(n_q, n_k) // (8 * k_tile)))
-        monkeypatch.setattr(ft, "sm_count", lambda device: 8192)
-    caches = (ft._PLANS, ft._FORWARD_ROUTES, ft._BACKWARD_ROUTES)  # plans derived with the real SM count
+        monkeypatch.setattr(flash_launch, "sm_count", lambda device: 8192)
+    caches = (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes)  # plans derived with the real SM count
     for cache in caches:
         cache.clear()
     flash_configs._forget_answers()  # the C++ node's programs too
     try:
         shape_q, shape_kv = (1, 1, n_q, d), (1, 1, n_k, d)
-        check_causal_against_sdpa(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
-        plans = {key[0]: plan for key, plan in ft._PLANS.items()}
+        check_causal_against_sdpa(FlashAttentionTriton.python_apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
+        plans = {key[0]: plan for key, plan in LAUNCHES.plans.items()}
         if split:
             assert plans["forward"].meta["SPLIT_KV"] and plans["forward"].grid[2] > 1
             if dtype == torch.float32:
                 assert plans["dq"].meta["SPLIT"] and plans["dkdv"].meta["SPLIT"]
-        out = check_causal_against_sdpa(ft.flash_attention_triton, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
+        out = check_causal_against_sdpa(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
         if flash_native.load() is not None:
             assert out.grad_fn.name() == "FlashAttentionNativeBackward"
     finally:

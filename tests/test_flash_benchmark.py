@@ -17,10 +17,10 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from cs336_systems.attention.flash_layout import kernels_interpreted  # noqa: E402
 from cs336_systems.experiments import flash_benchmark as fb  # noqa: E402
 from cs336_systems.experiments import flash_leaderboard as lb  # noqa: E402
 from cs336_systems.experiments.attention_benchmark import SavedForBackward  # noqa: E402
-from cs336_systems.attention.flash_triton import kernels_interpreted  # noqa: E402
 from cs336_systems.report.environment import repo_root  # noqa: E402
 
 FAST = fb.TimingSettings(cpu_steps=1)

@@ -202,7 +202,9 @@ def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache, monke
 
 def test_each_kernel_runs_its_own_configuration(user_cache):
     """Forward, dK/dV and dQ with three different tile shapes still give the float64 answer."""
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton, kernels_interpreted
+    from cs336_systems.attention.flash_dispatch import kernel_config
+    from cs336_systems.attention.flash_layout import kernels_interpreted
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton
     from test_flash_attention import check_against_reference
 
     if not torch.cuda.is_available() and not kernels_interpreted():
@@ -216,7 +218,7 @@ def test_each_kernel_runs_its_own_configuration(user_cache):
     assert FlashAttentionTriton.tiles is None
     q = torch.zeros(1, 45, 16, device=device)
     for kernel, config in chosen.items():
-        assert FlashAttentionTriton._config(kernel, q, 45, True) == config
+        assert kernel_config(kernel, q, 45, True) == config
     check_against_reference(FlashAttentionTriton.apply, (1, 45, 16), (1, 45, 16), torch.float32, True, device)
 
 

@@ -142,13 +142,37 @@ def test_native_node_matches_python_path_and_float64(native, shape, dtype, is_ca
     grad_out = torch.randn_like(q)
     out = flash_attention_triton(q, k, v, is_causal)
     assert out.grad_fn.name() == "FlashAttentionNativeBackward"
+    assert FlashAttentionTriton.apply(q, k, v, is_causal).grad_fn.name() == "FlashAttentionNativeBackward"
+    assert FlashAttentionTriton.python_apply(q, k, v, is_causal).grad_fn.name() == "FlashAttentionTritonBackward"
     ours = _run(flash_attention_triton, q, k, v, is_causal, grad_out)
-    python = _run(FlashAttentionTriton.apply, q, k, v, is_causal, grad_out)
+    python = _run(FlashAttentionTriton.python_apply, q, k, v, is_causal, grad_out)
     for name, a, b in zip(("O", "dQ", "dK", "dV"), ours, python):
         torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
     reference = reference_gradients(q, k, v, grad_out, is_causal)
     errors = relative_errors(implementation("triton"), q, k, v, grad_out, is_causal, reference)
     assert max(errors.values()) < TOLERANCE[dtype], errors
+
+
+@needs_cuda
+def test_native_node_shows_its_saved_tensors_as_the_python_function_does(native):
+    """grad_fn.saved_tensors: (L, Q, K, V, O), exactly one of them of shape q.shape[:-1] (the course's
+    tests look for L there), equal to the Python path's; released by the backward."""
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+
+    q, k, v = _inputs((2, 3, 1000, 64), torch.bfloat16)
+    out = FlashAttentionTriton.apply(q, k, v, True)
+    python = FlashAttentionTriton.python_apply(q, k, v, True)
+    assert out.grad_fn.name() == "FlashAttentionNativeBackward"
+    saved, expected = out.grad_fn.saved_tensors, python.grad_fn.saved_tensors
+    assert [tuple(t.shape) for t in saved] == [tuple(t.shape) for t in expected]
+    assert [t for t in saved if t.shape == q.shape[:-1]] == [saved[0]] and saved[0].dtype == torch.float32
+    torch.testing.assert_close(saved[0], expected[0])
+    for mine, theirs in zip(saved[1:4], (q, k, v)):
+        assert mine.data_ptr() == theirs.data_ptr()
+    torch.testing.assert_close(saved[4], out.detach())
+    out.backward(torch.ones_like(out))
+    with pytest.raises(RuntimeError):
+        out.grad_fn.saved_tensors
 
 
 @needs_cuda

@@ -95,7 +95,7 @@ def test_launch_hooks_get_their_metadata_as_through_the_jit():
 
 
 def test_a_callers_signature_replaces_the_derived_key():
-    """`flash_triton._launch` names its plan: one signature, one trip through the JIT, whatever the
+    """`KernelLaunches.launch` names its plan: one signature, one trip through the JIT, whatever the
     arguments (the caller vouches that they specialize alike); another name goes through the JIT."""
     kernel, launcher = kernel_and_launcher()
     launcher((3,), (cuda_tensor(), cuda_tensor()), (16, 100), dict(FLAG=True, BLOCK=64), signature=7)

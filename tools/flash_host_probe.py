@@ -64,7 +64,7 @@ def main() -> None:
     from cs336_systems.attention.flash_triton import FlashAttentionTriton
 
     impls = {name: implementation(name).apply for name in ("triton", "sdpa_flash")}
-    impls["triton python node"] = FlashAttentionTriton.apply
+    impls["triton python node"] = FlashAttentionTriton.python_apply
     impls["python node floor"] = _Floor.apply
     flash_native.load()
     print(f"C++ autograd node: {flash_native.status()}")

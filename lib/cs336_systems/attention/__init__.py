@@ -2,7 +2,9 @@
 
 `get_attention(name)` returns `f(q, k, v, is_causal) -> out` for tensors `(..., seq, d)`:
 `naive` (materialised, in PyTorch), `sdpa` (torch.nn.functional.scaled_dot_product_attention),
-`flash_pytorch` and `flash_triton` (FlashAttention-2 autograd functions).
+`flash_pytorch` and `flash_triton` (FlashAttention-2 autograd functions). `flash_attention(q, k, v,
+is_causal=False)` is the library's one entry to FlashAttention-2 (Triton kernels, the C++ autograd node
+for eager CUDA calls; `flash_triton.py` draws the layers under it).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from cs336_systems.attention.naive import naive_attention
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 __all__ = [
-    "ATTENTION_IMPLEMENTATIONS", "AttentionFn", "FlashAttentionPytorch", "FlashAttentionTriton", "get_attention",
-    "naive_attention", "sdpa_attention",
+    "ATTENTION_IMPLEMENTATIONS", "AttentionFn", "FlashAttentionPytorch", "FlashAttentionTriton", "flash_attention",
+    "get_attention", "naive_attention", "sdpa_attention",
 ]
 
 
@@ -33,9 +35,9 @@ def _flash_pytorch(q, k, v, is_causal: bool = False):
 
 
 def _flash_triton(q, k, v, is_causal: bool = False):
-    from cs336_systems.attention.flash_triton import flash_attention_triton
+    from cs336_systems.attention.flash_triton import flash_attention
 
-    return flash_attention_triton(q, k, v, is_causal)
+    return flash_attention(q, k, v, is_causal)
 
 
 ATTENTION_IMPLEMENTATIONS: dict[str, AttentionFn] = {
@@ -60,8 +62,8 @@ def __getattr__(name: str):
         from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch
 
         return FlashAttentionPytorch
-    if name == "FlashAttentionTriton":
-        from cs336_systems.attention.flash_triton import FlashAttentionTriton
+    if name in ("FlashAttentionTriton", "flash_attention"):
+        from cs336_systems.attention import flash_triton
 
-        return FlashAttentionTriton
+        return getattr(flash_triton, name)
     raise AttributeError(name)

@@ -351,12 +351,16 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
 _ANSWER_CACHES: list = [_ANSWERS]
 
 
-def answer_cache() -> dict:
-    """A new dict that is cleared whenever the configuration answers are (a table store or reload),
-    for callers that keep what they derive from `config_for`."""
-    cache: dict = {}
+def register_answer_cache(cache):
+    """Have `cache.clear()` called whenever the configuration answers are forgotten (a table store or
+    reload): for callers that keep what they derive from `config_for`. Returns `cache`."""
     _ANSWER_CACHES.append(cache)
     return cache
+
+
+def answer_cache() -> dict:
+    """A new dict registered with `register_answer_cache`."""
+    return register_answer_cache({})
 
 
 def _forget_answers() -> None:

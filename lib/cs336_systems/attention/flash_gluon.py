@@ -6,17 +6,13 @@
 after Hopper (`warpgroup_mma` is Hopper's instruction), for fp32, head dimensions other than 64
 and 128 (the two measured), N_q != N_k, rows a tensor descriptor cannot read, a `tiles` override,
 and small problems. A CTA here holds 2 * 64 query rows, twice the Triton kernel's 64-row
-programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch (Triton's
-argument binding, four descriptors) costs more host time. On an H100 (2026-11-23, forward alone,
-bf16, causal) it was 4-14% faster at N >= 16,384 with at least 3.9 CTAs per SM (batch·heads 1 at
-N = 65,536; 4 and 16 at N = 16,384), and up to 2.8x slower at N <= 8,192 or with fewer CTAs than SMs:
-hence `MIN_SEQ_LEN` and `MIN_CTAS_PER_SM` (docs/flash_attention_tuning.md, v7).
+programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch costs more host
+time: it wins only on long sequences with several CTAs per SM, hence `MIN_SEQ_LEN` and
+`MIN_CTAS_PER_SM` (measured in docs/flash_attention_tuning.md, v7).
 
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) takes the same limits, which its
-grid shares, and is further limited to causal attention at d = 64: on an H100 (2026-11-23, batch·heads
-16, N = 16,384, bf16) its first version took 3.50-3.63 against 3.71 ms for the two Triton kernels causal,
-and 7.46-7.56 against 7.41 ms without the mask (docs/flash_attention_tuning.md, v8); the whole backward
-(preprocess and dQ conversion included) now takes 2.93 ms causal (v15; 3.22 ms for v12 in the same run).
+grid shares, and is further limited to causal attention at d = 64, where it beat the two Triton
+kernels; without the mask it did not (docs/flash_attention_tuning.md, v8 to v15).
 
 Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
 `cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
@@ -29,13 +25,14 @@ import torch
 import triton
 
 from cs336_systems.attention.flash_configs import device_facts
+from cs336_systems.attention.flash_layout import as_rows, output_strides, tma_compatible
 
-# Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an
-# H100 80GB at batch·heads 16, N = 16,384, causal, bf16 (2026-11-23, docs/flash_attention_tuning.md, v7).
+# Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an H100
+# (docs/flash_attention_tuning.md, v7).
 GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
 # Per head dimension: (Q_TILE, K_HALF key rows per consumer warpgroup, STAGES) of the fused backward:
 # 64-row tiles are what the registers allow; 2 stages and 232/40 registers were the best of 2-3 stages and
-# two register splits at the same shape (2026-11-23, docs/flash_attention_tuning.md, v8).
+# two register splits at the same shape (docs/flash_attention_tuning.md, v8).
 GLUON_BWD_TILES = {64: (64, 64, 2)}
 PREPROCESS_ROWS = 64
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
@@ -54,11 +51,11 @@ def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch
     return triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM * sm_count
 
 
-def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreted: bool) -> bool:
-    """Whether the forward of these (..., N, d) inputs runs the Gluon kernel (module docstring)."""
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton, as_rows, tma_compatible
-
-    if interpreted or q.device.type != "cuda" or FlashAttentionTriton.tiles is not None:
+def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreted: bool,
+                          tiles: tuple[int, int] | None = None) -> bool:
+    """Whether the forward of these (..., N, d) inputs runs the Gluon kernel (module docstring); never
+    where the caller overrides the Triton kernels' tiles."""
+    if interpreted or q.device.type != "cuda" or tiles is not None:
         return False
     (n_q, d), n_k = q.shape[-2:], k.shape[-2]
     if not gluon_forward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *device_facts(q.device)):
@@ -82,9 +79,9 @@ def gluon_backward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batc
 
 
 def gluon_backward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                           interpreted: bool) -> bool:
+                           interpreted: bool, tiles: tuple[int, int] | None = None) -> bool:
     """Whether the backward of these inputs runs the fused Gluon kernel (module docstring)."""
-    return _in_backward_scope(q.shape[-1], is_causal) and gluon_forward_applies(q, k, v, interpreted)
+    return _in_backward_scope(q.shape[-1], is_causal) and gluon_forward_applies(q, k, v, interpreted, tiles)
 
 
 _LAYOUTS: dict[tuple, object] = {}
@@ -120,14 +117,13 @@ def _descriptor(t: torch.Tensor, stride_b: int, rows: int, layout):
 
 def _launch(q, k, v, out, lse, is_causal: bool) -> None:
     from cs336_systems.attention.flash_gluon_forward import flash_fwd_gluon_kernel
-    from cs336_systems.attention.flash_triton import _output_strides, as_rows
 
     n, d = q.shape[-2:]
     q_tile, k_tile, stages = GLUON_TILES[d]
     q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_tile)
     (q_b, *_), (k_b, *_), (v_b, *_) = (as_rows(t)[1] for t in (q, k, v))
-    o_b = _output_strides(out)[0]
-    l_b, l_n = _output_strides(lse, 1)
+    o_b = output_strides(out)[0]
+    l_b, l_n = output_strides(lse, 1)
     batch = q.numel() // (n * d)
     grid = (triton.cdiv(n, 2 * q_tile), batch)
     flash_fwd_gluon_kernel[grid](
@@ -141,15 +137,14 @@ def _launch(q, k, v, out, lse, is_causal: bool) -> None:
 
 def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles=None, regs=None):
     from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel
-    from cs336_systems.attention.flash_triton import _output_strides, as_rows
 
     n, d = q.shape[-2:]
     q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
     consumer_regs, producer_regs = regs or (CONSUMER_REGS, PRODUCER_REGS)
     q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_half)
     (q_b, *_), (k_b, *_), (v_b, *_), (do_b, *_) = (as_rows(t)[1] for t in (q, k, v, do))
-    dk_b, dv_b = _output_strides(grad_k)[0], _output_strides(grad_v)[0]
-    l_b, l_n = _output_strides(lse, 1)
+    dk_b, dv_b = output_strides(grad_k)[0], output_strides(grad_v)[0]
+    l_b, l_n = output_strides(lse, 1)
     flash_bwd_gluon_kernel[(triton.cdiv(n, 2 * k_half), q.numel() // (n * d))](
         _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
         _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
@@ -161,7 +156,6 @@ def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles=None
 
 
 def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
-    from cs336_systems.attention.flash_triton import _output_strides, as_rows
     from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
 
     n, d = q.shape[-2:]
@@ -171,7 +165,7 @@ def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     (o_b, o_n, _), (do_b, do_n, _) = as_rows(out)[1], as_rows(do)[1]
-    l_b, l_n = _output_strides(delta, 1)
+    l_b, l_n = output_strides(delta, 1)
     flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
         out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
     _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles, regs)

@@ -2,18 +2,15 @@
 launched without Python on the host path.
 
 Why: at short sequences an eager call's latency is its host time, and a Python `autograd.Function`
-pays twice there. Its backward runs Python on autograd's device thread, and on lent H100 hosts
-(2026-11-24, N = 1,024, d = 64, one head; tools/flash_host_probe.py, docs/flash_v15_host_h100.csv) a
-do-nothing Python node's forward+backward alone took 120-190 µs against SDPA-flash's whole
-forward+backward of 190-300 µs, and ours through it 420-640 µs against 200 µs for the same launches
-made directly. The C++ node launches the kernels' loaded functions (`cuLaunchKernel`) with the
-parameters Triton's own launcher would pass, allocates through PyTorch's caching allocator, and takes
-no GIL in the backward.
+pays twice there: its backward runs Python on autograd's device thread (measured in
+docs/flash_attention_tuning.md, v15-v16; tools/flash_host_probe.py). The C++ node launches the
+kernels' loaded functions (`cuLaunchKernel`) with the parameters Triton's own launcher would pass,
+allocates through PyTorch's caching allocator, and takes no GIL in the backward.
 
 A *program* holds, per input geometry, each launch's function, grid, threads, shared memory and
-parameters (`launch_spec`), derived here once from the Python path's own decisions (`_plan`,
-`_backward_route`) and the compiled kernels (Triton's `warmup`): the kernels, configurations and
-launch plans are the Python path's, so both paths compute the same thing (tests/test_flash_native.py
+parameters (`launch_spec`), derived here once from the Python path's own decisions (`flash_dispatch`'s
+`decide_forward`, `decide_backward`) and the compiled kernels (Triton's `warmup`): the kernels,
+configurations and launch plans are the Python path's, so both paths compute the same thing (tests/test_flash_native.py
 checks the parameters against Triton's launcher on compiled kernels, and on a GPU the gradients).
 The program covers the Triton kernels' route: contiguous inputs whose forward is not the Gluon kernel's
 (`flash_gluon.gluon_forward_applies`: N >= 16,384 with work for three CTAs per SM, where the host time
@@ -37,6 +34,13 @@ import types
 from pathlib import Path
 
 import torch
+
+from cs336_systems.attention.flash_configs import register_answer_cache
+from cs336_systems.attention.flash_dispatch import GLUON, decide_backward, decide_forward
+from cs336_systems.attention.flash_launch import LAUNCHES
+from cs336_systems.attention.flash_layout import INTERPRETED
+from cs336_systems.attention.triton_launch import grid3, launch_hooks_set
+from cs336_systems.attention.validation import check_triton_inputs
 
 SOURCE = Path(__file__).with_name("csrc") / "flash_autograd.cpp"
 EXTENSION_NAME = "cs336_flash_autograd"
@@ -80,10 +84,8 @@ def load(verbose: bool = False):
             print(f"cs336_systems: the FlashAttention autograd node could not be built ({_failure}); eager calls "
                   f"take the Python autograd.Function", file=sys.stderr, flush=True)
             return None
-        from cs336_systems.attention.flash_configs import _ANSWER_CACHES
-
         # Programs embed configurations: a table store or reload forgets them with the other derived answers.
-        _ANSWER_CACHES.append(types.SimpleNamespace(clear=module.clear))
+        register_answer_cache(types.SimpleNamespace(clear=module.clear))
         _module = module
         return module
 
@@ -95,14 +97,14 @@ def status() -> str:
     return _failure or "not built yet"
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor | None:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+              tiles: tuple[int, int] | None = None) -> torch.Tensor | None:
     """O of an eager call through the C++ node (with the Triton backward), or None where the call belongs
-    to the Python path (`flash_triton.flash_attention_triton` then takes it)."""
+    to the Python path (`flash_triton.flash_attention_triton` then takes it): among others, a `tiles`
+    override of the kernels' configurations."""
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or not q.is_cuda:
         return None
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton
-
-    if FlashAttentionTriton.tiles is not None or _launch_hooks_set():
+    if tiles is not None or launch_hooks_set():
         return None
     native = _module if _module is not None else load()
     if native is None:
@@ -113,15 +115,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
         register(native, q, k, v, is_causal)
         out = native.forward(q, k, v, is_causal)
     return None if out is False or out is None else out
-
-
-def _launch_hooks_set() -> bool:
-    from triton import knobs
-
-    from cs336_systems.attention.triton_launch import _hook
-
-    runtime = knobs.runtime
-    return _hook(runtime.launch_enter_hook) is not None or _hook(runtime.launch_exit_hook) is not None
 
 
 class Unsupported(Exception):
@@ -144,32 +137,27 @@ def register(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causa
 def derive_program(slots: dict, q, k, v, is_causal: bool):
     """(forward launch specs, backward launch specs, held tensors, zeroed gradient slots) of this geometry,
     or None where the Python path serves it (module docstring)."""
-    from cs336_systems.attention import flash_triton as ft
-    from cs336_systems.attention.flash_gluon import gluon_forward_applies
-
-    ft.check_triton_inputs(q, k, v, is_causal, ft.INTERPRETED)
-    if ft.INTERPRETED or not all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)):
+    check_triton_inputs(q, k, v, is_causal, INTERPRETED)
+    if INTERPRETED or not all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)):
         return None
-    if gluon_forward_applies(q, k, v, ft.INTERPRETED):
-        return None
-    n_k = k.shape[-2]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    plan = ft._plan("forward", (q, k, v, out, lse), is_causal,
-                    ft.FlashAttentionTriton._config("forward", q, n_k, is_causal))
+    plan = decide_forward(q, k, v, out, lse, is_causal, None)
+    if plan is GLUON:
+        return None
     if True in plan.copies:
         return None
     s = slots
     if plan.workspace:
-        held = list(ft._split_workspace(q.device, plan.workspace))
+        held = list(LAUNCHES.split_workspace(q.device, plan.workspace))
         forward_slots, workspace = (s["held"], s["held"] + 1), tuple(held)
     else:
         held, forward_slots, workspace = [], (s["out"], s["lse"]), (out, lse)
     forward = [launch_spec("forward", plan, (q, k, v, out, lse, *workspace),
                            (s["q"], s["k"], s["v"], s["out"], s["lse"], *forward_slots))]
     grad_out = torch.empty_like(out)  # the C++ node makes every upstream gradient contiguous and aligned
-    route = ft._backward_route(q, k, v, out, grad_out, lse, is_causal)
-    if route is None or route.gluon:
+    route = decide_backward(q, k, v, out, grad_out, lse, is_causal, None)
+    if route is None or route is GLUON:
         return None
     delta, grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (lse, q, k, v))
     backward = [
@@ -178,7 +166,7 @@ def derive_program(slots: dict, q, k, v, is_causal: bool):
         launch_spec("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grad_k, grad_v),
                     (s["q"], s["k"], s["v"], s["grad_out"], s["lse"], s["delta"], s["grad_k"], s["grad_v"])),
     ]
-    # a kernel that splits its loop adds into its gradients, as `flash_triton._run` zeroes them for
+    # a kernel that splits its loop adds into its gradients, as `KernelLaunches.run` zeroes them for
     zeroed = ([s["grad_q"]] if route.dq.meta["SPLIT"] else []) + (
         [s["grad_k"], s["grad_v"]] if route.dkdv.meta["SPLIT"] else [])
     return forward, backward, held, zeroed
@@ -192,20 +180,17 @@ MAX_SCRATCH_ALIGN = 512
 
 
 def launch_spec(kernel: str, plan, tensors: tuple, tensor_slots: tuple, compiled=None, kinds=None) -> dict:
-    """One launch of `kernel` (a `flash_triton._ROLES` name) by `plan` on `tensors`, as the C++ node makes
+    """One launch of `kernel` (a `flash_launch.ROLES` name) by `plan` on `tensors`, as the C++ node makes
     it: the compiled kernel's function, grid, threads, shared memory, and its parameters in the order of
     Triton's launcher (`triton/backends/nvidia/driver.py`, `make_launcher`): each runtime argument that
     the compilation did not turn into a constant (a pointer as its tensor's slot, an integer by its
     specialized type), then the global scratch pointer and the profiler's scratch pointer.
     `compiled` defaults to the kernel Triton compiles for these arguments; `kinds` to the extension's
     parameter kinds (tests pass both)."""
-    from cs336_systems.attention.flash_triton import _LAUNCHERS
-    from cs336_systems.attention.triton_launch import _grid3
-
     if len(tensors) != len(tensor_slots):
         raise ValueError(f"{kernel}: {len(tensors)} tensors but {len(tensor_slots)} slots")
     if compiled is None:
-        compiled = _LAUNCHERS[kernel].compiled(plan.grid, tensors, plan.scalars, plan.meta)
+        compiled = LAUNCHES.launchers[kernel].compiled(plan.grid, tensors, plan.scalars, plan.meta)
     if kinds is None:
         kinds = load()
     md = compiled.metadata
@@ -231,7 +216,7 @@ def launch_spec(kernel: str, plan, tensors: tuple, tensor_slots: tuple, compiled
             params.append((getattr(kinds, _SCALAR_KINDS[ty]), int(value)))
         else:
             raise Unsupported(f"{kernel}: parameter {i} of type {ty}")
-    gx, gy, gz = _grid3(plan.grid)
+    gx, gy, gz = grid3(plan.grid)
     params.append((kinds.SCRATCH, 0) if md.global_scratch_size else (kinds.NULL_POINTER, 0))
     params.append((kinds.NULL_POINTER, 0))
     return dict(name=compiled.name, function=compiled.function or 0, grid=[gx, gy, gz],

@@ -7,7 +7,7 @@ Two sources, chosen per launch by the constexpr USE_TMA:
   boundary checks are needed, and the copy costs no per-thread address arithmetic or registers
   (on an H100, the forward kernel alone at the leaderboard shape went from 1.29 to 1.18 ms, and
   from 208 to 160 registers per thread). Needs a unit last stride and 16-byte-aligned rows
-  (`tma_compatible`); used for 16-bit inputs (`flash_triton.reads_by_tma` says why not fp32).
+  (`tma_compatible`); used for 16-bit inputs (`flash_layout.reads_by_tma` says why not fp32).
 - a block pointer, for everything else: per-thread (cp.async) loads, rows and columns checked
   where a tile can pass the end.
 """

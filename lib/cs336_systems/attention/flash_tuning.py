@@ -32,7 +32,8 @@ from cs336_systems.attention.flash_configs import (
     sm_count,
     user_cache_path,
 )
-from cs336_systems.attention.flash_triton import head_dim_tile, launch_dkdv, launch_dq, launch_forward
+from cs336_systems.attention.flash_launch import launch_dkdv, launch_dq, launch_forward
+from cs336_systems.attention.flash_layout import head_dim_tile
 
 TUNING_COLUMNS = ["kernel", "config", "q_tile", "k_tile", "num_warps", "num_stages", "ms", "compile_s", "registers",
                   "spills", "status", "best"]

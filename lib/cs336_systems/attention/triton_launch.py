@@ -15,7 +15,7 @@ specialized on: the current device, the constexpr arguments and launch options (
 the value of every integer argument — a superset of Triton's rules (equal to 1, divisible by 16,
 32 or 64 bits), so none of them is restated here — and every tensor argument's dtype and
 whether its address is 16-byte aligned. A caller that has already derived the launch from such
-a superset (`flash_triton._plan`, one plan per geometry) passes its own small signature
+a superset (`flash_launch.KernelLaunches.plan`, one plan per geometry) passes its own small signature
 instead, and no second key is built. Calls with one signature get one compiled kernel from
 Triton's JIT too, so the direct launch runs exactly the kernel `kernel[grid]` would. On an H100
 host (2026-11-23, N = 1,024, d = 64, one head) our forward's launch took 16 µs this way, against
@@ -107,10 +107,10 @@ class CachedLauncher:
             self.signatures[key] = _Bound(compiled, compiled.run, compiled.function, compiled.packed_metadata,
                                           tuple(meta[name] for name in self.constexpr_names))
             return compiled
-        gx, gy, gz = _grid3(grid)
+        gx, gy, gz = grid3(grid)
         # Launch hooks (profilers such as Proton) get what Triton's JIT gives them; with none set,
         # neither the metadata nor the calls into empty hook chains.
-        enter, leave = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
+        enter, leave = active_hook(knobs.runtime.launch_enter_hook), active_hook(knobs.runtime.launch_exit_hook)
         if enter is not None or leave is not None:
             args = (*tensors, *scalars, *bound.constexpr_values)
             metadata = bound.compiled.launch_metadata((gx, gy, gz), stream, *args)
@@ -131,11 +131,17 @@ class CachedLauncher:
         return compiled
 
 
-def _hook(hook):
+def active_hook(hook):
     """A launch hook as the launcher takes it: None where none is set (Triton 3.6 keeps hooks in a
     `HookChain`, empty by default; the launcher skips a None hook)."""
     return hook if hook is not None and getattr(hook, "calls", True) else None
 
 
-def _grid3(grid: tuple[int, ...]) -> tuple[int, int, int]:
+def launch_hooks_set() -> bool:
+    """Whether a launch hook is set (a profiler that reads the launches, such as Proton)."""
+    runtime = knobs.runtime
+    return active_hook(runtime.launch_enter_hook) is not None or active_hook(runtime.launch_exit_hook) is not None
+
+
+def grid3(grid: tuple[int, ...]) -> tuple[int, int, int]:
     return (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)

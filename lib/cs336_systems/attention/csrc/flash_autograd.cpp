@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -392,9 +393,40 @@ size_t size() {
   return registry.size();
 }
 
+// `grad_fn.saved_tensors` of a FlashBackward node, as a Python autograd.Function's: (L, Q, K, V, O), the
+// order FlashAttentionTriton saves them in (the course's tests look for L there). After the backward has
+// released them, unpacking raises the engine's own error.
+PyObject* saved_tensors(PyObject* self, void*) {
+  try {
+    auto* node = static_cast<FlashBackward*>(reinterpret_cast<torch::autograd::THPCppFunction*>(self)->cdata.get());
+    py::tuple out = py::make_tuple(node->lse_.unpack(), node->q_.unpack(), node->k_.unpack(), node->v_.unpack(),
+                                   node->out_.unpack());
+    return out.release().ptr();
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+    return nullptr;
+  }
+}
+
+using torch::autograd::THPCppFunction_input_metadata;  // named by THP_FUNCTION_DEFAULT_PROPERTIES
+using torch::autograd::THPCppFunction_metadata;
+using torch::autograd::THPCppFunction_next_functions;
+using torch::autograd::THPCppFunction_requires_grad;
+
+PyGetSetDef flash_backward_properties[] = {
+    THP_FUNCTION_DEFAULT_PROPERTIES,
+    {(char*)"saved_tensors", saved_tensors, nullptr, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+PyTypeObject flash_backward_type;
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // grad_fn of an output: a Python type with the engine's default properties plus saved_tensors.
+  torch::autograd::_initFunctionPyTypeObject(flash_backward_type, "FlashAttentionNativeBackward",
+                                             flash_backward_properties, nullptr);
+  Py_INCREF(&flash_backward_type);
+  torch::autograd::registerCppFunction(typeid(FlashBackward), &flash_backward_type);
   m.doc() = "FlashAttention-2's eager autograd node: the Triton kernels' launches in C++ (flash_native.py)";
   m.def("forward", &forward, "O of (q, k, v, is_causal) by the registered program; None: none registered; "
         "False: the Python path's", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"));
