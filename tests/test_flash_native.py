@@ -162,7 +162,7 @@ def test_native_node_shows_its_saved_tensors_as_the_python_function_does(native)
     q, k, v = _inputs((2, 3, 1000, 64), torch.bfloat16)
     out = FlashAttentionTriton.apply(q, k, v, True)
     python = FlashAttentionTriton.python_apply(q, k, v, True)
-    assert out.grad_fn.name() == "FlashAttentionNativeBackward"
+    assert out.grad_fn.name() == "FlashAttentionNativeBackward" and out.grad_fn.is_causal is True
     saved, expected = out.grad_fn.saved_tensors, python.grad_fn.saved_tensors
     assert [tuple(t.shape) for t in saved] == [tuple(t.shape) for t in expected]
     assert [t for t in saved if t.shape == q.shape[:-1]] == [saved[0]] and saved[0].dtype == torch.float32

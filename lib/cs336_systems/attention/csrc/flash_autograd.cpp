@@ -192,6 +192,7 @@ void launch_all(const std::vector<Launch>& launches, const Tensors& tensors, con
 struct FlashBackward : public Node {
   std::shared_ptr<const Program> program;
   SavedVariable q_, k_, v_, out_, lse_;
+  bool is_causal = false;
 
   std::string name() const override { return "FlashAttentionNativeBackward"; }
 
@@ -309,6 +310,7 @@ py::object forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
     auto node = make_node<FlashBackward>();
     node->program = program;
+    node->is_causal = is_causal;
     node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
     torch::autograd::set_history(t[OUT], node);
     node->q_ = SavedVariable(q, false);
@@ -395,7 +397,7 @@ size_t size() {
 
 // `grad_fn.saved_tensors` of a FlashBackward node, as a Python autograd.Function's: (L, Q, K, V, O), the
 // order FlashAttentionTriton saves them in (the course's tests look for L there). After the backward has
-// released them, unpacking raises the engine's own error.
+// released them, unpacking raises the engine's own error. `grad_fn.is_causal`, as FlashAttentionTriton's ctx.
 PyObject* saved_tensors(PyObject* self, void*) {
   try {
     auto* node = static_cast<FlashBackward*>(reinterpret_cast<torch::autograd::THPCppFunction*>(self)->cdata.get());
@@ -413,9 +415,15 @@ using torch::autograd::THPCppFunction_metadata;
 using torch::autograd::THPCppFunction_next_functions;
 using torch::autograd::THPCppFunction_requires_grad;
 
+PyObject* causal(PyObject* self, void*) {
+  auto* node = static_cast<FlashBackward*>(reinterpret_cast<torch::autograd::THPCppFunction*>(self)->cdata.get());
+  return PyBool_FromLong(node->is_causal);
+}
+
 PyGetSetDef flash_backward_properties[] = {
     THP_FUNCTION_DEFAULT_PROPERTIES,
     {(char*)"saved_tensors", saved_tensors, nullptr, nullptr, nullptr},
+    {(char*)"is_causal", causal, nullptr, nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 PyTypeObject flash_backward_type;
 
