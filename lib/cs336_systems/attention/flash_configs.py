@@ -5,9 +5,8 @@ A configuration is (Q_TILE, K_TILE, warps, pipeline stages) for one kernel: `for
 one depends on the GPU, the head dimension, the dtype, causality and (less) the sequence length,
 so configurations are looked up by `ProblemKey` in a table per device name. A key also says
 whether the launch is latency-bound, its grid at 64-row tiles having fewer programs than the GPU
-has SMs (`is_small_grid`: one head at N <= 8,192 on an H100): there one program's loop is the
-latency, and the tiles that fill the GPU best lose (at d = 128, one head, N = 1,024 to 8,192 on an
-H100, 128x128 tiles with 8 warps took 1.3-1.5x as long as 64x128 ones with 4).
+has SMs (`is_small_grid`, e.g. one head at N <= 8,192 on an H100): there one program's loop is the
+latency, and the tiles that fill the GPU best lose (docs/flash_small_grid_h100.csv).
 
 1. the user's cache (`$CS336_FLASH_CONFIGS`, default ~/.cache/cs336_systems/flash_configs.json),
    written by `cs336_systems.attention.flash_tuning.tune_flash_attention`;
@@ -114,11 +113,10 @@ MIN_SPLIT_TILES = 2
 
 
 def split_programs_per_sm(head_dim_tile: int) -> float:
-    """Programs per SM that a split-key forward aims for. On an H100 (2026-11-23, one head, bf16, causal,
-    N = 1,024 to 4,096, 64x128 tiles) the fastest chunks held about W / (SMs · p) key tiles, with
-    p = 4/3 where two programs fit in an SM's shared memory (D_TILE <= 64) and p = 2/3 where one does
-    (D_TILE = 128: 3 stages of 128x128 K and V tiles): at d = 128, N = 4,096 chunks of 8 tiles took
-    42.6 µs, of 12 tiles 29.4 µs (`docs/flash_small_grid_h100.csv` has the tuner's runs)."""
+    """Programs per SM that a split-key forward aims for: the fastest chunks held about W / (SMs · p) key
+    tiles, with p = 4/3 where two programs fit in an SM's shared memory (D_TILE <= 64) and p = 2/3 where
+    one does (D_TILE = 128: 3 stages of 128x128 K and V tiles); `docs/flash_small_grid_h100.csv` has the
+    tuner's runs."""
     return 4 / 3 if head_dim_tile <= 64 else 2 / 3
 
 
@@ -133,8 +131,7 @@ def kv_split_chunk(batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int,
     C tiles plus one merge of the chunks' partials, and the programs many: C is the work W (key tiles
     over all programs) spread over `split_programs_per_sm` programs per SM, at least MIN_SPLIT_TILES.
     No split where the longest program would keep half its tiles or more: there the merge and the
-    extra programs' start cost as much as the split saves (H100, 8 heads at N = 1,024, d = 64:
-    17.7 µs unsplit, 18.8-19.5 µs in chunks of 4 to 6 of its 8 tiles)."""
+    extra programs' start cost as much as the split saves (measured in docs/flash_attention_tuning.md)."""
     n_q_tiles = -(-n_q // q_tile)
     if batch * n_q_tiles >= sm_count:
         return None
@@ -157,10 +154,8 @@ def backward_split(kernel: str, batch: int, n_q: int, n_k: int, loop_tile: int, 
     loop is the latency: the chunks multiply the programs up to about one per SM, each loop keeping at
     least MIN_SPLIT_TILES tiles. The partial results add into zeroed fp32 gradients by atomics, hence
     fp32 only (a 16-bit gradient would need an fp32 buffer and a conversion, two more launches; the
-    16-bit small grids measured fast enough without). On an H100 (2026-11-24, notebook 10, one head, fp32,
-    causal) the unsplit backward at d = 64 took 0.24, 0.44 and 0.85 ms at N = 1,024, 2,048 and 4,096,
-    time growing as N, the loop, not N², the work: the materialised attention's backward took 0.38 ms at
-    N = 2,048 in that run."""
+    16-bit small grids measured fast enough without). Unsplit, such a backward's time grew as N, the
+    loop, not N², the work, and lost to the materialised attention (docs/flash_attention_tuning.md, v16)."""
     rows_of_grid, rows_of_loop = (n_k, n_q) if kernel == "dkdv" else (n_q, n_k)
     programs = batch * -(-rows_of_grid // grid_tile)
     tiles = -(-rows_of_loop // loop_tile)
@@ -201,8 +196,7 @@ def default_config(kernel: str, head_dim_tile: int, element_size: int) -> Kernel
 # What the tuner tries besides the default, per kernel. Shapes follow where each kernel's work sits:
 # the forward and dQ programs keep a query tile resident (large Q_TILE), the dK/dV program a key
 # tile (large K_TILE) while query tiles stream through. The forward's 32-row tiles are for small grids,
-# where one program's latency is the kernel's (H100, one head, d = 128, N = 1,024: 32x128 w4 s2 took
-# 15.2-15.4 µs against 18.1-18.9 for 64x128 w4 s3, keys split as `kv_split_chunk` says or near it).
+# where one program's latency is the kernel's (docs/flash_small_grid_h100.csv).
 _CANDIDATES_16BIT = {
     "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
                 (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (32, 128, 4, 2), (32, 64, 4, 3)],

@@ -50,10 +50,8 @@ key rows past N are computed but dropped by the TMA stores, as are dQ rows past 
 dK and dV go out through the K and V slots, once the other warpgroup's last dQ product has read K.
 
 P^T and dS^T as register operands gained only once the summed parts had cut the reduce-add traffic
-(they had not in v8). On H100s (tuning record, v12) the two took the kernel from 3.55-3.84 to 2.91-3.40
-ms (median 3.07) at the leaderboard shape. Loading the rows of L and D a tile ahead (v15) took the whole
-backward (preprocess and dQ conversion included) from 3.22 to 2.93 ms (medians of four rounds, same run):
-loaded in the tile that used them, their latency stood between the S^T product and the exponentials;
+(they had not in v8; docs/flash_attention_tuning.md, v12). Loading the rows of L and D a tile ahead
+(v15) shortened the whole backward: loaded in the tile that used them, their latency stood between the S^T product and the exponentials;
 loaded there in the compact layout without the lead, the backward took 3.26 ms. Causal only: without the
 mask an earlier version measured no faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the
 Gluon forward, causal, d = 64. The handshake between the warpgroups is replayed on the CPU by

@@ -144,6 +144,6 @@ def reads_by_tma(*tensors: torch.Tensor) -> bool:
     interpreter (so CPU tests cover that path), when every tensor is `tma_compatible`.
 
     fp32 keeps block pointers: there the products may run on the FMA units from registers, and
-    reading the descriptors' swizzled shared-memory tiles made the fp32 backward 4-9x slower at
-    d >= 64 (H100, notebook 10 at commit 98260e0), while 16-bit inputs gained (forward 5-8%)."""
+    reading the descriptors' swizzled shared-memory tiles made the fp32 backward several times slower,
+    while 16-bit inputs gained (docs/flash_attention_tuning.md)."""
     return tma_device(tensors[0]) and all(tma_compatible(t) for t in tensors)

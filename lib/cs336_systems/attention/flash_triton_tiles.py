@@ -5,8 +5,7 @@ Two sources, chosen per launch by the constexpr USE_TMA:
 - a tensor descriptor (Hopper's Tensor Memory Accelerator): one thread issues a bulk copy of
   the whole tile into shared memory. Rows past N and columns past D arrive as zeros, so no
   boundary checks are needed, and the copy costs no per-thread address arithmetic or registers
-  (on an H100, the forward kernel alone at the leaderboard shape went from 1.29 to 1.18 ms, and
-  from 208 to 160 registers per thread). Needs a unit last stride and 16-byte-aligned rows
+  (faster and fewer registers at the leaderboard shape: docs/flash_attention_tuning.md). Needs a unit last stride and 16-byte-aligned rows
   (`tma_compatible`); used for 16-bit inputs (`flash_layout.reads_by_tma` says why not fp32).
 - a block pointer, for everything else: per-thread (cp.async) loads, rows and columns checked
   where a tile can pass the end.

@@ -2,10 +2,8 @@
 
 `kernel[grid](*args, **meta)` (Triton's `JITFunction.run`) binds every argument, computes each
 one's specialization, builds a cache key from them and only then reaches the compiled kernel's
-launcher. For our kernels (20-30 arguments) that is 48-64 µs of host time per launch on the
-H100 hosts we measured, against about 13 µs for the launcher it ends in, and at short sequences
-the host is the latency: at N = 1,024, d = 64, one head, our whole forward took 94-115 µs of
-host time per call and SDPA-flash's 23-30 µs, for GPU kernels of 12 and 10 µs.
+launcher. For our kernels (20-30 arguments) that costs several times the launcher's own host time,
+and at short sequences the host is the latency (docs/flash_attention_tuning.md, "Short sequences").
 
 `CachedLauncher(kernel)` does Triton's lookup once per *launch signature* and afterwards calls
 the compiled kernel's launcher directly, with the arguments Triton's JIT ends in (grid, stream,
@@ -17,9 +15,7 @@ the value of every integer argument — a superset of Triton's rules (equal to 1
 whether its address is 16-byte aligned. A caller that has already derived the launch from such
 a superset (`flash_launch.KernelLaunches.plan`, one plan per geometry) passes its own small signature
 instead, and no second key is built. Calls with one signature get one compiled kernel from
-Triton's JIT too, so the direct launch runs exactly the kernel `kernel[grid]` would. On an H100
-host (2026-11-23, N = 1,024, d = 64, one head) our forward's launch took 16 µs this way, against
-37 µs through `CompiledKernel[grid]` with a descriptor-scratch allocation per launch.
+Triton's JIT too, so the direct launch runs exactly the kernel `kernel[grid]` would.
 
 Triton's JIT path remains for a signature's first call (it compiles, or finds the compilation in
 Triton's cache), under the interpreter (nothing is compiled) and while torch.compile traces
