@@ -1,0 +1,135 @@
+"""Time the spring-2026 leaderboard's training step: the 8B TransformerLM (vocab 151,936, d_model 4,096,
+d_ff 11,008, 34 layers, 32 heads, context 32,768, bf16, causal), random tokens, batch 1 by default
+(`--batch`; the handout's test uses batch 2 on two B200s, which needs the sharding this file lacks).
+
+    python -m cs336_systems.training.leaderboard_8b [--layers N] [--context T] [--rep MS] [--warmup MS]
+                                                    [--variant ours|torch_native] [--state-dtype fp32|bf16] [--batch B]
+
+prints what the handout's test measures, `triton.testing.do_bench(step, rep=30_000, warmup=10_000)`
+(its mean, in ms), the peak CUDA memory, the useful TFLOP/s (`useful_flops`), and the time from process
+start to the first timed step. `--variant ours` is `build_train_step` (flash_triton attention, the
+recompute plan, fused loss, FusedAdamW); `torch_native` is `torch_native_step` (SDPA, every block
+checkpointed, full logits, torch.optim.AdamW(fused=True)).
+
+CUDA only: it exits with a clear message elsewhere. Single GPU only: the 8B model's parameters, gradients
+and AdamW states (16 bytes a parameter with fp32 states, ~130 GB) are not sharded across ranks yet
+(no FSDP/ZeRO path is wired into this step), so under `torchrun` with a world size above 1 it refuses
+rather than run N identical copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from cs336_systems.model import TransformerLM
+from cs336_systems.training.train_step import StepConfig, build_train_step, torch_native_step
+
+# The handout's configuration.
+VOCAB, D_MODEL, D_FF, LAYERS, HEADS, CONTEXT = 151_936, 4_096, 11_008, 34, 32, 32_768
+# Causal attention FLOPs of the handout's step at 34 layers and T = 32,768 (forward + backward).
+ATTENTION_FLOPS_34_LAYERS = 1.047e15
+
+
+def process_start_time() -> float:
+    """time.time() at process start (psutil if present, else this module's import time)."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except ImportError:
+        return IMPORT_TIME
+
+
+IMPORT_TIME = time.time()
+
+
+def useful_flops(matmul_params: int, layers: int, tokens: int, context: int) -> float:
+    """Model FLOPs of one step (no recomputation counted):
+    6 * matmul_params * tokens (forward 2 + backward 4 per weight and token; matmul_params = all
+    parameters but the token embedding, a lookup: 7.503e9 of the 8.126e9)
+    + 1.047e15 * (layers / 34) * (context / 32768)^2 * (tokens / context) (causal attention; tokens /
+    context is the batch). At batch 1, 34 layers, T = 32,768: 1.475e15 + 1.047e15 = 2.522e15."""
+    matmul = 6.0 * matmul_params * tokens
+    attention = ATTENTION_FLOPS_34_LAYERS * (layers / LAYERS) * (context / CONTEXT) ** 2 * (tokens / context)
+    return matmul + attention
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=LAYERS)
+    p.add_argument("--context", type=int, default=CONTEXT)
+    p.add_argument("--rep", type=int, default=30_000, help="do_bench rep (ms)")
+    p.add_argument("--warmup", type=int, default=10_000, help="do_bench warmup (ms)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--variant", choices=("ours", "torch_native"), default="ours")
+    p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--recompute", choices=("plan", "all", "none"), default="plan")
+    p.add_argument("--compile-blocks", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        sys.exit(f"leaderboard_8b: WORLD_SIZE={world}, but sharding the 8B model across ranks is not built yet; "
+                 f"run it on one GPU (python -m cs336_systems.training.leaderboard_8b)")
+    if not torch.cuda.is_available():
+        sys.exit("leaderboard_8b: needs a CUDA GPU (the 8B step is timed with CUDA events by do_bench)")
+    if args.batch < 1 or args.layers < 1 or not 1 <= args.context <= CONTEXT:
+        sys.exit(f"leaderboard_8b: --batch and --layers must be >= 1 and --context in [1, {CONTEXT}]")
+    import triton.testing
+
+    start = process_start_time()
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    attention = "flash_triton" if args.variant == "ours" else "sdpa"
+    model = TransformerLM(VOCAB, args.context, D_MODEL, args.layers, HEADS, D_FF, attention=attention,
+                          device=device, dtype=torch.bfloat16)
+    n_params = sum(p.numel() for p in model.parameters())
+    matmul_params = n_params - model.token_embeddings.weight.numel()
+    if args.variant == "ours":
+        config = StepConfig(lr=1e-4, state_dtype=torch.float32 if args.state_dtype == "fp32" else torch.bfloat16,
+                            recompute=args.recompute, compile_blocks=args.compile_blocks)
+        step_obj = build_train_step(model, config)
+    else:
+        step_obj = torch_native_step(model, lr=1e-4)
+    x = torch.randint(0, VOCAB, (args.batch, args.context), device=device)
+    y = torch.randint(0, VOCAB, (args.batch, args.context), device=device)
+
+    calls: list[float] = []
+
+    def train_step():
+        calls.append(time.time())
+        step_obj.step(x, y)
+
+    torch.cuda.reset_peak_memory_stats()
+    ms = triton.testing.do_bench(train_step, rep=args.rep, warmup=args.warmup)
+    peak = torch.cuda.max_memory_allocated()
+    # do_bench calls fn once, 5 times to estimate, n_warmup times, then n_repeat timed times with
+    # n_warmup : n_repeat = warmup : rep (up to rounding): the first timed call is about this one.
+    extra = len(calls) - 6
+    first_timed = 6 + round(extra * args.warmup / (args.warmup + args.rep)) if extra > 0 else len(calls) - 1
+    to_first_timed = calls[min(first_timed, len(calls) - 1)] - start
+    flops = useful_flops(matmul_params, args.layers, args.batch * args.context, args.context)
+    result = dict(variant=args.variant, batch=args.batch, layers=args.layers, context=args.context, params=n_params, ms=ms,
+                  peak_gib=peak / 2**30, useful_tflops=flops / (ms * 1e-3) / 1e12,
+                  seconds_to_first_timed_step=to_first_timed,
+                  plan=getattr(step_obj, "plans", {}).get((args.batch, args.context)))
+    print(f"variant {args.variant}: batch {args.batch}, {args.layers} layers, context {args.context}, {n_params / 1e9:.2f}B parameters")
+    if result["plan"] is not None:
+        print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones)")
+    print(f"do_bench(train_step, rep={args.rep}, warmup={args.warmup}): {ms:.1f} ms per step")
+    print(f"peak memory: {result['peak_gib']:.2f} GiB")
+    print(f"useful: {flops:.4g} FLOPs/step, {result['useful_tflops']:.1f} TFLOP/s")
+    print(f"process start to the first timed step: {to_first_timed:.1f} s (approximate: do_bench's call count)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
