@@ -36,6 +36,7 @@ from cs336_systems.fused_adamw_kernels import (
     kernels_interpreted,
     triton_dtype,
 )
+from cs336_systems.optim import check_adamw_hyperparameters
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
@@ -66,6 +67,8 @@ def block_table(numels: list[int], block: int) -> torch.Tensor:
 
 
 class FusedAdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's update in one Triton launch per group of like tensors (module docstring)."""
+
     def __init__(
         self,
         params: Iterable[torch.nn.Parameter] | Iterable[dict],
@@ -78,12 +81,7 @@ class FusedAdamW(torch.optim.Optimizer):
         stochastic_rounding: bool = True,
         seed: int = 0,
     ):
-        if not 0.0 <= lr:
-            raise ValueError(f"FusedAdamW: invalid learning rate {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"FusedAdamW: invalid betas {betas}")
-        if not 0.0 <= eps:
-            raise ValueError(f"FusedAdamW: invalid eps {eps}")
+        check_adamw_hyperparameters("FusedAdamW", lr, betas, eps)
         if not 0 <= seed < 2**31:
             raise ValueError(f"FusedAdamW: seed must be in [0, 2**31), got {seed}")
         defaults = dict(

@@ -35,6 +35,16 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
+def check_adamw_hyperparameters(name: str, lr: float, betas: tuple[float, float], eps: float) -> None:
+    """ValueError naming the optimizer and the value for a negative lr or eps, or betas outside [0, 1)."""
+    if not 0.0 <= lr:
+        raise ValueError(f"{name}: invalid learning rate {lr}")
+    if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        raise ValueError(f"{name}: invalid betas {betas}")
+    if not 0.0 <= eps:
+        raise ValueError(f"{name}: invalid eps {eps}")
+
+
 class AdamW(torch.optim.Optimizer):
     def __init__(
         self,
@@ -45,10 +55,7 @@ class AdamW(torch.optim.Optimizer):
         weight_decay: float = 0.01,
         foreach: bool = False,
     ):
-        if lr < 0:
-            raise ValueError(f"AdamW: invalid learning rate {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"AdamW: invalid betas {betas}")
+        check_adamw_hyperparameters("AdamW", lr, betas, eps)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach))
 
     @torch.no_grad()
