@@ -47,15 +47,15 @@ import torch
 import triton
 import triton.language as tl
 
+from cs336_systems.triton_interpreter import built_by_interpreter
+
 # fp32's largest finite value: |x| <= this is False for inf and NaN.
 _FP32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 def kernels_interpreted() -> bool:
-    """True when these kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(adamw_multi_tensor_kernel, InterpretedFunction)
+    """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+    return built_by_interpreter(adamw_multi_tensor_kernel)
 
 
 def block_size(device: torch.device, largest_numel: int) -> int:

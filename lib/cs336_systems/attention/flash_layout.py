@@ -11,53 +11,17 @@ import torch
 
 from cs336_systems.attention.flash_configs import device_facts
 from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
+from cs336_systems.triton_interpreter import built_by_interpreter, repair_interpreter
 
 
 def kernels_interpreted() -> bool:
     """True when the kernels were built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(flash_fwd_kernel, InterpretedFunction)
-
-
-def _repair_interpreter() -> None:
-    """Work around two defects of the Triton 3.6 interpreter (CPU only) that these kernels hit.
-
-    1. It holds a scalar as a 1-element array and makes a loop bound of it with int(array),
-       which NumPy >= 2.4 refuses; our loops run to runtime bounds (N_KEYS, the causal stop).
-    2. Its tl.dot multiplies bfloat16 operands as their raw 16-bit patterns (NumPy has no
-       bfloat16); widening them to float32 first gives the product the GPU computes.
-    """
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    if getattr(interpreter, "_cs336_repaired", False):
-        return
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patch_lang_tensor(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    create_dot = interpreter.InterpreterBuilder.create_dot
-
-    def widen(h):
-        if h.dtype == tl.bfloat16 and h.data.dtype == np.uint16:
-            return interpreter.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-        return h
-
-    def create_dot_widened(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    interpreter._patch_lang_tensor = patch_lang_tensor
-    interpreter.InterpreterBuilder.create_dot = create_dot_widened
-    interpreter._cs336_repaired = True
+    return built_by_interpreter(flash_fwd_kernel)
 
 
 INTERPRETED = kernels_interpreted()  # fixed when the kernels were built, at import
 if INTERPRETED:
-    _repair_interpreter()
+    repair_interpreter()
 
 
 def head_dim_tile(d: int) -> int:

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cs336_systems.triton_interpreter import built_by_interpreter
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
@@ -77,9 +79,7 @@ def cross_entropy_rows_kernel(
 
 def kernel_interpreted() -> bool:
     """True when the kernel was built by the Triton interpreter (TRITON_INTERPRET=1 at import)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(cross_entropy_rows_kernel, InterpretedFunction)
+    return built_by_interpreter(cross_entropy_rows_kernel)
 
 
 def block_v_for(V: int, block_v: int | None = None) -> int:
