@@ -203,7 +203,29 @@ def check_batch(x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_lengt
                              f"got ids in [{y_min}, {y_max}]")
 
 
-class TrainStep:
+class OptimizerStep:
+    """`step(x, y) -> loss`: the subclass's `forward_backward` (leaves the gradients in `.grad`, returns the
+    detached loss), then `optimizer_step`."""
+
+    optimizer: torch.optim.Optimizer
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One training step; returns the batch's mean cross-entropy (detached fp32 scalar) before the update."""
+        loss = self.forward_backward(x, y)
+        self.optimizer_step()
+        return loss
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.step(x, y)
+
+
+class TrainStep(OptimizerStep):
     """`step(x, y) -> loss`; built by `build_train_step`. `plans` maps each input shape seen to its plan."""
 
     def __init__(self, model: TransformerLM, config: StepConfig):
@@ -259,17 +281,6 @@ class TrainStep:
         loss.backward()
         return loss.detach()
 
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One training step; returns the batch's mean cross-entropy (detached fp32 scalar) before the update."""
-        loss = self.forward_backward(x, y)
-        self.optimizer.step()
-        return loss
-
-    __call__ = step
-
 
 def build_train_step(model: TransformerLM, config: StepConfig | None = None) -> TrainStep:
     if not isinstance(model, TransformerLM):
@@ -277,7 +288,7 @@ def build_train_step(model: TransformerLM, config: StepConfig | None = None) -> 
     return TrainStep(model, config if config is not None else StepConfig())
 
 
-class TorchNativeStep:
+class TorchNativeStep(OptimizerStep):
     """The PyTorch baseline: every block checkpointed, F.cross_entropy on the full logits,
     torch.optim.AdamW (fused on CUDA, foreach on CPU). Same `step(x, y) -> loss` as TrainStep.
     The attention is the model's own: build the model with attention="sdpa" for the baseline."""
@@ -301,13 +312,6 @@ class TorchNativeStep:
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
         loss.backward()
         return loss.detach().float()
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = self.forward_backward(x, y)
-        self.optimizer.step()
-        return loss
-
-    __call__ = step
 
 
 def torch_native_step(model: TransformerLM, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
