@@ -56,7 +56,10 @@ tune = ctx.pick(tune, cpu=False, gpu=True)
 from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_matmul_tflops
 from cs336_systems.experiments.flash_leaderboard import (
     CPU_SCALED_DOWN,
+    CPU_SCALED_DOWN_2026,
     LEADERBOARD,
+    LEADERBOARD_2026,
+    LEADERBOARD_2026_BARS,
     floors,
     leaderboard_bars,
     leaderboard_bars_text,
@@ -161,6 +164,30 @@ ctx.save_table(bars, "leaderboard_bars")
 ctx.md(leaderboard_bars_text(bars))
 for b in bars[bars.verdict.str.startswith("not measured")].itertuples():
     ctx.not_run(f"leaderboard bar '{b.bar}'", b.verdict.removeprefix("not measured ").strip("()"))
+
+# %% [markdown]
+# ## The 2026 model's attention (head dimension 128)
+# The spring-2026 leaderboard's model (d_model 4,096 in 32 heads, context 32,768) runs its attention at
+# head dimension 128 on (1, heads, N, d) views of its (1, N, 4,096) projections. The same harness times
+# that shape in that layout: ours, SDPA-flash and SDPA-cuDNN in one run, each checked against float64
+# first. Bars: backward ≤ 1.0 × SDPA-cuDNN's, forward ≤ 1.0 ×, forward+backward ≤ 0.95 ×.
+
+# %%
+config_2026 = LEADERBOARD_2026 if ctx.device.type == "cuda" else CPU_SCALED_DOWN_2026
+df_2026, per_round_2026 = leaderboard_table(impls, config_2026, device=ctx.device, compile=compile, settings=settings,
+                                            fwd_settings=fwd_settings, ceiling_tflops=ceiling, rounds=rounds)
+ctx.save_table(df_2026, "leaderboard_2026")
+ctx.save_table(per_round_2026, "leaderboard_2026_rounds")
+bars_2026 = leaderboard_bars(df_2026, per_round_2026, bars=LEADERBOARD_2026_BARS)
+ctx.save_table(bars_2026, "leaderboard_2026_bars")
+scaled = "" if ctx.device.type == "cuda" else " — scaled down for the CPU profile, not the model's"
+ctx.md(f"Configuration: **{config_2026.describe()}**{scaled}. " + leaderboard_bars_text(bars_2026))
+ours_2026 = df_2026.set_index("impl").loc["triton"] if "triton" in set(df_2026.impl) else None
+if ours_2026 is not None and ours_2026.status == "ok":
+    ctx.headline("2026 attention (d = 128) fwd+bwd, ours" + ("" if ctx.device.type == "cuda" else " (scaled-down, interpreter)"),
+                 round(float(ours_2026.fwd_bwd_ms), 4), "ms")
+for b in bars_2026[bars_2026.verdict.str.startswith("not measured")].itertuples():
+    ctx.not_run(f"2026 attention bar '{b.bar}'", b.verdict.removeprefix("not measured ").strip("()"))
 
 # %% [markdown]
 # ## Kernel by kernel

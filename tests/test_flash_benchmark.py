@@ -333,6 +333,22 @@ def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton
         ["triton", 0, 0], ["sdpa_flash", 0, 1], ["sdpa_flash", 1, 0], ["triton", 1, 1]]
 
 
+def test_the_projections_layout_times_strided_views_of_one_model_leaf(triton_on_cpu):
+    """The 2026 row's layout: q, k, v are (1, heads, N, d) views of (1, N, heads * d) projections (rows
+    heads * d apart, not copied), checked and timed like the 2025 row; their gradients land in the leaf."""
+    config = lb.LeaderboardConfig(heads=2, seq_len=32, head_dim=16, layout="projections")
+    leaf = lb.leaderboard_inputs(config, "cpu")
+    q, k, v = config.views(leaf)
+    assert leaf.shape == (3, 1, 32, 32) and q.shape == (1, 2, 32, 16) and q.stride() == (1024, 16, 32, 1)
+    assert q.data_ptr() == leaf.data_ptr() and torch.equal(q[0, 1, 5], leaf[0, 0, 5, 16:])
+    df, _ = lb.leaderboard_table(["triton", "sdpa_flash"], config, device="cpu", compile=False,
+                                 settings=FAST, fwd_settings=FAST, rounds=1)
+    assert list(df.status) == ["ok", "ok"] and (df.max_rel_error < 1e-2).all()
+    with pytest.raises(ValueError, match="layout must be"):
+        lb.LeaderboardConfig(layout="rows")
+    assert "views of (1, N, heads x d) projections" in lb.LEADERBOARD_2026.describe()
+
+
 def test_an_implementation_that_fails_in_a_later_round_becomes_a_row_and_leaves_the_rounds(triton_on_cpu, monkeypatch):
     config = lb.LeaderboardConfig(heads=1, seq_len=32, head_dim=16)
     timed = lb.time_leaderboard

@@ -1,4 +1,5 @@
-"""The fused Gluon backward's handshake between its two consumer warpgroups, on the CPU.
+"""The fused Gluon backwards' handshakes between their two consumer warpgroups, on the CPU (d = 64's
+owner-alternating protocol first, then d = 128's column halves at the end of the file).
 
 The kernel (`flash_gluon_backward`) runs only on Hopper, and a wrong mbarrier phase there is a hang or a
 silently wrong dQ. Here each warpgroup's sequence of waits, arrivals, dS^T stores and dQ products is replayed
@@ -150,3 +151,91 @@ def test_the_checker_catches_a_wrong_phase_and_a_missing_wait(monkeypatch):
     with pytest.raises(AssertionError, match="overwritten unread"):
         for seed in range(50):
             run_cta(2048, 0, 64, 64, random.Random(seed))
+
+
+# --- d = 128 (`flash_gluon_backward_d128`): both warpgroups visit every query tile, last to first; each
+# computes a column half of the previous visit's dQ part from both warpgroups' dS, so both read both buffers.
+
+from cs336_systems.attention.flash_gluon_backward_d128 import ds_free_phase, ds_ready_phase  # noqa: E402
+
+ready_phase, free_phase = ds_ready_phase.fn, ds_free_phase.fn
+
+
+def warpgroup_d128(h: int, n_tiles: int, free_waits: bool = True):
+    """The operations warpgroup h issues, in its program order (`_query_tiles` and `_consumer`): visit i's
+    dS stored after its buffer's previous readers are done, the previous visit's column half after both
+    dS of it are stored, K overwritten after both warpgroups' last products."""
+    for i in range(n_tiles):
+        if free_waits:
+            yield "wait", ("ds_free", i % 2), free_phase(i), i // 2  # completion of visit i - 2's readers
+        yield "store_ds", h, i % 2, i
+        yield "arrive", ("ds_ready", i % 2)
+        if i > 0:
+            yield "wait", ("ds_ready", (i - 1) % 2), ready_phase(i - 1), (i - 1) // 2 + 1
+            yield "dq_half", h, i - 1
+            yield "arrive", ("ds_free", (i - 1) % 2)
+    last = n_tiles - 1
+    yield "wait", ("ds_ready", last % 2), ready_phase(last), last // 2 + 1
+    yield "dq_half", h, last
+    yield "arrive", ("ds_free", last % 2)
+    yield "wait", ("ds_free", last % 2), ready_phase(last), last // 2 + 1
+    yield "store_k", h
+
+
+def run_cta_d128(n_tiles: int, rng: random.Random, program=None) -> None:
+    program = program or warpgroup_d128
+    bars = {(name, b): Barrier(2) for name in ("ds_ready", "ds_free") for b in (0, 1)}
+    held: dict[tuple[int, int], list] = {}  # (half, parity) -> [visit, column halves still to read it]
+    halves: dict[int, set[int]] = {}
+    programs = {h: program(h, n_tiles) for h in (0, 1)}
+    pending = {h: next(programs[h], None) for h in (0, 1)}
+    where = f"{n_tiles} visits"
+    while any(op is not None for op in pending.values()):
+        runnable = [h for h, op in pending.items() if op is not None and (op[0] != "wait" or bars[op[1]].passes(op[2]))]
+        assert runnable, f"deadlock at {where}: {pending}"
+        h = rng.choice(runnable)
+        op = pending[h]
+        if op[0] == "wait":
+            _, bar, _, needed = op
+            assert bars[bar].completed >= needed, f"{where}: warpgroup {h} passed {bar} before completion {needed}"
+        elif op[0] == "arrive":
+            bars[op[1]].arrive()
+        elif op[0] == "store_ds":
+            _, half, b, i = op
+            assert not held.get((half, b), [None, set()])[1], f"{where}: dS buffer {(half, b)} overwritten unread"
+            held[(half, b)] = [i, {0, 1}]
+        elif op[0] == "dq_half":
+            _, col, i = op
+            for half in (0, 1):
+                assert held.get((half, i % 2), [None])[0] == i, f"{where}: visit {i}'s product read {(half, i % 2)}"
+                held[(half, i % 2)][1].discard(col)
+            halves.setdefault(i, set()).add(col)
+        elif op[0] == "store_k":
+            assert all(not readers for _, readers in held.values()), f"{where}: K overwritten before the last products"
+        pending[h] = next(programs[h], None)
+    assert halves == {i: {0, 1} for i in range(n_tiles)}, f"{where}: dQ column halves {halves}"
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 3, 4, 5, 8, 17, 64])
+def test_d128_handshake_never_deadlocks_and_adds_every_column_half_once(n_tiles):
+    rng = random.Random(n_tiles)
+    for _ in range(40):
+        run_cta_d128(n_tiles, rng)
+
+
+def test_the_d128_checker_catches_a_late_phase_and_a_missing_wait():
+    """A wait for the visit before (an off-by-one in `ds_ready_phase`) and stores without the ds_free wait
+    are both reported."""
+    def late(h, n_tiles):
+        for op in warpgroup_d128(h, n_tiles):
+            if op[0] == "wait" and op[1][0] == "ds_ready":
+                op = ("wait", op[1], op[2] ^ 1, op[3])
+            yield op
+
+    with pytest.raises(AssertionError, match="deadlock|passed"):
+        for seed in range(20):
+            run_cta_d128(8, random.Random(seed), late)
+
+    with pytest.raises(AssertionError, match="overwritten"):
+        for seed in range(50):
+            run_cta_d128(8, random.Random(seed), lambda h, n_tiles: warpgroup_d128(h, n_tiles, free_waits=False))

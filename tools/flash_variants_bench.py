@@ -106,7 +106,7 @@ def main() -> None:
         VARIANTS[args.launch_once]()
         out, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device="cuda")
         G._launch(q, k, v, out, lse, True)
-        G._backward(q[0], k[0], v[0], out[0], torch.randn_like(q[0]), lse[0])
+        G._backward(q[0], k[0], v[0], out[0], torch.randn_like(q[0]), lse[0], True)
         torch.cuda.synchronize()
         return
     variants = args.variants
@@ -124,7 +124,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name in variants[r % len(variants):] + variants[:r % len(variants)]:
             VARIANTS[name]()
-            times = bench(lambda: G._backward(q, k, v, out, do, lse), args.kernel_ms)
+            times = bench(lambda: G._backward(q, k, v, out, do, lse, True), args.kernel_ms)
             rows.append(dict(kind="backward", variant=name, d=64, round=r, ms=statistics.median(times),
                              runs=len(times), device=device))
             print(rows[-1], flush=True)

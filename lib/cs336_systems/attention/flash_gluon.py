@@ -10,9 +10,11 @@ programs, so it needs twice the batch (or sequence) to fill the SMs, and its lau
 time: it wins only on long sequences with several CTAs per SM, hence `MIN_SEQ_LEN` and
 `MIN_CTAS_PER_SM` (measured in docs/flash_attention_tuning.md, v7).
 
-The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) takes the same limits, which its
-grid shares, and is further limited to causal attention at d = 64, where it beat the two Triton
-kernels; without the mask it did not (docs/flash_attention_tuning.md, v8 to v15).
+The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) has two kernels. At d = 64
+(`flash_gluon_backward`) it takes the forward's limits and causal attention only, where it beat the two
+Triton kernels; without the mask it did not (docs/flash_attention_tuning.md, v8 to v15). At d = 128
+(`flash_gluon_backward_d128`) it runs causal and full attention from N = 8,192 on, or with two CTAs
+per SM at shorter N, where it measured faster than the Triton kernels (v17).
 
 Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
 `cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
@@ -31,13 +33,24 @@ from cs336_systems.attention.flash_layout import as_rows, output_strides, tma_co
 # (docs/flash_attention_tuning.md, v7).
 GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
 # Per head dimension: (Q_TILE, K_HALF key rows per consumer warpgroup, STAGES) of the fused backward:
-# 64-row tiles are what the registers allow; 2 stages and 232/40 registers were the best of 2-3 stages and
-# two register splits at the same shape (docs/flash_attention_tuning.md, v8).
-GLUON_BWD_TILES = {64: (64, 64, 2)}
+# 64-row tiles are what the registers allow; at d = 64, 2 stages and 232/40 registers were the best of 2-3
+# stages and two register splits at the same shape (docs/flash_attention_tuning.md, v8); d = 128 has shared
+# memory for 2 stages only.
+GLUON_BWD_TILES = {64: (64, 64, 2), 128: (64, 64, 2)}
+# Where the fused backward beat the two Triton kernels: causal only at d = 64 (v8), both at d = 128 (v17).
+GLUON_BWD_CAUSALITY = {64: (True,), 128: (True, False)}
 PREPROCESS_ROWS = 64
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
+# Per head dimension of the backward, (consumer, producer) registers: d = 128's dK, dV, S and dP alone
+# take 192 of a consumer thread's registers (flash_gluon_backward_d128).
+GLUON_BWD_REGS = {64: (CONSUMER_REGS, PRODUCER_REGS), 128: (240, 24)}
+DQ_PLANE_COLS = 64  # d = 128: dQ's accumulator columns per plane, one plane per consumer warpgroup
 MIN_CTAS_PER_SM = 3
 MIN_SEQ_LEN = 16384
+# d = 128's backward beat the two Triton kernels at every measured shape from N = 8,192 on, and at N = 4,096
+# with 32 heads, not with 4 heads (128 CTAs; docs/flash_attention_tuning.md, v17)
+D128_BWD_MIN_SEQ_LEN = 8192
+D128_BWD_MIN_CTAS_PER_SM = 2
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -51,6 +64,14 @@ def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch
     return triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM * sm_count
 
 
+def _tma_readable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    for t in (q, k, v):
+        rows, strides = as_rows(t)
+        if rows is not t or not tma_compatible(rows, strides):  # in place, through descriptors, or not at all
+            return False
+    return True
+
+
 def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreted: bool,
                           tiles: tuple[int, int] | None = None) -> bool:
     """Whether the forward of these (..., N, d) inputs runs the Gluon kernel (module docstring); never
@@ -60,28 +81,38 @@ def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, int
     (n_q, d), n_k = q.shape[-2:], k.shape[-2]
     if not gluon_forward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *device_facts(q.device)):
         return False
-    for t in (q, k, v):
-        rows, strides = as_rows(t)
-        if rows is not t or not tma_compatible(rows, strides):  # in place, through descriptors, or not at all
-            return False
-    return True
+    return _tma_readable(q, k, v)
 
 
 def _in_backward_scope(d: int, is_causal: bool) -> bool:
-    return bool(is_causal) and d in GLUON_BWD_TILES
+    return bool(is_causal) in GLUON_BWD_CAUSALITY.get(d, ())
 
 
 def gluon_backward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
                             sm_count: int, is_causal: bool) -> bool:
-    """The shape, dtype and device half of `gluon_backward_applies`: the forward's scope, causal, d = 64."""
-    return _in_backward_scope(d, is_causal) and gluon_forward_eligible(d, n_q, n_k, dtype, batch, capability_major,
-                                                                       sm_count)
+    """The shape, dtype and device half of `gluon_backward_applies`: causal at d = 64 within the forward's
+    size limits; at d = 128, causal or not, from N = D128_BWD_MIN_SEQ_LEN or D128_BWD_MIN_CTAS_PER_SM CTAs
+    per SM on (`GLUON_BWD_CAUSALITY`)."""
+    if not _in_backward_scope(d, is_causal):
+        return False
+    if d != 128:
+        return gluon_forward_eligible(d, n_q, n_k, dtype, batch, capability_major, sm_count)
+    if dtype not in GLUON_DTYPES or n_q != n_k or capability_major != 9:
+        return False
+    ctas = triton.cdiv(n_q, 2 * GLUON_BWD_TILES[d][1]) * batch
+    return n_q >= D128_BWD_MIN_SEQ_LEN or ctas >= D128_BWD_MIN_CTAS_PER_SM * sm_count
 
 
 def gluon_backward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                            interpreted: bool, tiles: tuple[int, int] | None = None) -> bool:
-    """Whether the backward of these inputs runs the fused Gluon kernel (module docstring)."""
-    return _in_backward_scope(q.shape[-1], is_causal) and gluon_forward_applies(q, k, v, interpreted, tiles)
+    """Whether the backward of these inputs runs the fused Gluon kernel (module docstring); never where
+    the caller overrides the Triton kernels' tiles."""
+    if interpreted or q.device.type != "cuda" or tiles is not None:
+        return False
+    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
+    if not gluon_backward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *device_facts(q.device), is_causal):
+        return False
+    return _tma_readable(q, k, v)
 
 
 _LAYOUTS: dict[tuple, object] = {}
@@ -135,27 +166,37 @@ def _launch(q, k, v, out, lse, is_causal: bool) -> None:
     )
 
 
-def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles=None, regs=None):
-    from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel
-
+def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None):
     n, d = q.shape[-2:]
     q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
-    consumer_regs, producer_regs = regs or (CONSUMER_REGS, PRODUCER_REGS)
+    consumer_regs, producer_regs = regs or GLUON_BWD_REGS[d]
     q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_half)
     (q_b, *_), (k_b, *_), (v_b, *_), (do_b, *_) = (as_rows(t)[1] for t in (q, k, v, do))
     dk_b, dv_b = output_strides(grad_k)[0], output_strides(grad_v)[0]
     l_b, l_n = output_strides(lse, 1)
-    flash_bwd_gluon_kernel[(triton.cdiv(n, 2 * k_half), q.numel() // (n * d))](
-        _descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
-        _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
-        _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout),
-        _descriptor(dq_acc, n * d, q_tile, _shared_layouts(torch.float32, d, q_tile)),
-        lse, delta, l_b, l_n, n,
-        scale=d**-0.5, STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4,
-    )
+    # d = 64: one warpgroup adds a tile's whole dQ part; d = 128: each adds half of its columns, into
+    # dq_acc read as (batch, 2, N, 64) planes (flash_gluon_backward_d128)
+    planes = dq_acc.view(-1, n, DQ_PLANE_COLS) if d == 128 else dq_acc
+    cols = planes.shape[-1]
+    dq_desc = _descriptor(planes, n * cols, q_tile, _shared_layouts(torch.float32, cols, q_tile))
+    args = (_descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
+            _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
+            _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout), dq_desc,
+            lse, delta, l_b, l_n, n)
+    grid = (triton.cdiv(n, 2 * k_half), q.numel() // (n * d))
+    options = dict(scale=d**-0.5, STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
+                   num_warps=4)
+    if d == 64:
+        from cs336_systems.attention.flash_gluon_backward import flash_bwd_gluon_kernel
+
+        flash_bwd_gluon_kernel[grid](*args, **options)
+    else:
+        from cs336_systems.attention.flash_gluon_backward_d128 import flash_bwd_gluon_d128_kernel
+
+        flash_bwd_gluon_d128_kernel[grid](*args, is_causal=bool(is_causal), **options)
 
 
-def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
+def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
     from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
 
     n, d = q.shape[-2:]
@@ -168,31 +209,46 @@ def _backward(q, k, v, out, do, lse, tiles=None, regs=None):
     l_b, l_n = output_strides(delta, 1)
     flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
         out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
-    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, tiles, regs)
-    return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
+    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, tiles, regs)
+    if d != 128:
+        return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
+    return dq_from_planes(dq_acc, q.shape, q.dtype), grad_k, grad_v
+
+
+def dq_from_planes(dq_acc: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """dQ of `shape` (..., N, d) in `dtype` from d = 128's fp32 accumulator, whose memory holds each batch's
+    column halves as planes, (batch, d / DQ_PLANE_COLS, N, DQ_PLANE_COLS): one strided copy."""
+    n, d = shape[-2:]
+    halves = d // DQ_PLANE_COLS
+    grad_q = torch.empty(shape, dtype=dtype, device=dq_acc.device)
+    grad_q.view(-1, n, halves, DQ_PLANE_COLS).copy_(dq_acc.view(-1, halves, n, DQ_PLANE_COLS).transpose(1, 2))
+    return grad_q
 
 
 @torch.library.custom_op("cs336::flash_bwd_gluon", mutates_args=())
 def _flash_bwd_gluon_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, do: torch.Tensor,
-                        lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(q, k, v, out, do, lse)
+                        lse: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(q, k, v, out, do, lse, is_causal)
 
 
 @_flash_bwd_gluon_op.register_fake
-def _(q, k, v, out, do, lse):
+def _(q, k, v, out, do, lse, is_causal):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
-    """dQ, dK, dV of (..., N, d) tensors in one pass (`flash_gluon_backward`): D and a zeroed fp32 dQ
-    accumulator from `flash_bwd_preprocess_kernel`, the fused kernel, then dQ converted to q's dtype.
-    `out` and `do` have unit column stride and rows that `as_rows` reads in place. `tiles` =
-    (Q_TILE, K_HALF, STAGES) and `regs` = (consumer, producer) registers override the shipped ones."""
-    if not is_causal:
-        raise ValueError("the Gluon backward is causal only (flash_gluon.gluon_backward_applies)")
+    """dQ, dK, dV of (..., N, d) tensors in one pass (`flash_gluon_backward` at d = 64,
+    `flash_gluon_backward_d128` at d = 128): D and a zeroed fp32 dQ accumulator from
+    `flash_bwd_preprocess_kernel`, the fused kernel, then dQ converted to q's dtype. `out` and `do` have
+    unit column stride and rows that `as_rows` reads in place. `tiles` = (Q_TILE, K_HALF, STAGES) and
+    `regs` = (consumer, producer) registers override the shipped ones."""
+    d = q.shape[-1]
+    if not _in_backward_scope(d, is_causal):
+        raise ValueError(f"the Gluon backward runs d in {sorted(GLUON_BWD_TILES)} (causal only at d = 64); got "
+                         f"d = {d}, is_causal = {bool(is_causal)} (flash_gluon.gluon_backward_applies)")
     if torch.compiler.is_compiling():
-        return torch.ops.cs336.flash_bwd_gluon(q, k, v, out, do, lse)
-    return _backward(q, k, v, out, do, lse, tiles, regs)
+        return torch.ops.cs336.flash_bwd_gluon(q, k, v, out, do, lse, bool(is_causal))
+    return _backward(q, k, v, out, do, lse, is_causal, tiles, regs)
 
 
 @torch.library.custom_op("cs336::flash_fwd_gluon", mutates_args=("out", "lse"))

@@ -11,7 +11,7 @@ base 2 with s = log2(e) scale, per tile, transposed so that P^T and dS^T have th
 
 dQ_i gets a part from every key block, so the parts are summed in global memory: a (Q_TILE, d) fp32
 part goes from registers to shared memory and is added by TMA (`cp.reduce.async.bulk.tensor ... .add`,
-`_tma_reduce_add`), asynchronously and without per-thread atomics. Once both warpgroups work on a
+`tma_reduce_add`), asynchronously and without per-thread atomics. Once both warpgroups work on a
 query tile, its part is summed over the CTA's 2 K_HALF keys before it leaves the CTA:
 
     dQ part of tile i = dS_0 K^(j,0) + dS_1 K^(j,1)        (dS_h: warpgroup h's key rows)
@@ -76,7 +76,7 @@ from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr i
 
 
 @builtin
-def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     """global[coord ...] += src by TMA (`cp.reduce.async.bulk.tensor ... .add`): Triton's `tl` descriptor
     atomic_add, which Gluon 3.6's `tma` module does not wrap. Completes like a TMA store (`tma.store_wait`)."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
@@ -84,9 +84,10 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, n_tiles):
-    """Both halves of K and V, then Q_i and dO_i of query tile t into slot t % STAGES once both
-    consumers have released it."""
+def load_key_block_then_query_tiles(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_first,
+                                    q_step, n_tiles):
+    """Both halves of K and V, then Q_i and dO_i of the t-th query tile visited, rows from q_first + t q_step,
+    into slot t % STAGES once both consumers have released it."""
     q_smem, do_smem, k_smem, v_smem = buffers[0], buffers[1], buffers[2], buffers[3]
     kv_ready, ready, empty = barriers[0], barriers[1], barriers[2]
     STAGES: gl.constexpr = q_smem.shape[0]
@@ -100,13 +101,13 @@ def _producer(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start
         slot = t % STAGES
         mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        q_start = q_lo + t * Q_TILE
+        q_start = q_first + t * q_step
         tma.async_copy_global_to_shared(q_desc, [batch, q_start, 0], ready.index(slot), q_smem.index(slot))
         tma.async_copy_global_to_shared(do_desc, [batch, q_start, 0], ready.index(slot), do_smem.index(slot))
 
 
 @gluon.jit
-def _step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
+def fused_step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
           s_zero, wait_free, free_bar, free_phase, MASKED: gl.constexpr):
     """One query tile up to dK's product: S^T, P^T, dP^T, dS^T (stored for the owner's dQ product once
     `free_bar` says the buffer is free), dV's and dK's products issued; returns their tokens."""
@@ -132,12 +133,21 @@ def _step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos, que
 
 
 @gluon.jit
-def _reduce_dq(dq, dq_buf, dq_desc, batch, q_start, scale):
-    """dQ[q_start:q_start + Q_TILE] += scale * dq, through dq_buf and a TMA reduce-add."""
+def reduce_dq(dq, dq_buf, dq_desc, plane, q_start, scale):
+    """dQ[plane, q_start:q_start + Q_TILE] += scale * dq, through dq_buf and a TMA reduce-add."""
     tma.store_wait(0)  # the previous reduce-add has read dq_buf
     dq_buf.reshape([dq.shape[0], dq.shape[1]]).store(dq * scale)
     fence_async_shared()
-    _tma_reduce_add(dq_desc, [batch, q_start, 0], dq_buf)
+    tma_reduce_add(dq_desc, [plane, q_start, 0], dq_buf)
+
+
+@gluon.jit
+def row_stats(L_row, Delta_row, stride_lq, pos, N_QUERIES):
+    """L and D at query positions `pos` (0 outside [0, N): rows past N then add nothing, module docstring)."""
+    inside = (pos >= 0) & (pos < N_QUERIES)
+    lse = gl.load(L_row + pos * stride_lq, mask=inside, other=0.0)
+    delta = gl.load(Delta_row + pos * stride_lq, mask=inside, other=0.0)
+    return lse, delta
 
 
 @gluon.jit
@@ -176,9 +186,7 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
     # products' layout, which spilled), and moved into the products' layout when used
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     flat_cols = gl.arange(0, Q_TILE, layout=flat)
-    next_pos = q_lo + t_lo * Q_TILE + flat_cols
-    lse_next = gl.load(L_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
-    delta_next = gl.load(Delta_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
+    lse_next, delta_next = row_stats(L_row, Delta_row, stride_lq, q_lo + t_lo * Q_TILE + flat_cols, N_QUERIES)
     for t in range(t_lo, t_hi):
         slot = t % STAGES
         b = t % 2
@@ -186,15 +194,13 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
         query_pos = q_start + cols
         lse2 = gl.convert_layout(lse_next, cols.type.layout) * LOG2E
         delta = gl.convert_layout(delta_next, cols.type.layout)
-        next_pos = q_start + Q_TILE + flat_cols
-        lse_next = gl.load(L_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
-        delta_next = gl.load(Delta_row + next_pos * stride_lq, mask=next_pos < N_QUERIES, other=0.0)
+        lse_next, delta_next = row_stats(L_row, Delta_row, stride_lq, q_start + Q_TILE + flat_cols, N_QUERIES)
         paired = t >= t_both
         ds_buf = ds_smem.index(2 * H + b)
         q_tile = q_smem.index(slot).reshape([Q_TILE, D])
         do_tile = do_smem.index(slot).reshape([Q_TILE, D])
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        dk_token, dv_token = _step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos,
+        dk_token, dv_token = fused_step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos,
                                    query_pos, qk_scale, s_zero, paired & (b != H), ds_free.index(b),
                                    (_paired_before(t, b, t_both) - 1) & 1, MASKED)
         if paired:
@@ -205,7 +211,7 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
             dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq])
             mbarrier.arrive(ds_free.index(pb))
             mbarrier.arrive(empty.index(slot))
-            _reduce_dq(dq, dq_buf, dq_desc, batch, q_start - Q_TILE, scale)
+            reduce_dq(dq, dq_buf, dq_desc, batch, q_start - Q_TILE, scale)
         else:
             dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
             mbarrier.arrive(empty.index(slot))
@@ -213,7 +219,7 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
             dq = warpgroup_mma(ds_buf.permute((1, 0)), k_smem.index(H).reshape([K_HALF, D]), dq_zero,
                                use_acc=False, is_async=True)
             dq = warpgroup_mma_wait(0, deps=[dq])
-            _reduce_dq(dq, dq_buf, dq_desc, batch, q_start, scale)
+            reduce_dq(dq, dq_buf, dq_desc, batch, q_start, scale)
     return dk, dv
 
 
@@ -271,7 +277,7 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
         dq = _paired_dq(ds_smem, k_smem, ds_ready, b_last, _paired_before(t_last, b_last, t_both) & 1, dq_zero)
         dq = warpgroup_mma_wait(0, deps=[dq])
         mbarrier.arrive(ds_free.index(b_last))
-        _reduce_dq(dq, dq_smem.index(h), dq_desc, batch, q_lo + t_last * Q_TILE, scale)
+        reduce_dq(dq, dq_smem.index(h), dq_desc, batch, q_lo + t_last * Q_TILE, scale)
 
     # the other warpgroup's last dQ product has read this half of K
     other: gl.constexpr = 1 - h
@@ -339,6 +345,7 @@ def flash_bwd_gluon_kernel(
     barriers = (kv_ready, ready, empty, ds_ready, ds_free)
     work = (L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, N_QUERIES, scale * LOG2E, scale)
     consumer_args = ((dk_desc, dv_desc, dq_desc), buffers, barriers, work)
-    producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, n_tiles)
-    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
+    q_step = q_lo * 0 + Q_TILE  # a tensor: constexprs do not pass through warp_specialize
+    producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, q_step, n_tiles)
+    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (load_key_block_then_query_tiles, producer_args)],
                        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

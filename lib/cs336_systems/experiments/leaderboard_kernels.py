@@ -113,7 +113,7 @@ def leaderboard_kernels(
     if device.type != "cuda":
         raise ValueError(f"leaderboard_kernels profiles CUDA kernels; got device {device}")
     qkv = leaderboard_inputs(config, device)
-    q, k, v = qkv
+    q, k, v = config.views(qkv)
     rows = []
     for name in impls:
         impl = leaderboard_implementation(name, compile)

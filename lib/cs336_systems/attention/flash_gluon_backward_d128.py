@@ -1,0 +1,288 @@
+"""FlashAttention-2 backward for Hopper in Gluon at head dimension 128: dQ, dK and dV in one pass, each
+consumer warpgroup computing half of dQ's columns over all of the CTA's keys.
+
+The math and the pipeline are `flash_gluon_backward`'s (d = 64): a CTA owns 2 K_HALF key rows, a
+producer warp brings K, V once and Q_i, dO_i per query tile into a ring of slots, and consumer warpgroup
+h, owning key rows K^(j,h), V^(j,h), computes per tile (base 2, s = log2(e) scale)
+
+    S^T = K^(j,h) Q_i^T;   P^T = 2^(s S^T - log2(e) L_i);   dP^T = V^(j,h) dO_i^T;   dS^T = P^T * (dP^T - D_i)
+    dV^(j,h) += P^T dO_i;   dK^(j,h) += dS^T Q_i
+
+What d = 128 changes is the register budget. dK and dV of 64 key rows are 128 fp32 registers per thread,
+S^T and dP^T of a 64 x 64 tile 64 more, so K and V cannot stay in registers as operands (they are read
+from shared memory), and a whole (Q_TILE, 128) fp32 dQ part, 64 registers, does not fit beside them.
+So the dQ part of tile i is split by columns instead of by keys: warpgroup h computes
+
+    dQ_i[:, c_h] += scale * (dS_{i,0} K^(j,0)[:, c_h] + dS_{i,1} K^(j,1)[:, c_h]),   c_h = [64 h, 64 h + 64)
+
+from both warpgroups' dS in shared memory: 32 registers, and every warpgroup does the same work on
+every tile, so there is no owner to alternate (d = 64's kernel alternates one). Each part goes out by
+a TMA reduce-add, one per (tile, CTA, column half), into an fp32 accumulator that holds the two column
+halves as planes, (batch, 2, N, 64), converted to dQ's (batch, N, 128) afterwards: a reduce-add at a
+column offset inside 128-wide fp32 rows landed at column 0 (Triton 3.6 splits the 512-byte rows into
+128-byte boxes and the offset was lost; found with a counting variant, docs/flash_attention_tuning.md, v17).
+
+Tile i's dQ products are issued during tile i + 1, after that tile's dK product, so neither warpgroup
+waits for the other's dS^T of the tile it is working on. Per consumer warpgroup and tile:
+
+    issue S^T, dP^T;  wait S^T;  P^T;  issue dV += P^T dO_i;  wait dP^T;  dS^T
+    wait ds_free (tile i - 2's dQ products, both warpgroups', have read this buffer);  store dS^T;  arrive ds_ready
+    issue dK += dS^T Q_i;  wait ds_ready of tile i - 1;  issue its dQ part (2 products);  wait all
+    arrive ds_free of tile i - 1;  release the slot;  reduce-add the dQ part (the previous one done first)
+
+Both barriers count 2 (one arrival per warpgroup); with two dS^T buffers per warpgroup, the k-th
+completion of a parity-b barrier stands for tile b + 2k (`ds_ready_phase`, `ds_free_phase`; replayed
+on the CPU by tests/test_flash_gluon_handshake.py).
+
+Causal: a CTA starts at the query tile of its first key, and both warpgroups visit every tile from
+there; tiles crossing a warpgroup's diagonal are masked, so the second warpgroup's first tile, which
+none of its keys sees, adds zeros (one masked tile per CTA, for a loop with no special first tile).
+Non-causal: every CTA visits every query tile, unmasked. Rows past N: Q, dO, K, V are zero-filled by
+TMA and L, D load as 0, so those rows add nothing to dV, dK or dQ (zero K rows add zero to dQ); rows
+past N of dK, dV and dQ are dropped by the stores. dK and dV go out through the K and V slots, once
+both warpgroups' last dQ products have read both halves of K.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from cs336_systems.attention.flash_gluon_backward import (
+    load_key_block_then_query_tiles,
+    reduce_dq,
+    row_stats,
+)
+from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
+
+
+@gluon.jit
+def ds_ready_phase(i):
+    """The parity a wait for the i-th visited tile's completion of `ds_ready[i % 2]` (or `ds_free`) waits on."""
+    return (i // 2) & 1
+
+
+@gluon.jit
+def ds_free_phase(i):
+    """The parity a warpgroup waits on before storing the i-th visited tile's dS: tile i - 2's completion
+    of `ds_free[i % 2]`; for i < 2 the parity of the phase before the first, which passes at once."""
+    return ((i // 2) & 1) ^ 1
+
+
+@gluon.jit
+def _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
+          s_zero, free_bar, free_phase, MASKED: gl.constexpr):
+    """One query tile up to dK's product: S, P (to shared memory), dP, dS (stored once `free_bar` says
+    both warpgroups' products of two tiles ago have read the buffer), dV's and dK's products issued;
+    returns their tokens. S and dP are (queries, keys), so L and D are per row of the accumulator."""
+    s_token = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    dp_token = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=[s_token])
+    p = gl.exp2(s * qk_scale - lse2[:, None])
+    if MASKED:
+        p = gl.where(key_pos[None, :] <= query_pos[:, None], p, 0.0)
+    p_buf.store(p.to(q_tile.dtype))
+    fence_async_shared()
+    dv_token = warpgroup_mma(p_buf.permute((1, 0)), do_tile, dv, is_async=True)
+    dp = warpgroup_mma_wait(1, deps=[dp_token])
+    ds = (p * (dp - delta[:, None])).to(q_tile.dtype)
+    mbarrier.wait(free_bar, free_phase)
+    ds_buf.store(ds)
+    fence_async_shared()
+    dk_token = warpgroup_mma(ds_buf.permute((1, 0)), q_tile, dk, is_async=True)
+    return dk_token, dv_token
+
+
+@gluon.jit
+def _dq_columns(ds_smem, k_smem, ds_ready, i, dq_zero, H: gl.constexpr):
+    """Issues warpgroup H's column half of the i-th visited tile's dQ part, dS_0 K^(j,0)[:, c_H] +
+    dS_1 K^(j,1)[:, c_H], once both warpgroups' dS of that tile are stored; returns its token."""
+    K_HALF: gl.constexpr = k_smem.shape[2]
+    D: gl.constexpr = k_smem.shape[3]
+    COLS: gl.constexpr = dq_zero.shape[1]
+    b = i % 2
+    mbarrier.wait(ds_ready.index(b), ds_ready_phase(i))
+    k0 = k_smem.index(0).reshape([K_HALF, D]).slice(H * COLS, COLS, dim=1)
+    k1 = k_smem.index(1).reshape([K_HALF, D]).slice(H * COLS, COLS, dim=1)
+    dq = warpgroup_mma(ds_smem.index(b), k0, dq_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(ds_smem.index(2 + b), k1, dq, is_async=True)
+
+
+@gluon.jit
+def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr):
+    """dK, dV over the visits i in [i_lo, i_hi) (query tile n_tiles - 1 - i), and the column half c_H of
+    each previous visit's dQ part."""
+    k_tile, v_tile, k_smem, q_smem, do_smem, p_buf, ds_smem, dq_buf, dq_desc, ready, empty, ds_ready, ds_free, \
+        L_row, Delta_row, stride_lq, key_pos, q_last, N_QUERIES, qk_scale, scale, s_zero, dq_zero, plane = loop
+    STAGES: gl.constexpr = q_smem.shape[0]
+    Q_TILE: gl.constexpr = q_smem.shape[2]
+    D: gl.constexpr = q_smem.shape[3]
+    rows = gl.arange(0, Q_TILE, layout=gl.SliceLayout(1, s_zero.type.layout))
+    # L and D per row of the accumulator (2 registers each), loaded a visit ahead
+    lse_next, delta_next = row_stats(L_row, Delta_row, stride_lq, q_last - i_lo * Q_TILE + rows, N_QUERIES)
+    for i in range(i_lo, i_hi):
+        slot = i % STAGES
+        q_start = q_last - i * Q_TILE
+        lse2 = lse_next * LOG2E
+        delta = delta_next
+        lse_next, delta_next = row_stats(L_row, Delta_row, stride_lq, q_start - Q_TILE + rows, N_QUERIES)
+        q_tile = q_smem.index(slot).reshape([Q_TILE, D])
+        do_tile = do_smem.index(slot).reshape([Q_TILE, D])
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        dk_token, dv_token = _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_smem.index(2 * H + i % 2), dk, dv,
+                                   lse2, delta, key_pos, q_start + rows, qk_scale, s_zero, ds_free.index(i % 2),
+                                   ds_free_phase(i), MASKED)
+        mbarrier.arrive(ds_ready.index(i % 2))
+        if i > 0:
+            dq = _dq_columns(ds_smem, k_smem, ds_ready, i - 1, dq_zero, H)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq])
+            mbarrier.arrive(ds_free.index((i - 1) % 2))
+            mbarrier.arrive(empty.index(slot))
+            reduce_dq(dq, dq_buf, dq_desc, plane, q_start + Q_TILE, scale)
+        else:
+            dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
+            mbarrier.arrive(empty.index(slot))
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
+    """Key rows [k_start + h K_HALF, + K_HALF): the loop over query tiles, last to first, the last visit's
+    dQ part, then dK and dV."""
+    L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, n_full, N_QUERIES, qk_scale, scale = work
+    dk_desc, dv_desc, dq_desc = out_descs
+    q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem = buffers
+    kv_ready, ready, empty, ds_ready, ds_free = barriers
+    NUM_WARPS: gl.constexpr = 4
+    Q_TILE: gl.constexpr = q_smem.shape[2]
+    K_HALF: gl.constexpr = k_smem.shape[2]
+    D: gl.constexpr = q_smem.shape[3]
+    COLS: gl.constexpr = dq_smem.shape[3]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, K_HALF, 16])
+    dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                         instr_shape=[16, D, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, COLS, 16])
+
+    my_k = k_start + h * K_HALF
+    key_pos = my_k + gl.arange(0, K_HALF, layout=gl.SliceLayout(0, s_layout))
+    n_full = n_full[h]  # the first n_full visits are wholly below this warpgroup's diagonal
+    k_tile = k_smem.index(h).reshape([K_HALF, D])
+    v_tile = v_smem.index(h).reshape([K_HALF, D])
+    L_row = L_ptr + batch.to(gl.int64) * stride_lb
+    Delta_row = Delta_ptr + batch.to(gl.int64) * stride_lb
+    dk = gl.zeros([K_HALF, D], gl.float32, layout=dkv_layout)
+    dv = gl.zeros([K_HALF, D], gl.float32, layout=dkv_layout)
+    s_zero = gl.zeros([Q_TILE, K_HALF], gl.float32, layout=s_layout)
+    dq_zero = gl.zeros([Q_TILE, COLS], gl.float32, layout=dq_layout)
+
+    mbarrier.wait(kv_ready.index(0), 0)
+    mbarrier.wait(kv_ready.index(1), 0)
+    q_last = q_lo + (n_tiles - 1) * Q_TILE
+    plane = 2 * batch + h  # dQ's accumulator plane of this warpgroup's column half
+    loop = (k_tile, v_tile, k_smem, q_smem, do_smem, p_smem.index(h), ds_smem, dq_smem.index(h), dq_desc, ready,
+            empty, ds_ready, ds_free, L_row, Delta_row, stride_lq, key_pos, q_last, N_QUERIES, qk_scale, scale,
+            s_zero, dq_zero, plane)
+    dk, dv = _query_tiles(dk, dv, loop, 0, n_full, h, False)
+    dk, dv = _query_tiles(dk, dv, loop, n_full, n_tiles, h, True)
+    i_last = n_tiles - 1
+    dq = _dq_columns(ds_smem, k_smem, ds_ready, i_last, dq_zero, h)
+    dq = warpgroup_mma_wait(0, deps=[dq])
+    mbarrier.arrive(ds_free.index(i_last % 2))
+    reduce_dq(dq, dq_smem.index(h), dq_desc, plane, q_lo, scale)
+
+    # both warpgroups' last dQ products have read both halves of K: ds_free's completion for the last visit
+    mbarrier.wait(ds_free.index(i_last % 2), ds_ready_phase(i_last))
+    k_tile.store((dk * scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [batch, my_k, 0], k_smem.index(h))
+    tma.async_copy_shared_to_global(dv_desc, [batch, my_k, 0], v_smem.index(h))
+    tma.store_wait(0)
+
+
+# Constexprs do not pass through warp_specialize's argument tuples: the half is fixed per function.
+@gluon.jit
+def _consumer0(out_descs, buffers, barriers, work):
+    _consumer(0, out_descs, buffers, barriers, work)
+
+
+@gluon.jit
+def _consumer1(out_descs, buffers, barriers, work):
+    _consumer(1, out_descs, buffers, barriers, work)
+
+
+@gluon.jit
+def flash_bwd_gluon_d128_kernel(
+    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
+    L_ptr, Delta_ptr, stride_lb, stride_lq,
+    N_QUERIES,
+    scale: gl.constexpr,
+    is_causal: gl.constexpr,
+    STAGES: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    dtype: gl.constexpr = q_desc.dtype
+    Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
+    K_HALF: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = q_desc.block_type.shape[2]
+    COLS: gl.constexpr = dq_desc.block_type.shape[2]  # D // 2: one column half of dQ per warpgroup
+    gl.static_assert(2 * COLS == D, "dQ's descriptor block holds half of its columns")
+    k_start = gl.program_id(0) * (2 * K_HALF)
+    batch = gl.program_id(1)
+    if is_causal:
+        q_lo = (k_start // Q_TILE) * Q_TILE  # earlier query tiles see none of these keys
+        n_tiles = gl.cdiv(N_QUERIES - q_lo, Q_TILE)  # >= 1: k_start < N_QUERIES
+        # per warpgroup, the query tiles from q_lo up to t_diag cross (or precede) its diagonal; visited last
+        # to first, the n_tiles - t_diag before them are unmasked (clamped: in the last key block the second
+        # half's rows can lie wholly past N)
+        n_full = (n_tiles - gl.minimum(gl.cdiv(k_start + K_HALF - 1 - q_lo, Q_TILE), n_tiles),
+                  n_tiles - gl.minimum(gl.cdiv(k_start + 2 * K_HALF - 1 - q_lo, Q_TILE), n_tiles))
+    else:
+        q_lo = k_start * 0
+        n_tiles = gl.cdiv(N_QUERIES, Q_TILE)
+        n_full = (n_tiles, n_tiles)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([Q_TILE, K_HALF], dtype)
+    p_smem = gl.allocate_shared_memory(dtype, [2, Q_TILE, K_HALF], ds_layout)  # [half]
+    ds_smem = gl.allocate_shared_memory(dtype, [4, Q_TILE, K_HALF], ds_layout)  # [half * 2 + tile parity]
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, Q_TILE, COLS], dq_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+
+    buffers = (q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem)
+    barriers = (kv_ready, ready, empty, ds_ready, ds_free)
+    work = (L_ptr, Delta_ptr, stride_lb, stride_lq, batch, k_start, q_lo, n_tiles, n_full, N_QUERIES, scale * LOG2E,
+            scale)
+    consumer_args = ((dk_desc, dv_desc, dq_desc), buffers, barriers, work)
+    # last to first (module docstring); q_step a tensor: constexprs do not pass through warp_specialize
+    q_step = q_lo * 0 - Q_TILE
+    producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo + (n_tiles - 1) * Q_TILE,
+                     q_step, n_tiles)
+    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args),
+                        (load_key_block_then_query_tiles, producer_args)],
+                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
