@@ -201,6 +201,25 @@ def test_bad_config_raises():
         StepConfig(recompute="some")
     with pytest.raises(ValueError, match="state_dtype"):
         StepConfig(state_dtype=torch.float16)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        StepConfig(loss="mse")
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        StepConfig(optimizer="sgd")
+
+
+def test_each_part_swaps_alone_and_the_step_shows_its_phases(small_tiles):
+    """One change at a time (the optimisation record's rows): the fused loss with torch's AdamW, and the
+    full-logits loss with ours, give the plain model's loss; a step shows the four phases to the profiler."""
+    x, y = batch()
+    for loss, optimizer in (("fused", "torch_adamw"), ("cross_entropy", "fused_adamw")):
+        fast, plain = make_models(layers=2)
+        step = build_train_step(fast, StepConfig(lr=1e-3, loss=loss, optimizer=optimizer))
+        assert isinstance(step.optimizer, torch.optim.AdamW) == (optimizer == "torch_adamw")
+        torch.testing.assert_close(step.step(x, y), plain_loss(plain, x, y).detach(), rtol=RTOL, atol=ATOL)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step.step(x, y)
+    names = {e.name for e in prof.events()}
+    assert {"forward", "loss", "backward", "optimizer"} <= names
 
 
 def test_leaderboard_useful_flops_match_handout_figure():

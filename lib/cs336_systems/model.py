@@ -245,5 +245,17 @@ class TransformerLM(nn.Module):
         return self.lm_head(self.ln_final(x))
 
 
+def set_attention(model: nn.Module, attention: str | AttentionFn) -> None:
+    """Every attention layer of `model` runs `attention` from now on (parameters untouched): the same
+    model timed with another kernel."""
+    layers = [m for m in model.modules() if isinstance(m, CausalMultiHeadSelfAttention)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no CausalMultiHeadSelfAttention layer")
+    fn = get_attention(attention)
+    for layer in layers:
+        layer.attention = fn
+        layer.attention_name = attention if isinstance(attention, str) else getattr(attention, "__name__", "custom")
+
+
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())

@@ -4,28 +4,29 @@
 zero_grad, the model's own modules in its order (each block plain or under activation checkpointing,
 per a memory plan), the fused LM head + cross-entropy (`linear_cross_entropy`, never the [N, V]
 logits), backward, and one `FusedAdamW` step. `torch_native_step` is the PyTorch baseline it is
-compared with (SDPA, every block checkpointed, full logits, torch.optim.AdamW).
+compared with (SDPA, every block checkpointed, full logits, torch.optim.AdamW): the same `TrainStep`
+with the baseline's parts chosen in its `StepConfig` (`torch_native_config`).
 `leaderboard_8b` times it on the spring-2026 leaderboard's 8B configuration.
 """
 
 from cs336_systems.training.train_step import (
     StepConfig,
-    TorchNativeStep,
     TrainStep,
     build_train_step,
     fixed_memory_bytes,
     measure_block_activation_bytes,
     plan_recompute,
+    torch_native_config,
     torch_native_step,
 )
 
 __all__ = [
     "StepConfig",
-    "TorchNativeStep",
     "TrainStep",
     "build_train_step",
     "fixed_memory_bytes",
     "measure_block_activation_bytes",
     "plan_recompute",
+    "torch_native_config",
     "torch_native_step",
 ]

@@ -31,8 +31,6 @@ from cs336_systems.training.train_step import StepConfig, build_train_step, torc
 
 # The handout's configuration.
 VOCAB, D_MODEL, D_FF, LAYERS, HEADS, CONTEXT = 151_936, 4_096, 11_008, 34, 32, 32_768
-# Causal attention FLOPs of the handout's step at 34 layers and T = 32,768 (forward + backward).
-ATTENTION_FLOPS_34_LAYERS = 1.047e15
 
 
 def process_start_time() -> float:
@@ -48,15 +46,14 @@ def process_start_time() -> float:
 IMPORT_TIME = time.time()
 
 
-def useful_flops(matmul_params: int, layers: int, tokens: int, context: int) -> float:
+def useful_flops(matmul_params: int, layers: int, tokens: int, context: int, d_model: int = D_MODEL) -> float:
     """Model FLOPs of one step (no recomputation counted):
     6 * matmul_params * tokens (forward 2 + backward 4 per weight and token; matmul_params = all
     parameters but the token embedding, a lookup: 7.503e9 of the 8.126e9)
-    + 1.047e15 * (layers / 34) * (context / 32768)^2 * (tokens / context) (causal attention; tokens /
-    context is the batch). At batch 1, 34 layers, T = 32,768: 1.475e15 + 1.047e15 = 2.522e15."""
-    matmul = 6.0 * matmul_params * tokens
-    attention = ATTENTION_FLOPS_34_LAYERS * (layers / LAYERS) * (context / CONTEXT) ** 2 * (tokens / context)
-    return matmul + attention
+    + 7 * layers * tokens * context * d_model (causal attention: the forward's two products,
+    2 * 2 * T^2 * d_model / 2 per sequence and layer, and a backward of 2.5 times that). At batch 1,
+    34 layers, T = 32,768: 1.475e15 + 1.047e15 = 2.522e15."""
+    return 6.0 * matmul_params * tokens + 7.0 * layers * tokens * context * d_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.fused_adamw import FusedAdamW
@@ -53,6 +54,9 @@ from cs336_systems.model import TransformerLM
 GIB = 1 << 30
 CUDA_MARGIN_BYTES = 5 * GIB
 RECOMPUTE_MODES = ("plan", "all", "none")
+LOSSES = ("fused", "cross_entropy")  # linear_cross_entropy, or the LM head then F.cross_entropy on full logits
+OPTIMIZERS = ("fused_adamw", "torch_adamw")  # ours, or torch.optim.AdamW (fused on CUDA, foreach on CPU)
+PHASES = ("forward", "loss", "backward", "optimizer")  # the step's torch.profiler ranges
 IGNORE_INDEX = -100  # linear_cross_entropy's and F.cross_entropy's default: such targets add no loss
 
 
@@ -61,7 +65,10 @@ class StepConfig:
     """What the step does besides the model: AdamW's hyperparameters, its state dtype, the recompute
     policy ("plan" | "all" | "none") and the budget of "plan" (bytes; None: see the module docstring),
     torch.compile of the blocks, the loss's token rows per chunk (None: `default_chunk_tokens(V)`),
-    and whether step() checks the token ids' range (one host sync)."""
+    whether step() checks the token ids' range (one host sync), and which loss and optimizer run
+    (`LOSSES`, `OPTIMIZERS`: the defaults are ours; the others are the torch-native baseline's parts, so
+    that one change at a time can be measured). torch.optim.AdamW keeps its states in the parameters'
+    dtype, so `state_dtype` applies to ours only."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -73,10 +80,16 @@ class StepConfig:
     compile_blocks: bool = False
     loss_chunk_tokens: int | None = None
     check_token_ids: bool = True
+    loss: str = "fused"
+    optimizer: str = "fused_adamw"
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"StepConfig.recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"StepConfig.loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"StepConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.state_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"StepConfig.state_dtype must be torch.float32 or torch.bfloat16, got {self.state_dtype}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
@@ -205,7 +218,8 @@ def check_batch(x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_lengt
 
 class OptimizerStep:
     """`step(x, y) -> loss`: the subclass's `forward_backward` (leaves the gradients in `.grad`, returns the
-    detached loss), then `optimizer_step`."""
+    detached loss), then `optimizer_step`. (One subclass today, `TrainStep`; the split is what a
+    data-parallel step needs: its gradients are reduced between the two.)"""
 
     optimizer: torch.optim.Optimizer
 
@@ -231,8 +245,14 @@ class TrainStep(OptimizerStep):
     def __init__(self, model: TransformerLM, config: StepConfig):
         self.model = model
         self.config = config
-        self.optimizer = FusedAdamW(model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps,
-                                    weight_decay=config.weight_decay, state_dtype=config.state_dtype)
+        if config.optimizer == "fused_adamw":
+            self.optimizer = FusedAdamW(model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps,
+                                        weight_decay=config.weight_decay, state_dtype=config.state_dtype)
+        else:
+            cuda = model.lm_head.weight.device.type == "cuda"
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas),
+                                               eps=config.eps, weight_decay=config.weight_decay,
+                                               **({"fused": True} if cuda else {"foreach": True}))
         self.plans: dict[tuple[int, int], list[bool]] = {}
         if config.compile_blocks:
             for block in model.layers:
@@ -268,18 +288,30 @@ class TrainStep(OptimizerStep):
         return plan_recompute(n, activation, fixed, budget, checkpoint_bytes=stream)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """zero_grad, forward, loss, backward; the gradients are left in `.grad`. Returns the detached loss."""
+        """zero_grad, forward, loss, backward; the gradients are left in `.grad`. Returns the detached loss
+        (fp32). The phases are torch.profiler ranges (`PHASES`)."""
         model = self.model
         check_batch(x, y, model.config.vocab_size, model.config.context_length, self.config.check_token_ids)
         plan = self.plan_for(x)
         self.optimizer.zero_grad(set_to_none=True)
-        h = model.token_embeddings(x)
-        for block, recompute in zip(model.layers, plan):
-            h = checkpoint(block, h, use_reentrant=False) if recompute else block(h)
-        h = model.ln_final(h)
-        loss = linear_cross_entropy(h, model.lm_head.weight, y, chunk_tokens=self.config.loss_chunk_tokens)
-        loss.backward()
-        return loss.detach()
+        with record_function("forward"):
+            h = model.token_embeddings(x)
+            for block, recompute in zip(model.layers, plan):
+                h = checkpoint(block, h, use_reentrant=False) if recompute else block(h)
+            h = model.ln_final(h)
+        with record_function("loss"):
+            if self.config.loss == "fused":
+                loss = linear_cross_entropy(h, model.lm_head.weight, y, chunk_tokens=self.config.loss_chunk_tokens)
+            else:
+                logits = model.lm_head(h)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
+        with record_function("backward"):
+            loss.backward()
+        return loss.detach().float()
+
+    def optimizer_step(self) -> None:
+        with record_function("optimizer"):
+            self.optimizer.step()
 
 
 def build_train_step(model: TransformerLM, config: StepConfig | None = None) -> TrainStep:
@@ -288,32 +320,16 @@ def build_train_step(model: TransformerLM, config: StepConfig | None = None) -> 
     return TrainStep(model, config if config is not None else StepConfig())
 
 
-class TorchNativeStep(OptimizerStep):
-    """The PyTorch baseline: every block checkpointed, F.cross_entropy on the full logits,
-    torch.optim.AdamW (fused on CUDA, foreach on CPU). Same `step(x, y) -> loss` as TrainStep.
+def torch_native_config(lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
+                        weight_decay: float = 0.01, compile_blocks: bool = False) -> StepConfig:
+    """The PyTorch baseline's step: every block checkpointed, the LM head then F.cross_entropy on the full
+    logits, torch.optim.AdamW (fused on CUDA, foreach on CPU); with `compile_blocks`, each block compiled.
     The attention is the model's own: build the model with attention="sdpa" for the baseline."""
-
-    def __init__(self, model: TransformerLM, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.01, check_token_ids: bool = True):
-        self.model = model
-        self.check_token_ids = check_token_ids
-        cuda = model.lm_head.weight.device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), eps=eps,
-                                           weight_decay=weight_decay, **({"fused": True} if cuda else {"foreach": True}))
-
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        model = self.model
-        check_batch(x, y, model.config.vocab_size, model.config.context_length, self.check_token_ids)
-        self.optimizer.zero_grad(set_to_none=True)
-        h = model.token_embeddings(x)
-        for block in model.layers:
-            h = checkpoint(block, h, use_reentrant=False)
-        logits = model.lm_head(model.ln_final(h))
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
-        loss.backward()
-        return loss.detach().float()
+    return StepConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, recompute="all",
+                      loss="cross_entropy", optimizer="torch_adamw", compile_blocks=compile_blocks)
 
 
 def torch_native_step(model: TransformerLM, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
-                      eps: float = 1e-8, weight_decay: float = 0.01) -> TorchNativeStep:
-    return TorchNativeStep(model, lr, betas, eps, weight_decay)
+                      eps: float = 1e-8, weight_decay: float = 0.01, compile_blocks: bool = False) -> TrainStep:
+    """`build_train_step` with `torch_native_config`."""
+    return build_train_step(model, torch_native_config(lr, betas, eps, weight_decay, compile_blocks))

@@ -1,0 +1,271 @@
+"""The spring-2026 leaderboard's optimisation record (notebook 20): the training step of one model timed
+one change at a time, from the torch-native baseline to ours, in one process.
+
+Each row (`RECORD`) is a `StepConfig` and an attention kernel applied to the same `TransformerLM`
+(`set_attention`; the parameters never change): the step is built, timed as the handout's test times it
+(`triton.testing.do_bench(step, rep, warmup)`, its mean; on CPU `measure_times_ms`' calls), its peak
+memory read, and it is dropped (optimizer states freed) before the next row. A row that runs out of
+memory is recorded as such and the record goes on. Useful work per step is the handout's
+(`leaderboard_8b.useful_flops`: matmuls 6 x parameters x tokens, causal attention; no recompute counted).
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_times_ms
+from cs336_systems.model import TransformerLM, set_attention
+from cs336_systems.training.leaderboard_8b import useful_flops
+from cs336_systems.training.train_step import (
+    GIB,
+    PHASES,
+    StepConfig,
+    TrainStep,
+    build_train_step,
+    fixed_memory_bytes,
+    measure_block_activation_bytes,
+)
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """One row of the record: its name, what changed from the row before, the attention kernel, and the
+    step's configuration besides the learning rate and compilation (`step_config`)."""
+
+    variant: str
+    change: str
+    attention: str
+    options: dict = field(default_factory=dict)
+
+    def step_config(self, compile_blocks: bool, lr: float = 1e-4) -> StepConfig:
+        return StepConfig(lr=lr, compile_blocks=compile_blocks, **self.options)
+
+
+_BASELINE = dict(recompute="all", loss="cross_entropy", optimizer="torch_adamw")
+_OURS = dict(recompute="plan", loss="fused", optimizer="fused_adamw", state_dtype=torch.bfloat16)
+RECORD = (
+    RecordRow("torch_native", "the baseline: SDPA, every block recomputed, the LM head's full logits and "
+              "F.cross_entropy, torch.optim.AdamW(fused=True)", "sdpa", _BASELINE),
+    RecordRow("flash_attention", "our FlashAttention (flash_triton) instead of SDPA", "flash_triton", _BASELINE),
+    RecordRow("fused_loss", "the fused LM head + cross-entropy: token chunks, never the [N, V] logits", "flash_triton",
+              dict(_BASELINE, loss="fused")),
+    RecordRow("fused_adamw", "our FusedAdamW, bf16 states stochastically rounded (one launch per group)",
+              "flash_triton", dict(_BASELINE, loss="fused", optimizer="fused_adamw", state_dtype=torch.bfloat16)),
+    RecordRow("ours", "the recompute plan: the last blocks keep their activations, as many as memory allows",
+              "flash_triton", _OURS),
+    RecordRow("ours_fp32_states", "ours with fp32 AdamW states (exact AdamW): 16 more bytes a parameter "
+              "leave room for fewer kept blocks", "flash_triton", dict(_OURS, state_dtype=torch.float32)),
+)
+RECORD_COLUMNS = ["variant", "change", "step_ms", "peak_gib", "tflops", "ceiling_fraction", "vs_baseline",
+                  "blocks_recomputed", "status", "note"]
+
+
+def release(step: TrainStep | None = None) -> None:
+    """Drop a step's optimizer states and the model's gradients, and return the memory to the device."""
+    if step is not None:
+        step.optimizer.state.clear()
+        for p in step.model.parameters():
+            p.grad = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def time_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, rep_ms: int, warmup_ms: int,
+              cpu_steps: int = 2) -> float:
+    """Milliseconds per step as the handout's test takes them (do_bench's mean) on CUDA; on CPU the
+    median of `cpu_steps` timed calls after an untimed first."""
+    if x.device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(lambda: step.step(x, y), rep=rep_ms, warmup=warmup_ms))
+    times = measure_times_ms(lambda: step.step(x, y), x.device, TimingSettings(cpu_steps=cpu_steps))
+    return float(pd.Series(times).median())
+
+
+def run_record(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, rows=RECORD, *, compile_blocks: bool,
+               rep_ms: int = 5000, warmup_ms: int = 1000, ceiling_tflops: float | None = None) -> pd.DataFrame:
+    """One row per `RecordRow` (`RECORD_COLUMNS`): step time, peak memory, useful TFLOP/s, the fraction of
+    the matmul ceiling, the ratio to the first row's time, and how many blocks the step recomputed."""
+    cfg = model.config
+    matmul_params = sum(p.numel() for p in model.parameters()) - model.token_embeddings.weight.numel()
+    flops = useful_flops(matmul_params, cfg.num_layers, x.numel(), x.shape[1], d_model=cfg.d_model)
+    out = []
+    for row in rows:
+        record = dict(variant=row.variant, change=row.change, status="ok", note="")
+        step = None
+        try:
+            set_attention(model, row.attention)
+            release()
+            if x.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(x.device)
+            step = build_train_step(model, row.step_config(compile_blocks))
+            ms = time_step(step, x, y, rep_ms, warmup_ms)
+            plan = step.plans.get((x.shape[0], x.shape[1]), [])
+            record.update(step_ms=ms, tflops=flops / (ms * 1e-3) / 1e12, blocks_recomputed=sum(plan))
+            if x.device.type == "cuda":
+                record["peak_gib"] = torch.cuda.max_memory_allocated(x.device) / GIB
+        except torch.OutOfMemoryError as err:
+            record.update(status="OOM", note=str(err).split("\n")[0][:200])
+        except ValueError as err:  # the plan does not fit: the message says what to change
+            record.update(status="does not fit", note=str(err)[:300])
+        finally:
+            release(step)
+            del step
+        out.append(record)
+    df = pd.DataFrame(out)
+    for col in RECORD_COLUMNS:
+        if col not in df:
+            df[col] = pd.NA
+    df["ceiling_fraction"] = df.tflops / ceiling_tflops if ceiling_tflops else pd.NA
+    base = df.step_ms.iloc[0] if df.status.iloc[0] == "ok" else float("nan")
+    df["vs_baseline"] = df.step_ms / base
+    return df[RECORD_COLUMNS]
+
+
+def leaderboard_rows(record: pd.DataFrame, ceiling_tflops: float | None, world_size: int,
+                     device: str) -> pd.DataFrame:
+    """The committed `leaderboard_8b.csv`: the baseline and the final step of the record."""
+    picked = record[record.variant.isin(["torch_native", "ours"])].copy()
+    picked["ceiling_tflops"] = ceiling_tflops
+    picked["world_size"] = world_size
+    picked["device"] = device
+    return picked[["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device"]]
+
+
+def memory_plan(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, config: StepConfig) -> pd.DataFrame:
+    """The memory of `config`'s step, analytic against measured, in GiB: parameters, gradients, AdamW
+    states, one block's saved activations (measured by `measure_block_activation_bytes`) times the blocks
+    that keep them, the recomputed blocks' inputs, the loss workspace, and the step's peak (one step run)."""
+    cfg = model.config
+    batch, seq = x.shape
+    release()
+    step = build_train_step(model, config)
+    try:
+        if x.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(x.device)
+        step.step(x, y)
+        plan = step.plans[(batch, seq)]
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+        states = sum(t.numel() * t.element_size() for s in step.optimizer.state.values() for t in s.values()
+                     if isinstance(t, torch.Tensor) and t.dim() > 0)
+        state_size = torch.tensor([], dtype=config.state_dtype).element_size()
+        with torch.no_grad():
+            h = model.token_embeddings(x)
+        block = measure_block_activation_bytes(model.layers[0], h)
+        del h
+        kept, recomputed = plan.count(False), plan.count(True)
+        stream = batch * seq * cfg.d_model * model.lm_head.weight.element_size()
+        fixed = fixed_memory_bytes(model, config.state_dtype, batch, seq, config.loss_chunk_tokens)
+        loss = fixed - 2 * params - 2 * sum(p.numel() for p in model.parameters()) * state_size - 4 * stream
+        rows = [
+            ("parameters", params, params),
+            ("gradients", params, grads),
+            ("AdamW states", 2 * sum(p.numel() for p in model.parameters()) * state_size, states),
+            (f"saved activations ({kept} blocks keep theirs)", kept * block, kept * block),
+            (f"recomputed blocks' inputs ({recomputed})", recomputed * stream, pd.NA),
+            ("one recomputed block rebuilt in the backward", block if recomputed else 0, pd.NA),
+            ("loss workspace and residual streams", loss + 4 * stream, pd.NA),
+        ]
+        analytic_total = sum(r[1] for r in rows)
+        peak = torch.cuda.max_memory_allocated(x.device) if x.device.type == "cuda" else pd.NA
+        rows.append(("total (measured: the step's peak)", analytic_total, peak))
+        return pd.DataFrame([(n, a / GIB, m / GIB if m is not pd.NA else pd.NA) for n, a, m in rows],
+                            columns=["item", "analytic_gib", "measured_gib"])
+    finally:
+        release(step)
+
+
+_CATEGORIES = (  # (category, kernel-name pattern), first match wins
+    ("attention", r"flash|fmha|attention|cudnn"),
+    ("loss", r"cross_entropy|lce|logsumexp|linear_ce|nll|log_softmax"),
+    ("optimizer", r"adam"),
+    ("matmul", r"gemm|sm90_xmma|cutlass|matmul|nvjet|wgmma"),
+    ("copy / fill", r"copy|fill|memset|memcpy|cat"),
+)
+
+
+def kernel_category(name: str) -> str:
+    for category, pattern in _CATEGORIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return category
+    return "elementwise / other"
+
+
+def profile_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, warmup: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One step under torch.profiler after `warmup` steps: the time of each phase (`PHASES`, GPU time of
+    its range where CUDA ran, else CPU time) and the GPU kernel time by category (`kernel_category`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        step.step(x, y)
+    cuda = x.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize(x.device)
+    with profile(activities=activities) as prof:
+        step.step(x, y)
+        if cuda:
+            torch.cuda.synchronize(x.device)
+    events = prof.events()
+    phases = []
+    for phase in PHASES:
+        matching = [e for e in events if e.name == phase]
+        gpu = [e for e in matching if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        chosen = gpu or matching
+        ms = sum(e.time_range.elapsed_us() for e in chosen) / 1e3 if chosen else float("nan")
+        phases.append(dict(phase=phase, ms=ms, clock="GPU" if gpu else "CPU"))
+    kernels: dict[str, float] = {}
+    if cuda:
+        for e in events:
+            if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.name not in PHASES:
+                category = kernel_category(e.name)
+                kernels[category] = kernels.get(category, 0.0) + e.time_range.elapsed_us() / 1e3
+    total = sum(kernels.values())
+    kernel_df = pd.DataFrame([dict(category=c, ms=t, share=t / total if total else float("nan"))
+                              for c, t in sorted(kernels.items(), key=lambda kv: -kv[1])],
+                             columns=["category", "ms", "share"])
+    return pd.DataFrame(phases), kernel_df
+
+
+def seconds_to_first_step(build, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Wall seconds from `build()` (which makes the step) through its first completed step: compilation
+    and autotuning included (an empty cache is the caller's business)."""
+    start = time.perf_counter()
+    step = build()
+    step.step(x, y)
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+    elapsed = time.perf_counter() - start
+    release(step)
+    return elapsed
+
+
+def loss_curves(make_model, x: torch.Tensor, y: torch.Tensor, steps: int = 50, lr: float = 3e-3) -> pd.DataFrame:
+    """`steps` steps of a small model on one batch, from the same weights: the plain reference (naive
+    attention, F.cross_entropy, torch.optim.AdamW) and ours with fp32 and with bf16 AdamW states. One row
+    per (variant, step) with the loss; `make_model()` gives a fresh model with the same weights each call."""
+    from cs336_systems.attention.naive import naive_attention
+
+    variants = {
+        "plain (naive attention, F.cross_entropy, torch AdamW)": (naive_attention, dict(
+            recompute="none", loss="cross_entropy", optimizer="torch_adamw")),
+        "ours, fp32 states": ("flash_triton", dict(recompute="none", state_dtype=torch.float32)),
+        "ours, bf16 states (stochastic rounding)": ("flash_triton", dict(recompute="none",
+                                                                         state_dtype=torch.bfloat16)),
+    }
+    rows = []
+    for name, (attention, options) in variants.items():
+        model = make_model()
+        set_attention(model, attention)
+        step = build_train_step(model, StepConfig(lr=lr, weight_decay=0.0, **options))
+        for i in range(steps):
+            rows.append(dict(variant=name, step=i, loss=float(step.step(x, y))))
+    return pd.DataFrame(rows)
