@@ -30,6 +30,7 @@ from cs336_systems.training.train_step import (
     build_train_step,
     fixed_memory_bytes,
     measure_block_activation_bytes,
+    phase_times,
 )
 
 
@@ -200,39 +201,35 @@ def kernel_category(name: str) -> str:
 
 
 def profile_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, warmup: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One step under torch.profiler after `warmup` steps: the time of each phase (`PHASES`, GPU time of
-    its range where CUDA ran, else CPU time) and the GPU kernel time by category (`kernel_category`)."""
+    """One step after `warmup` steps: the time of each phase (`PHASES`, between CUDA events the step records
+    at its phase boundaries; wall time on CPU), then one step under torch.profiler for the GPU kernels' time
+    by category (`kernel_category`)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
         step.step(x, y)
-    cuda = x.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        torch.cuda.synchronize(x.device)
-    with profile(activities=activities) as prof:
-        step.step(x, y)
-        if cuda:
-            torch.cuda.synchronize(x.device)
-    events = prof.events()
-    phases = []
-    for phase in PHASES:
-        matching = [e for e in events if e.name == phase]
-        gpu = [e for e in matching if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
-        chosen = gpu or matching
-        ms = sum(e.time_range.elapsed_us() for e in chosen) / 1e3 if chosen else float("nan")
-        phases.append(dict(phase=phase, ms=ms, clock="GPU" if gpu else "CPU"))
+    step.phase_marks = []
+    step.step(x, y)
+    times = phase_times(step.phase_marks)
+    step.phase_marks = None
+    total_ms = sum(times.values())
+    phases = pd.DataFrame([dict(phase=p, ms=times[p], share=times[p] / total_ms) for p in PHASES],
+                          columns=["phase", "ms", "share"])
     kernels: dict[str, float] = {}
-    if cuda:
-        for e in events:
-            if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.name not in PHASES:
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step.step(x, y)
+            torch.cuda.synchronize(x.device)
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in PHASES:
                 category = kernel_category(e.name)
                 kernels[category] = kernels.get(category, 0.0) + e.time_range.elapsed_us() / 1e3
     total = sum(kernels.values())
     kernel_df = pd.DataFrame([dict(category=c, ms=t, share=t / total if total else float("nan"))
                               for c, t in sorted(kernels.items(), key=lambda kv: -kv[1])],
                              columns=["category", "ms", "share"])
-    return pd.DataFrame(phases), kernel_df
+    return phases, kernel_df
 
 
 def seconds_to_first_step(build, x: torch.Tensor, y: torch.Tensor) -> float:

@@ -38,6 +38,7 @@ read back together; set it False to skip) and whatever the loss kernel needs; no
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -254,6 +255,9 @@ class TrainStep(OptimizerStep):
                                                eps=config.eps, weight_decay=config.weight_decay,
                                                **({"fused": True} if cuda else {"foreach": True}))
         self.plans: dict[tuple[int, int], list[bool]] = {}
+        # Set to a list to have each step append (phase, time mark) at the phases' boundaries: CUDA events on
+        # the model's device (recorded on the current stream), else perf_counter seconds; `phase_times` reads them.
+        self.phase_marks: list | None = None
         if config.compile_blocks:
             for block in model.layers:
                 block.compile()
@@ -294,24 +298,47 @@ class TrainStep(OptimizerStep):
         check_batch(x, y, model.config.vocab_size, model.config.context_length, self.config.check_token_ids)
         plan = self.plan_for(x)
         self.optimizer.zero_grad(set_to_none=True)
+        self._mark("forward")
         with record_function("forward"):
             h = model.token_embeddings(x)
             for block, recompute in zip(model.layers, plan):
                 h = checkpoint(block, h, use_reentrant=False) if recompute else block(h)
             h = model.ln_final(h)
+        self._mark("loss")
         with record_function("loss"):
             if self.config.loss == "fused":
                 loss = linear_cross_entropy(h, model.lm_head.weight, y, chunk_tokens=self.config.loss_chunk_tokens)
             else:
                 logits = model.lm_head(h)
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
+        self._mark("backward")
         with record_function("backward"):
             loss.backward()
         return loss.detach().float()
 
     def optimizer_step(self) -> None:
+        self._mark("optimizer")
         with record_function("optimizer"):
             self.optimizer.step()
+        self._mark("end")
+
+    def _mark(self, phase: str) -> None:
+        if self.phase_marks is None:
+            return
+        if self.model.lm_head.weight.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.phase_marks.append((phase, event))
+        else:
+            self.phase_marks.append((phase, time.perf_counter()))
+
+
+def phase_times(marks: list) -> dict[str, float]:
+    """Milliseconds of each phase from a step's `TrainStep.phase_marks` (consecutive marks; the last is "end")."""
+    if marks and isinstance(marks[0][1], torch.cuda.Event):
+        marks[-1][1].synchronize()
+        return {a: s.elapsed_time(e) for (a, s), (_, e) in zip(marks, marks[1:])}
+    return {a: (e - s) * 1e3 for (a, s), (_, e) in zip(marks, marks[1:])}
 
 
 def build_train_step(model: TransformerLM, config: StepConfig | None = None) -> TrainStep:
