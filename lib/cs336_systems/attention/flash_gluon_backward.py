@@ -142,6 +142,40 @@ def reduce_dq(dq, dq_buf, dq_desc, plane, q_start, scale):
 
 
 @gluon.jit
+def allocate_barriers(STAGES: gl.constexpr, DS_FREE_COUNT: gl.constexpr):
+    """The backward's mbarriers, initialised: kv_ready (one per key half, bytes in), ready/empty per slot
+    (the slot's bytes in; both consumers released it), ds_ready (both warpgroups' dS of a tile parity stored)
+    and ds_free (its readers done, `DS_FREE_COUNT` of them)."""
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=DS_FREE_COUNT)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    return kv_ready, ready, empty, ds_ready, ds_free
+
+
+@gluon.jit
+def store_dk_dv(dk, dv, scale, k_smem, v_smem, dk_desc, dv_desc, batch, my_k, h: gl.constexpr):
+    """dK (scaled) and dV of key half h out through its K and V slots by TMA (K's readers must be done)."""
+    K_HALF: gl.constexpr = k_smem.shape[2]
+    D: gl.constexpr = k_smem.shape[3]
+    k_smem.index(h).reshape([K_HALF, D]).store((dk * scale).to(k_smem.dtype))
+    v_smem.index(h).reshape([K_HALF, D]).store(dv.to(v_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [batch, my_k, 0], k_smem.index(h))
+    tma.async_copy_shared_to_global(dv_desc, [batch, my_k, 0], v_smem.index(h))
+    tma.store_wait(0)
+
+
+@gluon.jit
 def row_stats(L_row, Delta_row, stride_lq, pos, N_QUERIES):
     """L and D at query positions `pos` (0 outside [0, N): rows past N then add nothing, module docstring)."""
     inside = (pos >= 0) & (pos < N_QUERIES)
@@ -235,7 +269,6 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     Q_TILE: gl.constexpr = q_smem.shape[2]
     K_HALF: gl.constexpr = k_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
-    dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                        instr_shape=[16, Q_TILE, 16])
     dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -282,12 +315,7 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     # the other warpgroup's last dQ product has read this half of K
     other: gl.constexpr = 1 - h
     mbarrier.wait(ds_free.index(other), (_paired_before(n_tiles, other, t_both) - 1) & 1)
-    k_tile.store((dk * scale).to(dtype))
-    v_tile.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [batch, my_k, 0], k_smem.index(h))
-    tma.async_copy_shared_to_global(dv_desc, [batch, my_k, 0], v_smem.index(h))
-    tma.store_wait(0)
+    store_dk_dv(dk, dv, scale, k_smem, v_smem, dk_desc, dv_desc, batch, my_k, h)
 
 
 # Constexprs do not pass through warp_specialize's argument tuples: the half is fixed per function.
@@ -327,19 +355,7 @@ def flash_bwd_gluon_kernel(
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K_HALF, Q_TILE], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [4, K_HALF, Q_TILE], ds_layout)  # [half * 2 + tile parity]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, Q_TILE, D], dq_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(ds_ready.index(i), count=2)
-        mbarrier.init(ds_free.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    fence_async_shared()
+    kv_ready, ready, empty, ds_ready, ds_free = allocate_barriers(STAGES, 1)  # one reader: the owner
 
     buffers = (q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem)
     barriers = (kv_ready, ready, empty, ds_ready, ds_free)

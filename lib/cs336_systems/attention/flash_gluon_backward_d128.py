@@ -50,15 +50,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from cs336_systems.attention.flash_gluon_backward import (
+    allocate_barriers,
     load_key_block_then_query_tiles,
     reduce_dq,
     row_stats,
+    store_dk_dv,
 )
 from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
 
@@ -165,7 +166,6 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     K_HALF: gl.constexpr = k_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
     COLS: gl.constexpr = dq_smem.shape[3]
-    dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                        instr_shape=[16, K_HALF, 16])
     dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -202,12 +202,7 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
 
     # both warpgroups' last dQ products have read both halves of K: ds_free's completion for the last visit
     mbarrier.wait(ds_free.index(i_last % 2), ds_ready_phase(i_last))
-    k_tile.store((dk * scale).to(dtype))
-    v_tile.store(dv.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [batch, my_k, 0], k_smem.index(h))
-    tma.async_copy_shared_to_global(dv_desc, [batch, my_k, 0], v_smem.index(h))
-    tma.store_wait(0)
+    store_dk_dv(dk, dv, scale, k_smem, v_smem, dk_desc, dv_desc, batch, my_k, h)
 
 
 # Constexprs do not pass through warp_specialize's argument tuples: the half is fixed per function.
@@ -260,19 +255,7 @@ def flash_bwd_gluon_d128_kernel(
     p_smem = gl.allocate_shared_memory(dtype, [2, Q_TILE, K_HALF], ds_layout)  # [half]
     ds_smem = gl.allocate_shared_memory(dtype, [4, Q_TILE, K_HALF], ds_layout)  # [half * 2 + tile parity]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, Q_TILE, COLS], dq_desc.layout)
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(ds_ready.index(i), count=2)
-        mbarrier.init(ds_free.index(i), count=2)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    fence_async_shared()
+    kv_ready, ready, empty, ds_ready, ds_free = allocate_barriers(STAGES, 2)  # both warpgroups read every dS
 
     buffers = (q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem)
     barriers = (kv_ready, ready, empty, ds_ready, ds_free)
