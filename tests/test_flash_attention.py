@@ -989,8 +989,8 @@ def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
 
     from cs336_systems.attention import flash_gluon
 
-    monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", 0)
-    monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", 0)
+    monkeypatch.setattr(flash_gluon, "D128_BWD_MIN_SEQ_LEN", 0)
+    monkeypatch.setattr(flash_gluon, "D128_BWD_MIN_CTAS_PER_SM", 0)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
     if not gluon_backward_applies(probe, probe, probe, is_causal, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
