@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variant", choices=("ours", "torch_native"), default="ours")
     p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--recompute", choices=("plan", "all", "none"), default="plan")
-    p.add_argument("--compile-blocks", action="store_true")
+    p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     return p.parse_args(argv)
 
 
@@ -95,7 +95,7 @@ def main(argv=None) -> dict:
                             recompute=args.recompute, compile_blocks=args.compile_blocks)
         step_obj = build_train_step(model, config)
     else:
-        step_obj = torch_native_step(model, lr=1e-4)
+        step_obj = torch_native_step(model, lr=1e-4, compile_blocks=args.compile_blocks)
     x = torch.randint(0, VOCAB, (args.batch, args.context), device=device)
     y = torch.randint(0, VOCAB, (args.batch, args.context), device=device)
 
