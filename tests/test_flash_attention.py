@@ -950,8 +950,6 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     """The fused Gluon backward (dQ by TMA reduce-add, summed over a CTA's two key halves) against float64,
     eager and under torch.compile (its custom op), the size limits lifted. At N = 960 the last key block's
     second warpgroup has all its keys past N (no paired tiles); at 1,090 it has 2."""
-    import torch._dynamo
-
     from cs336_systems.attention import flash_gluon
 
     monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", 0)
@@ -960,14 +958,22 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     if not gluon_backward_applies(probe, probe, probe, True, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
     assert not gluon_backward_applies(probe, probe, probe, False, interpreted=False), "causal only"
-    check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, True, "cuda")
+    check_eager_and_compiled_on_gpu(shape, dtype, True)
+
+
+def check_eager_and_compiled_on_gpu(shape, dtype, is_causal):
+    """`FlashAttentionTriton.apply` against float64 eagerly, then under torch.compile with the leaderboard's
+    upstream gradient (`out.sum()`: a stride-0 broadcast)."""
+    import torch._dynamo
+
+    check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, is_causal, "cuda")
     torch._dynamo.reset()
     try:
         gen = torch.Generator().manual_seed(1)
         q, k, v = (torch.randn(shape, generator=gen).to("cuda", dtype).requires_grad_() for _ in range(3))
-        out = torch.compile(FlashAttentionTriton.apply)(q, k, v, True)
-        out.sum().backward()  # the leaderboard's upstream gradient: a stride-0 broadcast
-        ref_out, _, (q64, k64, v64) = reference(q, k, v, True)
+        out = torch.compile(FlashAttentionTriton.apply)(q, k, v, is_causal)
+        out.sum().backward()
+        ref_out, _, (q64, k64, v64) = reference(q, k, v, is_causal)
         ref_out.sum().backward()
         errors = {name: rel_error(x, ref) for name, x, ref in
                   (("O", out, ref_out), ("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad))}
@@ -985,8 +991,6 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
 def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
     """d = 128's fused backward (each warpgroup adds a column half of dQ, query tiles last to first) against
     float64, eager and under torch.compile, the size limits lifted; N_q != N_k stays with the Triton kernels."""
-    import torch._dynamo
-
     from cs336_systems.attention import flash_gluon
 
     monkeypatch.setattr(flash_gluon, "D128_BWD_MIN_SEQ_LEN", 0)
@@ -995,20 +999,7 @@ def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
     if not gluon_backward_applies(probe, probe, probe, is_causal, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
     assert not gluon_backward_applies(probe, probe[..., :-1, :], probe[..., :-1, :], is_causal, interpreted=False)
-    check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, is_causal, "cuda")
-    torch._dynamo.reset()
-    try:
-        gen = torch.Generator().manual_seed(2)
-        q, k, v = (torch.randn(shape, generator=gen).to("cuda", dtype).requires_grad_() for _ in range(3))
-        out = torch.compile(FlashAttentionTriton.apply)(q, k, v, is_causal)
-        out.sum().backward()
-        ref_out, _, (q64, k64, v64) = reference(q, k, v, is_causal)
-        ref_out.sum().backward()
-        errors = {name: rel_error(x, ref) for name, x, ref in
-                  (("O", out, ref_out), ("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad))}
-        assert all(e < TOL[dtype] for e in errors.values()), errors
-    finally:
-        torch._dynamo.reset()
+    check_eager_and_compiled_on_gpu(shape, dtype, is_causal)
 
 
 @gpu

@@ -142,6 +142,21 @@ def reduce_dq(dq, dq_buf, dq_desc, plane, q_start, scale):
 
 
 @gluon.jit
+def allocate_tiles(q_desc, k_desc, v_desc, do_desc, STAGES: gl.constexpr):
+    """Shared memory for the ring of STAGES (Q_i, dO_i) slots and the CTA's two halves of K and V, each in
+    its descriptor's swizzled layout."""
+    dtype: gl.constexpr = q_desc.dtype
+    Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
+    K_HALF: gl.constexpr = k_desc.block_type.shape[1]
+    D: gl.constexpr = q_desc.block_type.shape[2]
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], v_desc.layout)
+    return q_smem, do_smem, k_smem, v_smem
+
+
+@gluon.jit
 def allocate_barriers(STAGES: gl.constexpr, DS_FREE_COUNT: gl.constexpr):
     """The backward's mbarriers, initialised: kv_ready (one per key half, bytes in), ready/empty per slot
     (the slot's bytes in; both consumers released it), ds_ready (both warpgroups' dS of a tile parity stored)
@@ -348,10 +363,7 @@ def flash_bwd_gluon_kernel(
     q_lo = (k_start // Q_TILE) * Q_TILE  # causal: earlier query tiles see none of these keys
     n_tiles = gl.cdiv(N_QUERIES - q_lo, Q_TILE)
 
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], v_desc.layout)
+    q_smem, do_smem, k_smem, v_smem = allocate_tiles(q_desc, k_desc, v_desc, do_desc, STAGES)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K_HALF, Q_TILE], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [4, K_HALF, Q_TILE], ds_layout)  # [half * 2 + tile parity]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, Q_TILE, D], dq_desc.layout)

@@ -56,6 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from cs336_systems.attention.flash_gluon_backward import (
     allocate_barriers,
+    allocate_tiles,
     load_key_block_then_query_tiles,
     reduce_dq,
     row_stats,
@@ -247,10 +248,7 @@ def flash_bwd_gluon_d128_kernel(
         q_lo = k_start * 0
         n_tiles = gl.cdiv(N_QUERIES, Q_TILE)
         n_full = (n_tiles, n_tiles)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, Q_TILE, D], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, 1, K_HALF, D], v_desc.layout)
+    q_smem, do_smem, k_smem, v_smem = allocate_tiles(q_desc, k_desc, v_desc, do_desc, STAGES)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([Q_TILE, K_HALF], dtype)
     p_smem = gl.allocate_shared_memory(dtype, [2, Q_TILE, K_HALF], ds_layout)  # [half]
     ds_smem = gl.allocate_shared_memory(dtype, [4, Q_TILE, K_HALF], ds_layout)  # [half * 2 + tile parity]
