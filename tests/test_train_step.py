@@ -235,12 +235,17 @@ def test_leaderboard_useful_flops_match_handout_figure():
     assert useful_flops(matmul_params, LAYERS, CONTEXT, CONTEXT) == pytest.approx(2.522e15, rel=1e-3)
 
 
-def test_leaderboard_refuses_world_size_above_one(monkeypatch):
+def test_leaderboard_under_torchrun_needs_a_gpu_per_rank(monkeypatch):
+    """Under torchrun the command runs data parallel (tests/test_train_step_data_parallel.py has the step);
+    more ranks than GPUs is refused with the counts."""
     from cs336_systems.training import leaderboard_8b
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(SystemExit, match="sharding"):
-        leaderboard_8b.main([])
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit, match="WORLD_SIZE=4 but this machine has 2 GPU"):
+        leaderboard_8b.main(["--layers", "1"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")

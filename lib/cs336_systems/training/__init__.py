@@ -6,7 +6,8 @@ per a memory plan), the fused LM head + cross-entropy (`linear_cross_entropy`, n
 logits), backward, and one `FusedAdamW` step. `torch_native_step` is the PyTorch baseline it is
 compared with (SDPA, every block checkpointed, full logits, torch.optim.AdamW): the same `TrainStep`
 with the baseline's parts chosen in its `StepConfig` (`torch_native_config`).
-`leaderboard_8b` times it on the spring-2026 leaderboard's 8B configuration.
+Under a process group of several ranks the step is data parallel (`TrainStep`'s docstring).
+`leaderboard_8b` times it on the spring-2026 leaderboard's 8B configuration, on one GPU or under torchrun.
 """
 
 from cs336_systems.training.train_step import (

@@ -1,6 +1,6 @@
 """Time the spring-2026 leaderboard's training step: the 8B TransformerLM (vocab 151,936, d_model 4,096,
-d_ff 11,008, 34 layers, 32 heads, context 32,768, bf16, causal), random tokens, batch 1 by default
-(`--batch`; the handout's test uses batch 2 on two B200s, which needs the sharding this file lacks).
+d_ff 11,008, 34 layers, 32 heads, context 32,768, bf16, causal), random tokens, batch 1 per GPU by
+default (`--batch`).
 
     python -m cs336_systems.training.leaderboard_8b [--layers N] [--context T] [--rep MS] [--warmup MS]
                                                     [--variant ours|torch_native] [--state-dtype fp32|bf16] [--batch B]
@@ -11,10 +11,10 @@ start to the first timed step. `--variant ours` is `build_train_step` (flash_tri
 recompute plan, fused loss, FusedAdamW); `torch_native` is `torch_native_step` (SDPA, every block
 checkpointed, full logits, torch.optim.AdamW(fused=True)).
 
-CUDA only: it exits with a clear message elsewhere. Single GPU only: the 8B model's parameters, gradients
-and AdamW states (16 bytes a parameter with fp32 states, ~130 GB) are not sharded across ranks yet
-(no FSDP/ZeRO path is wired into this step), so under `torchrun` with a world size above 1 it refuses
-rather than run N identical copies.
+CUDA only: it exits with a clear message elsewhere. Under `torchrun --nproc-per-node N` the same
+command runs the step data parallel (`TrainStep`: gradients averaged by bucketed all-reduces that
+overlap the backward, AdamW states sharded over the ranks), batch `--batch` per GPU, each rank its own
+random tokens; the handout's test is batch 2 on two GPUs: `--batch 1` on 2 ranks.
 """
 
 from __future__ import annotations
@@ -70,20 +70,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        sys.exit(f"leaderboard_8b: WORLD_SIZE={world}, but sharding the 8B model across ranks is not built yet; "
-                 f"run it on one GPU (python -m cs336_systems.training.leaderboard_8b)")
     if not torch.cuda.is_available():
         sys.exit("leaderboard_8b: needs a CUDA GPU (the 8B step is timed with CUDA events by do_bench)")
     if args.batch < 1 or args.layers < 1 or not 1 <= args.context <= CONTEXT:
         sys.exit(f"leaderboard_8b: --batch and --layers must be >= 1 and --context in [1, {CONTEXT}]")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # under torchrun: one process per GPU, the step data parallel (TrainStep)
+        from cs336_systems.distributed import launch_from_env
+
+        if world > torch.cuda.device_count() and "LOCAL_WORLD_SIZE" not in os.environ:
+            sys.exit(f"leaderboard_8b: WORLD_SIZE={world} but this machine has {torch.cuda.device_count()} GPU(s)")
+        return launch_from_env(timed_step, (args,), backend="nccl")
+    return timed_step(None, args)
+
+
+def timed_step(ctx, args: argparse.Namespace) -> dict:
+    """Build the model and the step on this rank's GPU (rank 0's weights everywhere; each rank its own
+    random batch), time it with do_bench, and print the result on rank 0. `ctx` is the `DistContext` under
+    torchrun, None on one GPU."""
     import triton.testing
 
     start = process_start_time()
-    device = torch.device("cuda")
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    device = ctx.device if ctx is not None else torch.device("cuda")
+    torch.cuda.set_device(device)
     torch.manual_seed(0)
     attention = "flash_triton" if args.variant == "ours" else "sdpa"
     model = TransformerLM(VOCAB, args.context, D_MODEL, args.layers, HEADS, D_FF, attention=attention,
@@ -96,8 +108,9 @@ def main(argv=None) -> dict:
         step_obj = build_train_step(model, config)
     else:
         step_obj = torch_native_step(model, lr=1e-4, compile_blocks=args.compile_blocks)
-    x = torch.randint(0, VOCAB, (args.batch, args.context), device=device)
-    y = torch.randint(0, VOCAB, (args.batch, args.context), device=device)
+    gen = torch.Generator(device=device).manual_seed(1 + rank)
+    x = torch.randint(0, VOCAB, (args.batch, args.context), device=device, generator=gen)
+    y = torch.randint(0, VOCAB, (args.batch, args.context), device=device, generator=gen)
 
     calls: list[float] = []
 
@@ -114,17 +127,19 @@ def main(argv=None) -> dict:
     first_timed = 6 + round(extra * args.warmup / (args.warmup + args.rep)) if extra > 0 else len(calls) - 1
     to_first_timed = calls[min(first_timed, len(calls) - 1)] - start
     flops = useful_flops(matmul_params, args.layers, args.batch * args.context, args.context)
-    result = dict(variant=args.variant, batch=args.batch, layers=args.layers, context=args.context, params=n_params, ms=ms,
-                  peak_gib=peak / 2**30, useful_tflops=flops / (ms * 1e-3) / 1e12,
+    result = dict(variant=args.variant, batch=args.batch, world_size=world, layers=args.layers, context=args.context,
+                  params=n_params, ms=ms, peak_gib=peak / 2**30, useful_tflops=flops / (ms * 1e-3) / 1e12,
                   seconds_to_first_timed_step=to_first_timed,
                   plan=getattr(step_obj, "plans", {}).get((args.batch, args.context)))
-    print(f"variant {args.variant}: batch {args.batch}, {args.layers} layers, context {args.context}, {n_params / 1e9:.2f}B parameters")
-    if result["plan"] is not None:
-        print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones)")
-    print(f"do_bench(train_step, rep={args.rep}, warmup={args.warmup}): {ms:.1f} ms per step")
-    print(f"peak memory: {result['peak_gib']:.2f} GiB")
-    print(f"useful: {flops:.4g} FLOPs/step, {result['useful_tflops']:.1f} TFLOP/s")
-    print(f"process start to the first timed step: {to_first_timed:.1f} s (approximate: do_bench's call count)")
+    if rank == 0:
+        print(f"variant {args.variant}: batch {args.batch} per GPU on {world} GPU(s), {args.layers} layers, "
+              f"context {args.context}, {n_params / 1e9:.2f}B parameters")
+        if result["plan"] is not None:
+            print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones)")
+        print(f"do_bench(train_step, rep={args.rep}, warmup={args.warmup}): {ms:.1f} ms per step")
+        print(f"peak memory (rank 0): {result['peak_gib']:.2f} GiB")
+        print(f"useful: {flops:.4g} FLOPs/step per GPU, {result['useful_tflops']:.1f} TFLOP/s per GPU")
+        print(f"process start to the first timed step: {to_first_timed:.1f} s (approximate: do_bench's call count)")
     return result
 
 

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import record_function
@@ -83,6 +84,7 @@ class StepConfig:
     check_token_ids: bool = True
     loss: str = "fused"
     optimizer: str = "fused_adamw"
+    bucket_size_mb: float = 1000.0  # data parallel only: DDPBucketed's bucket size
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE_MODES:
@@ -162,18 +164,18 @@ def param_bytes(model: nn.Module) -> int:
 
 
 def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: int, seq: int,
-                       loss_chunk_tokens: int | None = None) -> int:
+                       loss_chunk_tokens: int | None = None, world_size: int = 1) -> int:
     """Memory of a step that does not depend on the recompute plan, counted from the shapes:
-    parameters, their gradients (same dtype), AdamW's two moments (`state_dtype`), the loss's workspace
-    (one chunk of fp32 logits, the LM head's weight gradient and the hidden gradient the fused loss
-    makes in its forward), and four (batch, seq, d_model) streams (the embedding output, the final norm's
-    input and output, the gradient flowing back)."""
+    parameters, their gradients (same dtype), AdamW's two moments (`state_dtype`; 1/world_size of them on
+    each rank when data parallel), the loss's workspace (one chunk of fp32 logits, the LM head's weight
+    gradient and the hidden gradient the fused loss makes in its forward), and four (batch, seq, d_model)
+    streams (the embedding output, the final norm's input and output, the gradient flowing back)."""
     weight = model.lm_head.weight
     vocab, d_model = weight.shape
     elt = weight.element_size()
     numel = sum(p.numel() for p in model.parameters())
     params = param_bytes(model)
-    states = 2 * numel * torch.tensor([], dtype=state_dtype).element_size()
+    states = -(-2 * numel * torch.tensor([], dtype=state_dtype).element_size() // world_size)
     tokens = batch * seq
     chunk = loss_chunk_tokens if loss_chunk_tokens is not None else default_chunk_tokens(vocab)
     loss = min(chunk, tokens) * vocab * 4 + vocab * d_model * elt + tokens * d_model * elt
@@ -241,19 +243,33 @@ class OptimizerStep:
 
 
 class TrainStep(OptimizerStep):
-    """`step(x, y) -> loss`; built by `build_train_step`. `plans` maps each input shape seen to its plan."""
+    """`step(x, y) -> loss`; built by `build_train_step`. `plans` maps each input shape seen to its plan.
+
+    Data parallel when a process group of more than one rank is initialised (torchrun, `distributed.launch`):
+    each rank steps on its own (x, y); rank 0's weights are broadcast at construction; the gradients are
+    averaged by `DDPBucketed` (bucketed all-reduces launched from gradient hooks as the backward completes
+    them, so they overlap it); the optimizer is `ShardedOptimizer` around the chosen one, each rank keeping
+    the AdamW states of about 1/N of the parameters (ZeRO stage 1) and broadcasting its updated
+    parameters. The returned loss is the rank's own batch's. With one rank none of this is built."""
 
     def __init__(self, model: TransformerLM, config: StepConfig):
         self.model = model
         self.config = config
+        self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if config.optimizer == "fused_adamw":
-            self.optimizer = FusedAdamW(model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps,
-                                        weight_decay=config.weight_decay, state_dtype=config.state_dtype)
+            optimizer_cls, options = FusedAdamW, dict(state_dtype=config.state_dtype)
         else:
             cuda = model.lm_head.weight.device.type == "cuda"
-            self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=tuple(config.betas),
-                                               eps=config.eps, weight_decay=config.weight_decay,
-                                               **({"fused": True} if cuda else {"foreach": True}))
+            optimizer_cls, options = torch.optim.AdamW, ({"fused": True} if cuda else {"foreach": True})
+        hyper = dict(lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, **options)
+        self.ddp = None
+        if self.world_size > 1:
+            from cs336_systems.distributed import DDPBucketed, ShardedOptimizer
+
+            self.ddp = DDPBucketed(model, bucket_size_mb=config.bucket_size_mb)
+            self.optimizer = ShardedOptimizer(model.parameters(), optimizer_cls, **hyper)
+        else:
+            self.optimizer = optimizer_cls(model.parameters(), **hyper)
         self.plans: dict[tuple[int, int], list[bool]] = {}
         # Set to a list to have each step append (phase, time mark) at the phases' boundaries: CUDA events on
         # the model's device (recorded on the current stream), else perf_counter seconds; `phase_times` reads them.
@@ -287,7 +303,9 @@ class TrainStep(OptimizerStep):
             h = self.model.token_embeddings(x)
         activation = measure_block_activation_bytes(self.model.layers[0], h)
         del h
-        fixed = fixed_memory_bytes(self.model, self.config.state_dtype, batch, seq, self.config.loss_chunk_tokens)
+        state_dtype = self.config.state_dtype if self.config.optimizer == "fused_adamw" else self.model.lm_head.weight.dtype
+        fixed = fixed_memory_bytes(self.model, state_dtype, batch, seq, self.config.loss_chunk_tokens,
+                                   world_size=self.world_size)
         stream = batch * seq * self.model.lm_head.weight.shape[1] * self.model.lm_head.weight.element_size()
         return plan_recompute(n, activation, fixed, budget, checkpoint_bytes=stream)
 
@@ -314,6 +332,8 @@ class TrainStep(OptimizerStep):
         self._mark("backward")
         with record_function("backward"):
             loss.backward()
+            if self.ddp is not None:
+                self.ddp.finish_gradient_synchronization()
         return loss.detach().float()
 
     def optimizer_step(self) -> None:

@@ -1,0 +1,82 @@
+"""The training step data parallel (`TrainStep` under a process group of 2 ranks, gloo, CPU, our kernels in
+Triton's interpreter) against the same step in one process on the whole batch.
+
+Each rank steps on its half of a batch of 4 sequences. Tolerances (fp32): the averaged gradients equal the
+whole batch's within rtol 1e-5, atol 1e-6 (the mean of two half-batch means is the whole batch's mean; only
+the summation order differs, as in tests/test_train_step.py); after the optimizer step every rank holds
+the same weights bit for bit (each parameter broadcast from its owner), within 1e-6 of the one-process
+step (the two updates start from gradients that differ by ulps: AdamW's first step is m / sqrt(v) =
+g / |g| up to eps, so only the few gradients near eps could move further; lr 1e-3, eps 1e-3 keeps them far);
+and each rank's AdamW holds the states of its own parameters only, together all of them, once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cs336_systems.distributed import spawn
+from cs336_systems.model import TransformerLM
+from cs336_systems.training import StepConfig, build_train_step, fixed_memory_bytes
+
+VOCAB, D_MODEL, HEADS, D_FF, LAYERS, CONTEXT = 97, 32, 2, 64, 2, 16
+CONFIG = dict(lr=1e-3, eps=1e-3, weight_decay=0.0, state_dtype=torch.float32, recompute="none")
+
+
+def model_and_batch():
+    from cs336_systems.attention import FlashAttentionTriton
+
+    FlashAttentionTriton.tiles = (16, 16)  # the context is 16
+    torch.manual_seed(0)
+    model = TransformerLM(VOCAB, CONTEXT, D_MODEL, LAYERS, HEADS, D_FF, attention="flash_triton")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, VOCAB, (4, CONTEXT), generator=g)
+    y = torch.randint(0, VOCAB, (4, CONTEXT), generator=g)
+    return model, x, y
+
+
+def one_step(model, x, y):
+    step = build_train_step(model, StepConfig(**CONFIG))
+    step.forward_backward(x, y)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    step.optimizer_step()
+    return step, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _rank(ctx):
+    model, x, y = model_and_batch()
+    if ctx.rank == 1:  # a different start on rank 1: the step must broadcast rank 0's weights first
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    half = slice(2 * ctx.rank, 2 * ctx.rank + 2)
+    step, grads, params = one_step(model, x[half], y[half])
+    local = step.optimizer.local_optimizer
+    owned = {n for n, p in model.named_parameters() if any(p is q for g in local.param_groups for q in g["params"])}
+    states = {n for n, p in model.named_parameters() if p in local.state and len(local.state[p])}
+    return dict(world=step.world_size, grads=grads, params=params, owned=owned, states=states)
+
+
+@pytest.mark.multiprocess
+def test_data_parallel_step_equals_the_whole_batch_in_one_process():
+    ranks = spawn(_rank, 2, backend="gloo", timeout_s=300)
+    model, x, y = model_and_batch()
+    single, grads, params = one_step(model, x, y)
+    assert single.world_size == 1 and single.ddp is None
+    assert [r["world"] for r in ranks] == [2, 2]
+    for name, g in grads.items():
+        for r in ranks:
+            torch.testing.assert_close(r["grads"][name], g, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    for name, p in params.items():
+        assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name]), name
+        torch.testing.assert_close(ranks[0]["params"][name], p, rtol=0, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    owned = [r["owned"] for r in ranks]
+    assert owned[0].isdisjoint(owned[1]) and owned[0] | owned[1] == set(params) and all(owned)
+    assert [r["states"] for r in ranks] == owned  # each rank's AdamW keeps its own parameters' states
+
+
+def test_the_plan_counts_a_rank_s_share_of_the_states():
+    model, x, _ = model_and_batch()
+    one, two = (fixed_memory_bytes(model, torch.float32, *x.shape, world_size=w) for w in (1, 2))
+    states = 2 * sum(p.numel() for p in model.parameters()) * 4
+    assert one - two == states // 2
