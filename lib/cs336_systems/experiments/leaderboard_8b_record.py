@@ -115,7 +115,7 @@ def run_record(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, rows=RECO
         except torch.OutOfMemoryError as err:
             record.update(status="OOM", note=str(err).split("\n")[0][:200])
         except ValueError as err:  # the plan does not fit: the message says what to change
-            record.update(status="does not fit", note=str(err)[:300])
+            record.update(status="does not fit", note=str(err)[:800])
         finally:
             release(step)
             del step
@@ -268,3 +268,92 @@ def loss_curves(make_model, x: torch.Tensor, y: torch.Tensor, steps: int = 50, l
         for i in range(steps):
             rows.append(dict(variant=name, step=i, loss=float(step.step(x, y))))
     return pd.DataFrame(rows)
+
+
+def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms: int, warmup_ms: int,
+                  compile_blocks: bool, state_dtype: str = "bf16", timeout_s: float = 900.0) -> dict:
+    """`torchrun --nproc-per-node nproc -m cs336_systems.training.leaderboard_8b` (the handout's command
+    on `nproc` GPUs, batch 1 per GPU) in a subprocess: rank 0's result, with `status` "ok", or "failed"
+    and the end of its output as `note`."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import cs336_systems
+
+    with tempfile.TemporaryDirectory(prefix="cs336_torchrun_") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m",
+               "cs336_systems.training.leaderboard_8b", "--variant", variant, "--layers", str(layers),
+               "--context", str(context), "--rep", str(rep_ms), "--warmup", str(warmup_ms),
+               "--state-dtype", state_dtype, "--json", str(out)] + (["--compile-blocks"] if compile_blocks else [])
+        lib = str(Path(cs336_systems.__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [lib, os.environ.get("PYTHONPATH")])))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            return dict(variant=variant, world_size=nproc, status="failed", note=f"timed out after {timeout_s:.0f} s")
+        if proc.returncode or not out.exists():
+            lines = (proc.stdout + "\n" + proc.stderr).strip().splitlines()
+            # the command's own refusal or the first exception line says why; torchrun's summary does not
+            why = [ln for ln in lines if ln.startswith("leaderboard_8b:") or "Error:" in ln][:2] or lines[-4:]
+            return dict(variant=variant, world_size=nproc, status="failed", note=" | ".join(why)[-600:])
+        return dict(json.loads(out.read_text()), status="ok", note="")
+
+
+def sharded_memory_plan(model: TransformerLM, block_bytes: int, batch: int, seq: int, budget_bytes: int | None,
+                        world_sizes=(1, 2), state_dtype: torch.dtype = torch.bfloat16) -> pd.DataFrame:
+    """Per rank, for each world size: the fixed memory (parameters and gradients whole, AdamW states 1/N)
+    and how many blocks the plan lets keep their activations within `budget_bytes` (one GPU's)."""
+    from cs336_systems.training.train_step import plan_recompute
+
+    stream = batch * seq * model.config.d_model * model.lm_head.weight.element_size()
+    rows = []
+    for world in world_sizes:
+        fixed = fixed_memory_bytes(model, state_dtype, batch, seq, world_size=world)
+        if budget_bytes is None:
+            kept = model.config.num_layers
+        else:
+            try:
+                kept = plan_recompute(model.config.num_layers, block_bytes, fixed, budget_bytes, stream).count(False)
+            except ValueError:
+                kept = None
+        rows.append(dict(world_size=world, fixed_gib_per_rank=fixed / GIB, blocks_keeping_activations=kept))
+    return pd.DataFrame(rows)
+
+
+def _data_parallel_rank(ctx, make, x, y, config):
+    """One rank of `data_parallel_check`: its slice of the batch, one step, its weights and state count."""
+    model = make()
+    rows = x.shape[0] // ctx.world_size
+    mine = slice(ctx.rank * rows, (ctx.rank + 1) * rows)
+    step = build_train_step(model, config)
+    start = time.perf_counter()
+    loss = float(step.step(x[mine], y[mine]))
+    seconds = time.perf_counter() - start
+    states = sum(1 for s in step.optimizer.local_optimizer.state.values() if s)
+    return dict(rank=ctx.rank, loss=loss, seconds=seconds, owned_states=states,
+                weights=torch.cat([p.detach().flatten() for p in model.parameters()]))
+
+
+def data_parallel_check(make, x: torch.Tensor, y: torch.Tensor, config: StepConfig, world_size: int = 2,
+                        backend: str = "gloo") -> pd.DataFrame:
+    """The data-parallel step on `world_size` local processes (each its slice of the batch, one step): per
+    rank its loss, wall time, how many parameters' AdamW states it keeps, and whether its weights after the
+    step equal rank 0's bit for bit. `make()` builds the model (the same seed on every rank)."""
+    from cs336_systems.distributed import spawn
+
+    ranks = spawn(_data_parallel_rank, world_size, args=(make, x, y, config), backend=backend, timeout_s=600)
+    return pd.DataFrame([dict(rank=r["rank"], loss=r["loss"], seconds=r["seconds"], owned_states=r["owned_states"],
+                              same_weights_as_rank0=bool(torch.equal(r["weights"], ranks[0]["weights"])))
+                         for r in ranks])
+
+
+def scaled_down_model(seed: int = 0) -> TransformerLM:
+    """The CPU profile's model (2 layers, d_model 64, 4 heads, d_ff 128, vocab 512, context 64, fp32, our
+    attention), the same weights for a seed: what `data_parallel_check` builds on every rank."""
+    torch.manual_seed(seed)
+    return TransformerLM(512, 64, 64, 2, 4, 128, attention="flash_triton", dtype=torch.float32)

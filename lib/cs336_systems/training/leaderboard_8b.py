@@ -20,6 +20,7 @@ random tokens; the handout's test is batch 2 on two GPUs: `--batch 1` on 2 ranks
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -67,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--recompute", choices=("plan", "all", "none"), default="plan")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
+    p.add_argument("--json", default=None, help="also write rank 0's result to this JSON file")
     return p.parse_args(argv)
 
 
@@ -140,6 +142,9 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         print(f"peak memory (rank 0): {result['peak_gib']:.2f} GiB")
         print(f"useful: {flops:.4g} FLOPs/step per GPU, {result['useful_tflops']:.1f} TFLOP/s per GPU")
         print(f"process start to the first timed step: {to_first_timed:.1f} s (approximate: do_bench's call count)")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(result, device=torch.cuda.get_device_name(device)), f, indent=1)
     return result
 
 

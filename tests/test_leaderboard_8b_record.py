@@ -1,0 +1,77 @@
+"""Notebook 20's library (`experiments.leaderboard_8b_record`) on CPU at a toy size: the record's rows, the
+committed CSV's columns, the per-rank memory plan, the kernel categories and a failed torchrun run."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from cs336_systems.experiments import leaderboard_8b_record as rec
+from cs336_systems.model import TransformerLM
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    from cs336_systems.attention import FlashAttentionTriton
+
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16))
+    torch.manual_seed(0)
+    model = TransformerLM(97, 16, 32, 2, 2, 64, attention="flash_triton")
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 97, (1, 16), generator=g) for _ in range(2))
+    return model, x, y
+
+
+def test_record_rows_one_change_each_and_the_committed_columns(tiny):
+    model, x, y = tiny
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rows = [r for r in rec.RECORD if r.variant in ("torch_native", "ours")]
+    df = rec.run_record(model, x, y, rows, compile_blocks=False, ceiling_tflops=2.0)
+    assert list(df.columns) == rec.RECORD_COLUMNS and list(df.variant) == ["torch_native", "ours"]
+    assert list(df.status) == ["ok", "ok"] and df.vs_baseline.iloc[0] == 1.0
+    assert list(df.blocks_recomputed) == [2, 0]  # the baseline recomputes every block; on CPU the plan keeps all
+    assert (df.ceiling_fraction == df.tflops / 2.0).all()
+    out = rec.leaderboard_rows(df, 2.0, 1, "cpu")
+    assert list(out.columns) == ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device"]
+    # the rows train the model (the record does not restore it), but never change its structure
+    assert {n: p.shape for n, p in model.named_parameters()} == {n: p.shape for n, p in before.items()}
+    # every row changes one thing from the one before it (torch's AdamW keeps its states in the parameters'
+    # dtype, bf16 on the GPU: our bf16 states replacing them is part of the optimizer's change)
+    for a, b in zip(rec.RECORD, rec.RECORD[1:]):
+        changed = {k for k in set(a.options) | set(b.options) if a.options.get(k) != b.options.get(k)}
+        if "torch_adamw" in (a.options.get("optimizer"), b.options.get("optimizer")):
+            changed.discard("state_dtype")
+        assert len(changed) + (a.attention != b.attention) == 1, (a.variant, b.variant, changed)
+
+
+def test_a_row_that_does_not_fit_is_a_row(tiny, monkeypatch):
+    model, x, y = tiny
+    row = rec.RecordRow("tight", "a budget of one byte", "flash_triton", dict(recompute="plan", memory_budget_bytes=1))
+    df = rec.run_record(model, x, y, [row], compile_blocks=False)
+    assert df.status.iloc[0] == "does not fit" and "bigger GPU" in df.note.iloc[0]
+
+
+def test_sharded_plan_halves_each_rank_s_states(tiny):
+    model = tiny[0]
+    plan = rec.sharded_memory_plan(model, block_bytes=10_000, batch=1, seq=16, budget_bytes=None)
+    states = 2 * sum(p.numel() for p in model.parameters()) * 2  # bf16
+    one, two = plan.fixed_gib_per_rank * 2**30
+    assert one - two == pytest.approx(states / 2, abs=1) and list(plan.blocks_keeping_activations) == [2, 2]
+
+
+def test_kernel_categories():
+    assert rec.kernel_category("flash_bwd_gluon_d128_kernel") == "attention"
+    assert rec.kernel_category("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert rec.kernel_category("adamw_multi_tensor_kernel") == "optimizer"
+    assert rec.kernel_category("triton_poi_fused_mul_silu_0") == "elementwise / other"
+
+
+def test_a_failed_torchrun_run_is_a_row_with_its_reason():
+    """Without a GPU the command refuses; the row says so instead of raising."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the failure path without a GPU")
+    row = rec.torchrun_step("ours", 1, layers=1, context=16, rep_ms=1, warmup_ms=1, compile_blocks=False,
+                            timeout_s=120)
+    assert row["status"] == "failed" and "CUDA" in row["note"] and row["world_size"] == 1
+    assert isinstance(pd.DataFrame([row]), pd.DataFrame)
