@@ -13,8 +13,9 @@ The reference is the same model's weights in a second TransformerLM with attenti
   by at most a rounding or two. (Not from each side's own gradients: on the
   first step m/sqrt(v) = g/(|g|+eps), so a gradient of ~1e-8, comparable with eps, turns its 1e-5
   relative difference into an update difference of up to ~lr/2; one lm_head entry does that here);
-- 12 training steps on one batch: the losses agree within 1e-4 relative. AdamW normalises the
-  gradient, so small differences do not grow fast over a dozen steps at lr 1e-2.
+- 50 training steps on one batch: the losses agree within 2e-4 relative with fp32 AdamW states, 2e-3
+  with bf16 states (the test's docstring has the measured values). AdamW normalises the gradient, so
+  small differences do not grow fast at lr 1e-2.
 """
 
 import copy
@@ -114,22 +115,26 @@ def test_one_step_parameters_match_torch_adamw(small_tiles):
         torch.testing.assert_close(p, q, rtol=2.4e-7, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
-def test_training_follows_plain_loss_curve(small_tiles):
+@pytest.mark.parametrize("state_dtype, rtol", [(torch.float32, 2e-4), (torch.bfloat16, 2e-3)], ids=["fp32", "bf16"])
+def test_training_follows_plain_loss_curve(small_tiles, state_dtype, rtol):
+    """50 steps on one batch (the loss falls from 4.7 to 0.004) follow the plain model's curve: with fp32
+    AdamW states within rtol 2e-4 (measured at most 4.6e-5), with bf16 states stochastically rounded within
+    2e-3 (measured at most 3.4e-4: 8-bit mantissas, unbiased rounding, so the error does not build up)."""
     fast, plain = make_models(layers=2)
     x, y = batch()
     hyper = dict(lr=1e-2, weight_decay=0.01)
-    step = build_train_step(fast, StepConfig(**hyper, recompute="none"))
+    step = build_train_step(fast, StepConfig(**hyper, recompute="none", state_dtype=state_dtype))
     reference = torch.optim.AdamW(plain.parameters(), **hyper)
     ours, theirs = [], []
-    for _ in range(12):
+    for _ in range(50):
         ours.append(step.step(x, y).item())
         reference.zero_grad(set_to_none=True)
         loss = plain_loss(plain, x, y)
         loss.backward()
         reference.step()
         theirs.append(loss.item())
-    assert theirs[-1] < theirs[0] - 0.5  # it does learn the batch
-    torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=0)
+    assert theirs[-1] < theirs[0] / 100  # it does learn the batch
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=rtol, atol=0)
 
 
 def test_torch_native_step_matches_plain_model():
