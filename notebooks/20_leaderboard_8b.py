@@ -172,8 +172,8 @@ for r in record[record.status != "ok"].itertuples():
 # %%
 import pandas as pd
 
-from cs336_systems.experiments.leaderboard_8b_record import memory_plan
-from cs336_systems.training import fixed_memory_bytes, measure_block_activation_bytes, plan_recompute
+from cs336_systems.experiments.leaderboard_8b_record import kept_blocks_table, memory_plan
+from cs336_systems.training import measure_block_activation_bytes
 from cs336_systems.training.train_step import default_budget_bytes
 
 plan_table = memory_plan(model, x, y, ours_row.step_config(compile_blocks))
@@ -181,23 +181,13 @@ ctx.save_table(plan_table, "leaderboard_8b_memory_plan")
 with torch.no_grad():
     block_bytes = measure_block_activation_bytes(model.layers[0], model.token_embeddings(x))
 budget = default_budget_bytes(ctx.device)
-stream = context * shape["d_model"] * (2 if dtype == torch.bfloat16 else 4)
-rows = []
-for state_dtype in (torch.bfloat16, torch.float32):
-    fixed = fixed_memory_bytes(model, state_dtype, 1, context)
-    try:
-        kept = plan_recompute(layers, block_bytes, fixed, budget, stream).count(False) if budget else layers
-    except ValueError:
-        kept = None
-    rows.append(dict(state_dtype=str(state_dtype).removeprefix("torch."), fixed_gib=fixed / 2**30,
-                     blocks_keeping_activations=kept))
-states = ctx.save_table(pd.DataFrame(rows), "leaderboard_8b_state_dtype")
-from cs336_systems.experiments.leaderboard_8b_record import sharded_memory_plan
-
-sharded = ctx.save_table(sharded_memory_plan(model, block_bytes, 1, context, budget), "leaderboard_8b_sharded_plan")
+states = ctx.save_table(kept_blocks_table(model, block_bytes, 1, context, budget,
+                                          state_dtypes=(torch.bfloat16, torch.float32)), "leaderboard_8b_state_dtype")
+sharded = ctx.save_table(kept_blocks_table(model, block_bytes, 1, context, budget, world_sizes=(1, 2)),
+                         "leaderboard_8b_sharded_plan")
 ctx.md(f"One block saves **{block_bytes / 2**30:.2f} GiB** of activations at this context. "
-       + ("; ".join(f"{r.state_dtype} states: {r.fixed_gib:.1f} GiB fixed, "
-                    f"{'does not fit' if r.blocks_keeping_activations is None else f'{r.blocks_keeping_activations} of {layers} blocks keep theirs'}"
+       + ("; ".join(f"{r.state_dtype} states: {r.fixed_gib_per_rank:.1f} GiB fixed, "
+                    f"{'does not fit' if pd.isna(r.blocks_keeping_activations) else f'{int(r.blocks_keeping_activations)} of {layers} blocks keep theirs'}"
                     for r in states.itertuples()) + "."))
 
 # %% [markdown]
@@ -276,14 +266,11 @@ if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
     two = pd.DataFrame([torchrun_step(v, 2, layers=layers, context=context, rep_ms=rep_ms, warmup_ms=warmup_ms,
                                       compile_blocks=compile_blocks) for v in ("torch_native", "ours")])
     ctx.save_table(two, "leaderboard_8b_two_gpus")
-    ok2 = two[two.status == "ok"].rename(columns=dict(ms="step_ms", useful_tflops="tflops"))
-    ok2["ceiling_tflops"] = ceiling
-    both = pd.concat([leaderboard_rows(record, ceiling, 1, device_name),
-                      ok2[["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device"]]])
-    ctx.save_table(both, "leaderboard_8b")
-    if "ours" in set(ok2.variant) and by.loc["ours"].status == "ok":
-        ratio = float(ok2.set_index("variant").loc["ours", "step_ms"] / by.loc["ours"].step_ms)
-        ctx.md(f"Two GPUs, batch 2: ours {ok2.set_index('variant').loc['ours', 'step_ms']:,.0f} ms per step, "
+    both = ctx.save_table(leaderboard_rows(record, ceiling, 1, device_name, torchrun_results=two), "leaderboard_8b")
+    two_gpu = both[both.world_size == 2].set_index("variant")
+    if "ours" in two_gpu.index and by.loc["ours"].status == "ok":
+        ratio = float(two_gpu.loc["ours", "step_ms"] / by.loc["ours"].step_ms)
+        ctx.md(f"Two GPUs, batch 2: ours {two_gpu.loc['ours', 'step_ms']:,.0f} ms per step, "
                f"**{ratio:.3f}×** the one-GPU batch-1 step (bar: ≤ 1.05×, the communication hidden).")
         ctx.headline("8B step on 2 GPUs / 1 GPU, ours" + ("" if full else " (scaled-down)"), round(ratio, 3))
     for r in two[two.status != "ok"].itertuples():

@@ -34,6 +34,11 @@ def test_record_rows_one_change_each_and_the_committed_columns(tiny):
     assert (df.ceiling_fraction == df.tflops / 2.0).all()
     out = rec.leaderboard_rows(df, 2.0, 1, "cpu")
     assert list(out.columns) == ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device"]
+    two = pd.DataFrame([dict(variant="ours", ms=9.0, peak_gib=1.0, useful_tflops=3.0, world_size=2, device="gpu",
+                             status="ok", note=""),
+                        dict(variant="torch_native", world_size=2, status="failed", note="out of memory")])
+    both = rec.leaderboard_rows(df, 2.0, 1, "cpu", torchrun_results=two)
+    assert list(both.world_size) == [1, 1, 2] and both.step_ms.iloc[-1] == 9.0 and both.tflops.iloc[-1] == 3.0
     # the rows train the model (the record does not restore it), but never change its structure
     assert {n: p.shape for n, p in model.named_parameters()} == {n: p.shape for n, p in before.items()}
     # every row changes one thing from the one before it (torch's AdamW keeps its states in the parameters'
@@ -54,7 +59,7 @@ def test_a_row_that_does_not_fit_is_a_row(tiny, monkeypatch):
 
 def test_sharded_plan_halves_each_rank_s_states(tiny):
     model = tiny[0]
-    plan = rec.sharded_memory_plan(model, block_bytes=10_000, batch=1, seq=16, budget_bytes=None)
+    plan = rec.kept_blocks_table(model, block_bytes=10_000, batch=1, seq=16, budget_bytes=None, world_sizes=(1, 2))
     states = 2 * sum(p.numel() for p in model.parameters()) * 2  # bf16
     one, two = plan.fixed_gib_per_rank * 2**30
     assert one - two == pytest.approx(states / 2, abs=1) and list(plan.blocks_keeping_activations) == [2, 2]

@@ -337,3 +337,12 @@ def test_step_phases_covers_the_three_phases_of_a_training_step_only():
     assert all(row[f"{p}_compute_ms"] <= row[f"{p}_wall_ms"] for p in ("forward", "backward", "optimizer"))  # CPU: self times inside the range
     with pytest.raises(ValueError, match="need a train-step setup, got mode 'forward'"):
         step_phases(build(BenchmarkConfig(size="nano", context_length=16, batch_size=2, mode="forward", device="cpu")))
+
+
+def test_record_chrome_trace_is_what_load_trace_reads():
+    """One call of a step under torch.profiler, exported and read back: its operators are rows."""
+    from cs336_systems.profiling.trace import load_trace, record_chrome_trace
+
+    x = torch.randn(32, 32)
+    events = load_trace(record_chrome_trace(lambda: torch.mm(x, x)))
+    assert (events.name == "aten::mm").sum() == 1

@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import statistics
-import tempfile
 import timeit
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,6 +55,7 @@ from cs336_systems.model import VOCAB_SIZE, TransformerLM
 from cs336_systems.nn_utils import cross_entropy
 from cs336_systems.optim import AdamW
 from cs336_systems.profiling.ranges import annotated
+from cs336_systems.profiling.trace import record_chrome_trace
 
 PHASE_COLUMNS = ("fwd_bwd", "sync", "optimizer")
 
@@ -132,15 +131,7 @@ def timed_step(ddp: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.T
 
 
 def profiled_step(step) -> pd.DataFrame:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        step()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        return timeline_events(json.loads(path.read_text()))
+    return timeline_events(record_chrome_trace(step))
 
 
 def local_batch(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,13 +26,10 @@ One distributed run does everything, so start-up is paid once and every number s
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -48,7 +45,7 @@ from cs336_systems.experiments.sharding_benchmark import PHASES, allocated_bytes
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM
 from cs336_systems.nn_utils import cross_entropy
 from cs336_systems.optim import AdamW
-from cs336_systems.profiling.trace import load_trace
+from cs336_systems.profiling.trace import load_trace, record_chrome_trace
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 STRATEGIES = ("replicated", "fsdp", "fsdp2")
@@ -190,17 +187,6 @@ def local_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
     )
 
 
-def _profile_step(step) -> pd.DataFrame:
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        step()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        return load_trace(json.loads(path.read_text()))
-
 
 def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_name: str, inputs, targets) -> tuple[dict, list, pd.DataFrame | None]:
     # Memory is counted above what was allocated before this run (earlier runs' leftovers, if any).
@@ -230,7 +216,7 @@ def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_nam
     events = None
     if (strategy, dtype_name) == tuple(config.profile_run or ()):
         if ctx.rank == 0:
-            events = _profile_step(step)
+            events = load_trace(record_chrome_trace(step))
         else:
             step()  # the collectives of rank 0's profiled step need a partner
     return info, times, events

@@ -49,6 +49,24 @@ def read_trace_json(path: str | Path) -> dict:
         return json.load(f)
 
 
+def record_chrome_trace(step) -> dict:
+    """Run `step()` once under torch.profiler (CPU, and CUDA where available) and return the Chrome trace
+    it exports, as a dict (what `load_trace` reads)."""
+    import tempfile
+
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())
+
+
 def load_trace(trace: str | Path | dict, source: str | None = None) -> pd.DataFrame:
     """Events of a Chrome trace (a path to .json / .json.gz, or the loaded dict) as a DataFrame."""
     data = trace if isinstance(trace, dict) else read_trace_json(trace)
