@@ -148,7 +148,8 @@ if {"torch_native", "ours"} <= set(ok.variant):
             f"**{ours.step_ms / base.step_ms:.3f}×** (bar: ≤ 0.85×; moonshot ≤ 0.80×); {ours.tflops:,.0f} useful TFLOP/s")
     if ceiling:
         text += f", {ours.tflops / ceiling:.0%} of the measured {ceiling:,.0f} TFLOP/s matmul ceiling"
-    text += f"; {int(ours.blocks_recomputed)} of {layers} blocks recomputed."
+    text += (f"; {int(ours.blocks_recomputed)} of {layers} blocks recomputed"
+             + (", each keeping its attention's output." if ours.attention_kept else "."))
     if ctx.device.type == "cuda":
         free_gib = gpu_gib - ours.peak_gib
         text += (f" Peak memory {ours.peak_gib:.1f} GiB, leaving {free_gib:.1f} GiB of the GPU's {gpu_gib:.0f} "
@@ -163,29 +164,34 @@ for r in record[record.status != "ok"].itertuples():
 # %% [markdown]
 # ## The memory plan
 # Our step's memory, counted from the shapes (analytic) and read back (measured): parameters,
-# gradients and AdamW states; one block's saved activations, measured on this input, times the
-# blocks that keep theirs; the recomputed blocks' inputs; the fused loss's workspace (one chunk of
-# fp32 logits, the head's weight gradient, the hidden-state gradient) and the residual streams.
-# The plan keeps the last blocks' activations, as many as fit the memory the process can get less a
-# 5 GiB margin. The state dtype decides how many fit: below, the same plan with fp32 states.
+# gradients and AdamW states; one block's saved activations, measured on this input (on a GPU: the
+# allocator's growth over one forward of the block as the step runs it, compiled), times the blocks
+# that keep theirs; the recomputed blocks' inputs and their attention outputs (O and the logsumexp,
+# which their recompute reuses instead of running the attention forward again); the fused loss's
+# workspace (one chunk of fp32 logits, the head's weight gradient, the hidden-state gradient) and the
+# residual streams. The peak the plan predicts is the larger of two moments, plus one block's working
+# memory: the end of the forward (the backward has not yet made the blocks' gradients) and the
+# backward of a recomputed block (the kept blocks' activations are gone by then). The plan first lets
+# every recomputed block keep its attention output, then keeps the last blocks' activations, as many
+# as fit the memory the process can get less a 5 GiB margin. The state dtype decides how many fit:
+# below, the same plan with fp32 states, and per rank on two GPUs.
 
 # %%
 import pandas as pd
 
 from cs336_systems.experiments.leaderboard_8b_record import kept_blocks_table, memory_plan
-from cs336_systems.training import measure_block_activation_bytes
 from cs336_systems.training.train_step import default_budget_bytes
 
-plan_table = memory_plan(model, x, y, ours_row.step_config(compile_blocks))
+plan_table, terms = memory_plan(model, x, y, ours_row.step_config(compile_blocks))
 ctx.save_table(plan_table, "leaderboard_8b_memory_plan")
-with torch.no_grad():
-    block_bytes = measure_block_activation_bytes(model.layers[0], model.token_embeddings(x))
 budget = default_budget_bytes(ctx.device)
-states = ctx.save_table(kept_blocks_table(model, block_bytes, 1, context, budget,
+states = ctx.save_table(kept_blocks_table(model, terms, 1, context, budget,
                                           state_dtypes=(torch.bfloat16, torch.float32)), "leaderboard_8b_state_dtype")
-sharded = ctx.save_table(kept_blocks_table(model, block_bytes, 1, context, budget, world_sizes=(1, 2)),
+sharded = ctx.save_table(kept_blocks_table(model, terms, 1, context, budget, world_sizes=(1, 2)),
                          "leaderboard_8b_sharded_plan")
-ctx.md(f"One block saves **{block_bytes / 2**30:.2f} GiB** of activations at this context. "
+ctx.md(f"One block holds **{terms.block / 2**30:.2f} GiB** for its backward at this context and works in "
+       f"{terms.transient / 2**30:.2f} GiB more while it runs; a recomputed block holds "
+       f"{(terms.checkpoint + terms.attention) / 2**30:.2f} GiB (its input and attention's output). "
        + ("; ".join(f"{r.state_dtype} states: {r.fixed_gib_per_rank:.1f} GiB fixed, "
                     f"{'does not fit' if pd.isna(r.blocks_keeping_activations) else f'{int(r.blocks_keeping_activations)} of {layers} blocks keep theirs'}"
                     for r in states.itertuples()) + "."))

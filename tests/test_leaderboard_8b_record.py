@@ -9,6 +9,7 @@ import torch
 
 from cs336_systems.experiments import leaderboard_8b_record as rec
 from cs336_systems.model import TransformerLM
+from cs336_systems.training import MemoryTerms, fixed_memory_bytes
 
 
 @pytest.fixture
@@ -59,10 +60,17 @@ def test_a_row_that_does_not_fit_is_a_row(tiny, monkeypatch):
 
 def test_sharded_plan_halves_each_rank_s_states(tiny):
     model = tiny[0]
-    plan = rec.kept_blocks_table(model, block_bytes=10_000, batch=1, seq=16, budget_bytes=None, world_sizes=(1, 2))
+    terms = MemoryTerms(fixed=0, block=10_000)
+    plan = rec.kept_blocks_table(model, terms, batch=1, seq=16, budget_bytes=None, world_sizes=(1, 2))
     states = 2 * sum(p.numel() for p in model.parameters()) * 2  # bf16
     one, two = plan.fixed_gib_per_rank * 2**30
     assert one - two == pytest.approx(states / 2, abs=1) and list(plan.blocks_keeping_activations) == [2, 2]
+    # within a budget, the rank's halved states leave room for kept blocks (2 layers; kept attention first)
+    terms = MemoryTerms(fixed=0, block=10_000, checkpoint=100, attention=100)
+    budget = fixed_memory_bytes(model, torch.bfloat16, 1, 16, world_size=2) + 2 * 10_000
+    plan = rec.kept_blocks_table(model, terms, batch=1, seq=16, budget_bytes=budget, world_sizes=(1, 2))
+    assert plan.blocks_keeping_activations[1] == 2
+    assert pd.isna(plan.blocks_keeping_activations[0]) or plan.blocks_keeping_activations[0] < 2
 
 
 def test_kernel_categories():

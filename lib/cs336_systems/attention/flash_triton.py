@@ -103,7 +103,7 @@ class FlashAttentionTriton(torch.autograd.Function):
                 launch_forward(q, k, v, out, lse, is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles))
             ctx.route_key = None
         else:
-            out, lse, ctx.route_key = _forward_eager(q, k, v, is_causal, tiles)
+            out, lse, ctx.route_key = flash_forward_with_route(q, k, v, is_causal, tiles)
         ctx.tiles = tiles
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal
@@ -135,11 +135,13 @@ def flash_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_c
     """O and L (q.shape[:-1], fp32) of (..., N, d) inputs, eagerly: the Gluon kernel where
     `gluon_forward_applies`, else `flash_fwd_kernel`; bad inputs raise a ValueError that names the problem.
     (While torch.compile traces, `FlashAttentionTriton.forward` decides in place.)"""
-    return _forward_eager(q, k, v, is_causal, tiles)[:2]
+    return flash_forward_with_route(q, k, v, is_causal, tiles)[:2]
 
 
-def _forward_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None):
-    """`flash_forward_triton`, and the key of the inputs' geometry, with which the backward finds its route."""
+def flash_forward_with_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                             tiles: tuple[int, int] | None = None):
+    """`flash_forward_triton`'s O and L, and the key of the inputs' geometry under which
+    `flash_backward_triton(..., route_key=key)` finds its route (the model's strided layout without copies)."""
     key = geometry_key(q, k, v, is_causal, tiles)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -163,7 +165,7 @@ def flash_backward_triton(
     tiles: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (shapes and dtypes of q, k, v) from the two Triton kernels or, where
-    `gluon_backward_applies`, the fused Gluon kernel. `route_key`: the key `_forward_eager` returned with
+    `gluon_backward_applies`, the fused Gluon kernel. `route_key`: the key `flash_forward_with_route` returned with
     `out` and `lse`, under which the route is kept (None: decided in full)."""
     if route_key is not None:
         route = backward_route(route_key, q, k, v, out, grad_out, lse, is_causal, tiles)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import torch
@@ -28,9 +28,11 @@ from cs336_systems.training.train_step import (
     StepConfig,
     TrainStep,
     build_train_step,
+    MemoryTerms,
     fixed_memory_bytes,
-    measure_block_activation_bytes,
     phase_times,
+    plan_recompute,
+    recompute_cost,
 )
 
 
@@ -48,8 +50,9 @@ class RecordRow:
         return StepConfig(lr=lr, compile_blocks=compile_blocks, **self.options)
 
 
-_BASELINE = dict(recompute="all", loss="cross_entropy", optimizer="torch_adamw")
-_OURS = dict(recompute="plan", loss="fused", optimizer="fused_adamw", state_dtype=torch.bfloat16)
+_BASELINE = dict(recompute="all", loss="cross_entropy", optimizer="torch_adamw", keep_attention=False)
+_PLAN = dict(recompute="plan", loss="fused", optimizer="fused_adamw", state_dtype=torch.bfloat16, keep_attention=False)
+_OURS = dict(_PLAN, keep_attention=True)
 RECORD = (
     RecordRow("torch_native", "the baseline: SDPA, every block recomputed, the LM head's full logits and "
               "F.cross_entropy, torch.optim.AdamW(fused=True)", "sdpa", _BASELINE),
@@ -58,13 +61,15 @@ RECORD = (
               dict(_BASELINE, loss="fused")),
     RecordRow("fused_adamw", "our FusedAdamW, bf16 states stochastically rounded (one launch per group)",
               "flash_triton", dict(_BASELINE, loss="fused", optimizer="fused_adamw", state_dtype=torch.bfloat16)),
-    RecordRow("ours", "the recompute plan: the last blocks keep their activations, as many as memory allows",
-              "flash_triton", _OURS),
+    RecordRow("recompute_plan", "the recompute plan: the last blocks keep their activations, as many as memory "
+              "allows (one compiled block's activations measured on the device)", "flash_triton", _PLAN),
+    RecordRow("ours", "selective recompute: recomputed blocks keep attention's output and logsumexp, so their "
+              "recompute skips the attention forward; the plan counts the kept outputs", "flash_triton", _OURS),
     RecordRow("ours_fp32_states", "ours with fp32 AdamW states (exact AdamW): 16 more bytes a parameter "
               "leave room for fewer kept blocks", "flash_triton", dict(_OURS, state_dtype=torch.float32)),
 )
 RECORD_COLUMNS = ["variant", "change", "step_ms", "peak_gib", "tflops", "ceiling_fraction", "vs_baseline",
-                  "blocks_recomputed", "status", "note"]
+                  "blocks_recomputed", "attention_kept", "status", "note"]
 
 
 def release(step: TrainStep | None = None) -> None:
@@ -108,8 +113,10 @@ def run_record(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, rows=RECO
                 torch.cuda.reset_peak_memory_stats(x.device)
             step = build_train_step(model, row.step_config(compile_blocks))
             ms = time_step(step, x, y, rep_ms, warmup_ms)
-            plan = step.plans.get((x.shape[0], x.shape[1]), [])
-            record.update(step_ms=ms, tflops=flops / (ms * 1e-3) / 1e12, blocks_recomputed=sum(plan))
+            plan = step.plans.get((x.shape[0], x.shape[1]))
+            record.update(step_ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
+                          blocks_recomputed=plan.recomputed_blocks if plan else 0,
+                          attention_kept=bool(plan and plan.keep_attention))
             if x.device.type == "cuda":
                 record["peak_gib"] = torch.cuda.max_memory_allocated(x.device) / GIB
         except torch.OutOfMemoryError as err:
@@ -149,48 +156,48 @@ def leaderboard_rows(record: pd.DataFrame, ceiling_tflops: float | None, world_s
     return pd.concat(parts, ignore_index=True)
 
 
-def memory_plan(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, config: StepConfig) -> pd.DataFrame:
-    """The memory of `config`'s step, analytic against measured, in GiB: parameters, gradients, AdamW
-    states, one block's saved activations (measured by `measure_block_activation_bytes`) times the blocks
-    that keep them, the recomputed blocks' inputs, the loss workspace, and the peak of a second step (the
-    first allocates AdamW's states only at its end, after the activations are gone)."""
-    cfg = model.config
+def memory_plan(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, config: StepConfig
+                ) -> tuple[pd.DataFrame, MemoryTerms]:
+    """The memory of `config`'s step, analytic against measured, in GiB, and the plan's terms
+    (`TrainStep.memory_terms`): parameters, gradients, AdamW states, one block's saved activations
+    (measured, `measure_block_memory`) times the blocks that keep them, the recomputed blocks' inputs and
+    kept attention outputs, the loss workspace, one block's working memory; then the peak the plan predicts
+    (`recompute_cost`) against the peak of a second step (the first allocates AdamW's states only at its
+    end, after the activations are gone)."""
     batch, seq = x.shape
     release()
     step = build_train_step(model, config)
     try:
         step.step(x, y)
+        plan = step.plans[(batch, seq)]
+        terms = step.memory_terms(x, plan.keep_attention)
         if x.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(x.device)
         step.step(x, y)
-        plan = step.plans[(batch, seq)]
+        peak = torch.cuda.max_memory_allocated(x.device) if x.device.type == "cuda" else pd.NA
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
         states = sum(t.numel() * t.element_size() for s in step.optimizer.state.values() for t in s.values()
                      if isinstance(t, torch.Tensor) and t.dim() > 0)
         state_size = torch.tensor([], dtype=config.state_dtype).element_size()
-        with torch.no_grad():
-            h = model.token_embeddings(x)
-        block = measure_block_activation_bytes(model.layers[0], h)
-        del h
-        kept, recomputed = plan.count(False), plan.count(True)
-        stream = batch * seq * cfg.d_model * model.lm_head.weight.element_size()
-        fixed = fixed_memory_bytes(model, config.state_dtype, batch, seq, config.loss_chunk_tokens)
+        kept, recomputed = plan.kept_blocks, plan.recomputed_blocks
         analytic_states = 2 * sum(p.numel() for p in model.parameters()) * state_size
+        attention = terms.attention if plan.keep_attention else 0
         rows = [
             ("parameters", params, params),
-            ("gradients", params, grads),
+            ("gradients (all but the LM head's made in the backward)", params, grads),
             ("AdamW states", analytic_states, states),
-            (f"saved activations ({kept} blocks keep theirs)", kept * block, kept * block),
-            (f"recomputed blocks' inputs ({recomputed})", recomputed * stream, pd.NA),
-            ("one recomputed block rebuilt in the backward", block if recomputed else 0, pd.NA),
-            ("loss workspace and residual streams", fixed - 2 * params - analytic_states, pd.NA),
+            (f"saved activations ({kept} blocks keep theirs)", kept * terms.block, kept * terms.block),
+            (f"recomputed blocks' inputs ({recomputed})", recomputed * terms.checkpoint, pd.NA),
+            (f"recomputed blocks' attention outputs ({recomputed if attention else 0} kept)", recomputed * attention, pd.NA),
+            ("loss workspace and residual streams", terms.fixed - 2 * params - analytic_states, pd.NA),
+            ("one block's working memory (measured)", terms.transient, terms.transient),
+            ("peak (analytic: recompute_cost; measured: a second step's)",
+             recompute_cost(len(plan.recompute), kept, terms, plan.keep_attention), peak),
         ]
-        analytic_total = sum(r[1] for r in rows)
-        peak = torch.cuda.max_memory_allocated(x.device) if x.device.type == "cuda" else pd.NA
-        rows.append(("total (measured: a second step's peak)", analytic_total, peak))
-        return pd.DataFrame([(n, a / GIB, m / GIB if m is not pd.NA else pd.NA) for n, a, m in rows],
-                            columns=["item", "analytic_gib", "measured_gib"])
+        table = pd.DataFrame([(n, a / GIB, m / GIB if m is not pd.NA else pd.NA) for n, a, m in rows],
+                             columns=["item", "analytic_gib", "measured_gib"])
+        return table, terms
     finally:
         release(step)
 
@@ -311,27 +318,25 @@ def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms
         return dict(json.loads(out.read_text()), status="ok", note="")
 
 
-def kept_blocks_table(model: TransformerLM, block_bytes: int, batch: int, seq: int, budget_bytes: int | None,
+def kept_blocks_table(model: TransformerLM, terms: MemoryTerms, batch: int, seq: int, budget_bytes: int | None,
                       world_sizes=(1,), state_dtypes=(torch.bfloat16,)) -> pd.DataFrame:
     """Per rank, for each world size and AdamW state dtype: the fixed memory (parameters and gradients
-    whole, states 1/N) and how many blocks the plan lets keep their activations within `budget_bytes` (one
-    GPU's; None: all of them; None in the column: not even recomputing every block fits)."""
-    from cs336_systems.training.train_step import plan_recompute
-
-    stream = batch * seq * model.config.d_model * model.lm_head.weight.element_size()
+    whole, states 1/N) and the plan within `budget_bytes` (one GPU's; None: every block keeps its
+    activations; None in the columns: not even recomputing every block fits), the other terms `terms`'."""
     rows = []
     for world in world_sizes:
         for state_dtype in state_dtypes:
             fixed = fixed_memory_bytes(model, state_dtype, batch, seq, world_size=world)
-            if budget_bytes is None:
-                kept = model.config.num_layers
-            else:
+            kept, keep_attention = model.config.num_layers, False
+            if budget_bytes is not None:
                 try:
-                    kept = plan_recompute(model.config.num_layers, block_bytes, fixed, budget_bytes, stream).count(False)
+                    plan = plan_recompute(model.config.num_layers, replace(terms, fixed=fixed), budget_bytes)
+                    kept, keep_attention = plan.kept_blocks, plan.keep_attention
                 except ValueError:
-                    kept = None
+                    kept = keep_attention = None
             rows.append(dict(world_size=world, state_dtype=str(state_dtype).removeprefix("torch."),
-                             fixed_gib_per_rank=fixed / GIB, blocks_keeping_activations=kept))
+                             fixed_gib_per_rank=fixed / GIB, blocks_keeping_activations=kept,
+                             attention_kept=keep_attention))
     return pd.DataFrame(rows)
 
 

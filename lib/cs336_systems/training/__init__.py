@@ -11,23 +11,31 @@ Under a process group of several ranks the step is data parallel (`TrainStep`'s 
 """
 
 from cs336_systems.training.train_step import (
+    MemoryTerms,
+    RecomputePlan,
     StepConfig,
     TrainStep,
     build_train_step,
     fixed_memory_bytes,
     measure_block_activation_bytes,
+    measure_block_memory,
     plan_recompute,
+    recompute_cost,
     torch_native_config,
     torch_native_step,
 )
 
 __all__ = [
+    "MemoryTerms",
+    "RecomputePlan",
     "StepConfig",
     "TrainStep",
     "build_train_step",
     "fixed_memory_bytes",
     "measure_block_activation_bytes",
+    "measure_block_memory",
     "plan_recompute",
+    "recompute_cost",
     "torch_native_config",
     "torch_native_step",
 ]

@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variant", choices=("ours", "torch_native"), default="ours")
     p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--recompute", choices=("plan", "all", "none"), default="plan")
+    p.add_argument("--keep-attention", action=argparse.BooleanOptionalAction, default=True,
+                   help="ours: recomputed blocks keep attention's output (selective recompute)")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     p.add_argument("--json", default=None, help="also write rank 0's result to this JSON file")
     return p.parse_args(argv)
@@ -96,7 +98,8 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
 
     start = process_start_time()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
-    device = ctx.device if ctx is not None else torch.device("cuda")
+    # an indexed device: torch.cuda.set_device refuses a bare "cuda"
+    device = ctx.device if ctx is not None else torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
     torch.manual_seed(0)
     attention = "flash_triton" if args.variant == "ours" else "sdpa"
@@ -106,7 +109,8 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     matmul_params = n_params - model.token_embeddings.weight.numel()
     if args.variant == "ours":
         config = StepConfig(lr=1e-4, state_dtype=torch.float32 if args.state_dtype == "fp32" else torch.bfloat16,
-                            recompute=args.recompute, compile_blocks=args.compile_blocks)
+                            recompute=args.recompute, compile_blocks=args.compile_blocks,
+                            keep_attention=args.keep_attention)
         step_obj = build_train_step(model, config)
     else:
         step_obj = torch_native_step(model, lr=1e-4, compile_blocks=args.compile_blocks)
@@ -128,16 +132,19 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     extra = len(calls) - 6
     first_timed = 6 + round(extra * args.warmup / (args.warmup + args.rep)) if extra > 0 else len(calls) - 1
     to_first_timed = calls[min(first_timed, len(calls) - 1)] - start
+    plan = getattr(step_obj, "plans", {}).get((args.batch, args.context))
     flops = useful_flops(matmul_params, args.layers, args.batch * args.context, args.context)
     result = dict(variant=args.variant, batch=args.batch, world_size=world, layers=args.layers, context=args.context,
                   params=n_params, ms=ms, peak_gib=peak / 2**30, useful_tflops=flops / (ms * 1e-3) / 1e12,
                   seconds_to_first_timed_step=to_first_timed,
-                  plan=getattr(step_obj, "plans", {}).get((args.batch, args.context)))
+                  plan=list(plan.recompute) if plan is not None else None,
+                  attention_kept=bool(plan is not None and plan.keep_attention))
     if rank == 0:
         print(f"variant {args.variant}: batch {args.batch} per GPU on {world} GPU(s), {args.layers} layers, "
               f"context {args.context}, {n_params / 1e9:.2f}B parameters")
         if result["plan"] is not None:
-            print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones)")
+            kept = ", each keeping its attention output" if result["attention_kept"] else ""
+            print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones{kept})")
         print(f"do_bench(train_step, rep={args.rep}, warmup={args.warmup}): {ms:.1f} ms per step")
         print(f"peak memory (rank 0): {result['peak_gib']:.2f} GiB")
         print(f"useful: {flops:.4g} FLOPs/step per GPU, {result['useful_tflops']:.1f} TFLOP/s per GPU")

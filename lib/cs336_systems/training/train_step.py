@@ -13,7 +13,10 @@ function it computes are unchanged. What the step changes is how that function i
   `torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)` (keeps only its input, recomputes
   its body before its backward), per `StepConfig.recompute`: "none", "all", or "plan" (as many blocks
   keep their activations as a memory budget allows, `plan_recompute`). `model.checkpoint_every` is
-  not used: the plan replaces it;
+  not used: the plan replaces it. Selective recompute (`StepConfig.keep_attention`, where the model's
+  attention is our FlashAttention): a recomputed block keeps its attention's output and logsumexp and
+  its recompute skips the attention forward (`kept_attention.KeptAttentionOutput`, put in place of the
+  recomputed blocks' attention function when the plan is made);
 - the optimizer is `cs336_systems.fused_adamw.FusedAdamW` over `model.parameters()`, one Triton
   launch per parameter group, fp32 or bf16 (stochastically rounded) states;
 - `compile_blocks=True` wraps each block's forward with torch.compile (`block.compile()`, in place on
@@ -22,7 +25,7 @@ function it computes are unchanged. What the step changes is how that function i
 
 The plan is made at the first step for each input shape (batch, seq), from one block's saved
 activations measured on that step's real input (`measure_block_activation_bytes`: one extra forward
-of block 0, outside autograd's graph), the analytic fixed memory (`fixed_memory_bytes`) and the budget:
+of block 0, compiled when the blocks are, its graph dropped at once), the analytic fixed memory (`fixed_memory_bytes`) and the budget:
 `StepConfig.memory_budget_bytes`, or when None, on CUDA the memory this process can still get
 (`torch.cuda.mem_get_info` free bytes plus what PyTorch's allocator already reserves) minus a 5 GiB
 margin, and on CPU no budget at all: the host is assumed to have room, so every block keeps its
@@ -52,6 +55,7 @@ from torch.utils.checkpoint import checkpoint
 from cs336_systems.fused_adamw import FusedAdamW
 from cs336_systems.fused_loss import default_chunk_tokens, linear_cross_entropy
 from cs336_systems.model import TransformerLM
+from cs336_systems.training.kept_attention import KeptAttentionOutput
 
 GIB = 1 << 30
 CUDA_MARGIN_BYTES = 5 * GIB
@@ -85,6 +89,7 @@ class StepConfig:
     loss: str = "fused"
     optimizer: str = "fused_adamw"
     bucket_size_mb: float = 1000.0  # data parallel only: DDPBucketed's bucket size
+    keep_attention: bool = True  # recomputed blocks keep attention's O and L (only with our FlashAttention)
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE_MODES:
@@ -101,47 +106,118 @@ class StepConfig:
             raise ValueError(f"StepConfig.loss_chunk_tokens must be positive, got {self.loss_chunk_tokens}")
 
 
-def plan_recompute(n_layers: int, block_activation_bytes: int, fixed_bytes: int, budget_bytes: int,
-                   checkpoint_bytes: int = 0) -> list[bool]:
-    """Which blocks recompute (True) and which keep their saved activations (False).
+@dataclass(frozen=True)
+class RecomputePlan:
+    """Per block, whether it recomputes (True) or keeps its saved activations (False); and whether the
+    recomputed blocks keep their attention's output and logsumexp (`kept_attention`)."""
 
-    Memory with k blocks keeping theirs: fixed + k a + (n - k) c + (a if any block recomputes), with
-    a = `block_activation_bytes`, c = `checkpoint_bytes` (what a recomputed block keeps: its input;
-    0 when that input is counted elsewhere), the last term being the one block whose activations are
-    rebuilt during the backward. k is the largest that fits `budget_bytes`.
+    recompute: tuple[bool, ...]
+    keep_attention: bool = False
 
-    The kept blocks are the LAST k: the backward runs the last block first, so kept activations are
-    freed at the start of the backward, and the recomputed blocks' transient activations are rebuilt
-    when the kept ones are already gone; the peak is then at the end of the forward, which is what the
-    formula counts. (Keeping the first blocks instead would hold their activations during the whole
-    backward of the recomputed ones, the same peak here, but no earlier release.)
+    @property
+    def kept_blocks(self) -> int:
+        return self.recompute.count(False)
 
-    ValueError when even recomputing every block does not fit.
+    @property
+    def recomputed_blocks(self) -> int:
+        return self.recompute.count(True)
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """The byte counts of the plan's model of a step's memory (`recompute_cost`)."""
+
+    fixed: int  # parameters, all their gradients, optimizer states, loss workspace, residual streams
+    block: int  # a: what one block that keeps its activations holds (saved tensors and its output)
+    checkpoint: int = 0  # c: what a recomputed block holds (its input; 0 when counted elsewhere)
+    attention: int = 0  # o: attention's O and L, held by a recomputed block that keeps them
+    backward_gradients: int = 0  # G: the gradients that only the backward allocates (part of `fixed`)
+    transient: int = 0  # t: a block's working memory beyond `block` while it runs, forward or backward
+
+
+def recompute_cost(n_layers: int, kept: int, terms: MemoryTerms, keep_attention: bool = False) -> int:
+    """Peak bytes of a step whose last `kept` blocks keep their activations, the others recompute (keeping
+    attention's output when `keep_attention`). With r = n - kept recomputed blocks holding
+    h = c (+ o) each, the larger of
+      the end of the forward:  fixed - G + kept a + r h   (the backward has not allocated G yet)
+      a recomputed block's backward:  fixed + r h + a     (the kept blocks' activations are gone by then)
+    plus t. In between, the backward of a kept block frees its a and allocates its share of G, which is
+    far smaller, so the peak is at one of the two."""
+    recomputed = n_layers - kept
+    held = recomputed * (terms.checkpoint + (terms.attention if keep_attention else 0))
+    end_of_forward = terms.fixed - terms.backward_gradients + kept * terms.block + held
+    recompute = terms.fixed + held + terms.block if recomputed else 0
+    return max(end_of_forward, recompute) + terms.transient
+
+
+def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> RecomputePlan:
+    """Which blocks recompute and which keep their saved activations; whether recomputed blocks keep their
+    attention's output: the most kept blocks whose `recompute_cost` fits `budget_bytes`.
+
+    Attention first: with `terms.attention` > 0 the recomputed blocks keep their attention output whenever
+    that fits, and the kept blocks are then the most that fit with it. One (N, d_model) tensor buys back
+    the attention forward, which at the contexts where memory runs short (N of the order of d_model and
+    more) is a larger share of a block's forward than one tensor is of the dozen or so (N, d_model)-sized
+    tensors a block saves; so per byte it buys back more time than keeping a whole block does.
+
+    The kept blocks are the LAST ones: the backward runs the last block first, so kept activations are
+    freed at the start of the backward, before any recomputed block's activations are rebuilt.
+
+    ValueError when no plan fits.
     """
-    if n_layers < 0 or block_activation_bytes < 0 or fixed_bytes < 0 or checkpoint_bytes < 0:
+    if n_layers < 0 or min(vars(terms).values()) < 0:
         raise ValueError("plan_recompute: layer count and byte counts must be non-negative")
-
-    def cost(kept: int) -> int:
-        recomputed = n_layers - kept
-        return (fixed_bytes + kept * block_activation_bytes + recomputed * checkpoint_bytes
-                + (block_activation_bytes if recomputed else 0))
-
-    if cost(0) > budget_bytes:
-        raise ValueError(
-            f"the step does not fit its memory budget even with every block recomputed: it needs about "
-            f"{cost(0) / GIB:.2f} GiB ({fixed_bytes / GIB:.2f} GiB of parameters, gradients, optimizer states "
-            f"and loss workspace, {n_layers} checkpointed block inputs and one block's "
-            f"{block_activation_bytes / GIB:.2f} GiB of activations) but the budget is {budget_bytes / GIB:.2f} GiB; "
-            f"use fewer layers, a shorter context or smaller batch, bf16 optimizer states "
-            f"(StepConfig.state_dtype=torch.bfloat16), or a bigger GPU")
-    kept = max(k for k in range(n_layers + 1) if cost(k) <= budget_bytes)
-    return [True] * (n_layers - kept) + [False] * kept
+    for keep_attention in ((True, False) if terms.attention else (False,)):
+        fits = [k for k in range(n_layers + 1) if recompute_cost(n_layers, k, terms, keep_attention) <= budget_bytes]
+        if fits:
+            kept = max(fits)
+            return RecomputePlan((True,) * (n_layers - kept) + (False,) * kept, keep_attention and kept < n_layers)
+    need = min(recompute_cost(n_layers, k, terms) for k in range(n_layers + 1))
+    raise ValueError(
+        f"the step does not fit its memory budget with any recompute plan: the least it needs is about "
+        f"{need / GIB:.2f} GiB ({terms.fixed / GIB:.2f} GiB of parameters, gradients, optimizer states "
+        f"and loss workspace, {n_layers} checkpointed block inputs and one block's "
+        f"{terms.block / GIB:.2f} GiB of activations) but the budget is {budget_bytes / GIB:.2f} GiB; "
+        f"use fewer layers, a shorter context or smaller batch, bf16 optimizer states "
+        f"(StepConfig.state_dtype=torch.bfloat16), or a bigger GPU")
 
 
 def measure_block_activation_bytes(block: nn.Module, x: torch.Tensor) -> int:
-    """Bytes autograd saves during one forward of `block` on `x` (its input, (batch, seq, d_model)):
-    the sum of the unique storages' nbytes packed by `saved_tensors_hooks`, leaving out the block's own
-    parameters and buffers (they are kept anyway). Works on any device; the graph is dropped at once."""
+    """Bytes one forward of `block` on `x` (its input, (batch, seq, d_model)) leaves alive for its backward
+    (`measure_block_memory`'s first number)."""
+    return measure_block_memory(block, x)[0]
+
+
+def measure_block_memory(block: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """(saved, transient) bytes of `block` on `x`: what one forward leaves alive for its backward, and the
+    most working memory beyond that while the block's forward or backward runs; the graph is dropped.
+
+    On CUDA, read from the allocator: `saved` is the growth of the allocated bytes over the forward, its
+    output held (the output is the next block's input: a block that keeps its activations adds it to the
+    stream); this is what the block really holds, compiled or not (a compiled block saves what the
+    compiler's partition chose, which autograd's saved-tensor hooks do not see). `transient` is the peak
+    over the forward and over a backward to the input (weight gradients not made: they are counted with
+    the gradients) less `saved`. Resets the device's peak-memory statistics. Elsewhere: `saved` is the
+    sum of the unique storages' nbytes packed by `saved_tensors_hooks`, leaving out the block's own
+    parameters and buffers (the block's input is among them; its output, the same size, is not), and
+    `transient` is 0."""
+    inp = x.detach().requires_grad_(True)
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+        before = torch.cuda.memory_allocated(x.device)
+        torch.cuda.reset_peak_memory_stats(x.device)
+        with torch.enable_grad():
+            out = block(inp)
+        torch.cuda.synchronize(x.device)
+        saved = torch.cuda.memory_allocated(x.device) - before
+        peak = torch.cuda.max_memory_allocated(x.device)
+        upstream = torch.ones_like(out)
+        torch.cuda.reset_peak_memory_stats(x.device)
+        (grad,) = torch.autograd.grad(out, inp, upstream)
+        torch.cuda.synchronize(x.device)
+        peak = max(peak, torch.cuda.max_memory_allocated(x.device))
+        del out, upstream, grad
+        return saved, max(0, peak - before - saved)
     own = {t.untyped_storage().data_ptr() for t in list(block.parameters()) + list(block.buffers())}
     seen: dict[int, int] = {}
 
@@ -152,11 +228,10 @@ def measure_block_activation_bytes(block: nn.Module, x: torch.Tensor) -> int:
             seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
         return t
 
-    inp = x.detach().requires_grad_(True)
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = block(inp)
     del out
-    return sum(seen.values())
+    return sum(seen.values()), 0
 
 
 def param_bytes(model: nn.Module) -> int:
@@ -181,6 +256,13 @@ def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: in
     loss = min(chunk, tokens) * vocab * 4 + vocab * d_model * elt + tokens * d_model * elt
     streams = 4 * tokens * d_model * elt
     return 2 * params + states + loss + streams
+
+
+def kept_attention_bytes(model: TransformerLM, batch: int, seq: int) -> int:
+    """What a recomputed block keeps when it keeps its attention's output: O, (batch, seq, d_model) in the
+    parameters' dtype, and L, (batch, heads, seq) fp32."""
+    weight = model.lm_head.weight
+    return batch * seq * (weight.shape[1] * weight.element_size() + model.config.num_heads * 4)
 
 
 def default_budget_bytes(device: torch.device) -> int | None:
@@ -270,7 +352,9 @@ class TrainStep(OptimizerStep):
             self.optimizer = ShardedOptimizer(model.parameters(), optimizer_cls, **hyper)
         else:
             self.optimizer = optimizer_cls(model.parameters(), **hyper)
-        self.plans: dict[tuple[int, int], list[bool]] = {}
+        self.plans: dict[tuple[int, int], RecomputePlan] = {}
+        # layer index -> the KeptAttentionOutput put in place of that layer's attention function
+        self.keepers: dict[int, KeptAttentionOutput] = {}
         # Set to a list to have each step append (phase, time mark) at the phases' boundaries: CUDA events on
         # the model's device (recorded on the current stream), else perf_counter seconds; `phase_times` reads them.
         self.phase_marks: list | None = None
@@ -278,36 +362,65 @@ class TrainStep(OptimizerStep):
             for block in model.layers:
                 block.compile()
 
-    def plan_for(self, x: torch.Tensor) -> list[bool]:
-        """The recompute plan for x's shape (made and cached at the first step of that shape)."""
+    def plan_for(self, x: torch.Tensor) -> RecomputePlan:
+        """The recompute plan for x's shape (made and cached at the first step of that shape); where it
+        keeps attention outputs, its recomputed blocks' attention functions become `KeptAttentionOutput`s."""
         shape = (x.shape[0], x.shape[1])
         if shape not in self.plans:
-            self.plans[shape] = self.make_plan(x)
+            plan = self.plans[shape] = self.make_plan(x)
+            if plan.keep_attention:
+                for i, recompute in enumerate(plan.recompute):
+                    attn = self.model.layers[i].attn
+                    if recompute and i not in self.keepers:
+                        self.keepers[i] = attn.attention = KeptAttentionOutput(attn.attention)
         return self.plans[shape]
 
-    def make_plan(self, x: torch.Tensor) -> list[bool]:
+    def attention_keepable(self) -> bool:
+        """Whether recomputed blocks can keep their attention's output: asked for, and every layer runs our
+        FlashAttention (the keeping reuses its output and logsumexp)."""
+        from cs336_systems.attention import get_attention
+        from cs336_systems.attention.flash_triton import flash_attention
+
+        ours = (get_attention("flash_triton"), flash_attention)
+        return self.config.keep_attention and all(
+            isinstance(block.attn.attention, KeptAttentionOutput) or block.attn.attention in ours
+            for block in self.model.layers)
+
+    def make_plan(self, x: torch.Tensor) -> RecomputePlan:
         n = len(self.model.layers)
         mode = self.config.recompute
+        keep_attention = self.attention_keepable()
         if mode == "all":
-            return [True] * n
+            return RecomputePlan((True,) * n, keep_attention=keep_attention and n > 0)
         if mode == "none" or n == 0:
-            return [False] * n
+            return RecomputePlan((False,) * n)
         device = self.model.lm_head.weight.device
         budget = self.config.memory_budget_bytes
         if budget is None:
             budget = default_budget_bytes(device)
         if budget is None:  # CPU without an explicit budget: the host is assumed to have room
-            return [False] * n
+            return RecomputePlan((False,) * n)
+        return plan_recompute(n, self.memory_terms(x, keep_attention), budget)
+
+    def memory_terms(self, x: torch.Tensor, keep_attention: bool = True) -> MemoryTerms:
+        """The plan's byte counts for x's shape: block 0's memory measured on x's embedding
+        (`measure_block_memory`), the rest counted from the shapes (`fixed_memory_bytes`, one residual stream
+        per recomputed block, `kept_attention_bytes`). The gradients only the backward allocates are all
+        but the LM head's when the fused loss makes that one in the forward."""
         batch, seq = x.shape
+        model = self.model
         with torch.no_grad():
-            h = self.model.token_embeddings(x)
-        activation = measure_block_activation_bytes(self.model.layers[0], h)
+            h = model.token_embeddings(x)
+        saved, transient = measure_block_memory(model.layers[0], h)
         del h
-        state_dtype = self.config.state_dtype if self.config.optimizer == "fused_adamw" else self.model.lm_head.weight.dtype
-        fixed = fixed_memory_bytes(self.model, state_dtype, batch, seq, self.config.loss_chunk_tokens,
-                                   world_size=self.world_size)
-        stream = batch * seq * self.model.lm_head.weight.shape[1] * self.model.lm_head.weight.element_size()
-        return plan_recompute(n, activation, fixed, budget, checkpoint_bytes=stream)
+        head = model.lm_head.weight
+        state_dtype = self.config.state_dtype if self.config.optimizer == "fused_adamw" else head.dtype
+        backward_gradients = param_bytes(model) - (head.numel() * head.element_size() if self.config.loss == "fused" else 0)
+        return MemoryTerms(
+            fixed=fixed_memory_bytes(model, state_dtype, batch, seq, self.config.loss_chunk_tokens, world_size=self.world_size),
+            block=saved, checkpoint=batch * seq * head.shape[1] * head.element_size(),
+            attention=kept_attention_bytes(model, batch, seq) if keep_attention else 0,
+            backward_gradients=backward_gradients, transient=transient)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """zero_grad, forward, loss, backward; the gradients are left in `.grad`. Returns the detached loss
@@ -316,24 +429,33 @@ class TrainStep(OptimizerStep):
         check_batch(x, y, model.config.vocab_size, model.config.context_length, self.config.check_token_ids)
         plan = self.plan_for(x)
         self.optimizer.zero_grad(set_to_none=True)
-        self._mark("forward")
-        with record_function("forward"):
-            h = model.token_embeddings(x)
-            for block, recompute in zip(model.layers, plan):
-                h = checkpoint(block, h, use_reentrant=False) if recompute else block(h)
-            h = model.ln_final(h)
-        self._mark("loss")
-        with record_function("loss"):
-            if self.config.loss == "fused":
-                loss = linear_cross_entropy(h, model.lm_head.weight, y, chunk_tokens=self.config.loss_chunk_tokens)
-            else:
-                logits = model.lm_head(h)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
-        self._mark("backward")
-        with record_function("backward"):
-            loss.backward()
-            if self.ddp is not None:
-                self.ddp.finish_gradient_synchronization()
+        try:
+            self._mark("forward")
+            with record_function("forward"):
+                h = model.token_embeddings(x)
+                for i, (block, recompute) in enumerate(zip(model.layers, plan.recompute)):
+                    if not recompute:
+                        h = block(h)
+                        continue
+                    if plan.keep_attention:
+                        self.keepers[i].arm()
+                    h = checkpoint(block, h, use_reentrant=False)
+                h = model.ln_final(h)
+            self._mark("loss")
+            with record_function("loss"):
+                if self.config.loss == "fused":
+                    loss = linear_cross_entropy(h, model.lm_head.weight, y, chunk_tokens=self.config.loss_chunk_tokens)
+                else:
+                    logits = model.lm_head(h)
+                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
+            self._mark("backward")
+            with record_function("backward"):
+                loss.backward()
+                if self.ddp is not None:
+                    self.ddp.finish_gradient_synchronization()
+        finally:  # each recompute took its block's kept output; a step that failed midway leaves none behind
+            for keeper in self.keepers.values():
+                keeper.release()
         return loss.detach().float()
 
     def optimizer_step(self) -> None:
@@ -373,7 +495,8 @@ def torch_native_config(lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
     logits, torch.optim.AdamW (fused on CUDA, foreach on CPU); with `compile_blocks`, each block compiled.
     The attention is the model's own: build the model with attention="sdpa" for the baseline."""
     return StepConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, recompute="all",
-                      loss="cross_entropy", optimizer="torch_adamw", compile_blocks=compile_blocks)
+                      loss="cross_entropy", optimizer="torch_adamw", compile_blocks=compile_blocks,
+                      keep_attention=False)
 
 
 def torch_native_step(model: TransformerLM, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
