@@ -38,6 +38,11 @@ import os
 import tempfile
 import time
 
+# Expandable segments: the step's tensors range from KBs to GiBs and the plan fills the GPU to a 5 GiB
+# margin; with fixed-size segments the caching allocator strands GiBs in fragments (an H200 run ran out of
+# memory with 8.8 GiB reserved but unallocated). Set before anything touches CUDA; every row gets it.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
 from cs336_systems.report import resolve_profile, setup_notebook
 
 if resolve_profile(profile) == "cpu":

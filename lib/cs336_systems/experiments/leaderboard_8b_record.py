@@ -306,6 +306,7 @@ def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms
                "--state-dtype", state_dtype, "--json", str(out)] + (["--compile-blocks"] if compile_blocks else [])
         lib = str(Path(cs336_systems.__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [lib, os.environ.get("PYTHONPATH")])))
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as in notebook 20: no stranded GiBs
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:

@@ -11,7 +11,10 @@ start to the first timed step. `--variant ours` is `build_train_step` (flash_tri
 recompute plan, fused loss, FusedAdamW); `torch_native` is `torch_native_step` (SDPA, every block
 checkpointed, full logits, torch.optim.AdamW(fused=True)).
 
-CUDA only: it exits with a clear message elsewhere. Under `torchrun --nproc-per-node N` the same
+Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment (notebook 20 and
+`torchrun_step` do): the plan fills the GPU to a 5 GiB margin, and with fixed-size segments the caching
+allocator can strand several GiB in fragments and run out of memory. `--state-dtype` defaults to bf16,
+the states the record chose. CUDA only: it exits with a clear message elsewhere. Under `torchrun --nproc-per-node N` the same
 command runs the step data parallel (`TrainStep`: gradients averaged by bucketed all-reduces that
 overlap the backward, AdamW states sharded over the ranks), batch `--batch` per GPU, each rank its own
 random tokens; the handout's test is batch 2 on two GPUs: `--batch 1` on 2 ranks.
@@ -65,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10_000, help="do_bench warmup (ms)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--variant", choices=("ours", "torch_native"), default="ours")
-    p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--recompute", choices=("plan", "all", "none"), default="plan")
     p.add_argument("--keep-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="ours: recomputed blocks keep attention's output (selective recompute)")

@@ -242,8 +242,8 @@ def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: in
                        loss_chunk_tokens: int | None = None, world_size: int = 1) -> int:
     """Memory of a step that does not depend on the recompute plan, counted from the shapes:
     parameters, their gradients (same dtype), AdamW's two moments (`state_dtype`; 1/world_size of them on
-    each rank when data parallel), the loss's workspace (one chunk of fp32 logits, the LM head's weight
-    gradient and the hidden gradient the fused loss makes in its forward), and four (batch, seq, d_model)
+    each rank when data parallel), the loss's workspace (one chunk of fp32 logits, the fp32 accumulator of
+    the LM head's weight gradient and the hidden gradient the fused loss makes in its forward), and four (batch, seq, d_model)
     streams (the embedding output, the final norm's input and output, the gradient flowing back)."""
     weight = model.lm_head.weight
     vocab, d_model = weight.shape
@@ -253,7 +253,10 @@ def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: in
     states = -(-2 * numel * torch.tensor([], dtype=state_dtype).element_size() // world_size)
     tokens = batch * seq
     chunk = loss_chunk_tokens if loss_chunk_tokens is not None else default_chunk_tokens(vocab)
-    loss = min(chunk, tokens) * vocab * 4 + vocab * d_model * elt + tokens * d_model * elt
+    # fused loss: a chunk of logits, the fp32 accumulator of the head's weight gradient (V x D, converted to
+    # the head's dtype at the end of the loss: the head's own gradient is counted with the gradients) and
+    # the hidden states' gradient
+    loss = min(chunk, tokens) * vocab * 4 + vocab * d_model * 4 + tokens * d_model * elt
     streams = 4 * tokens * d_model * elt
     return 2 * params + states + loss + streams
 
