@@ -258,10 +258,11 @@ ctx.md(f"After {curve_steps} steps the plain reference's loss is {plain:.4f}; "
 # %% [markdown]
 # ## Two GPUs: the handout's batch 2
 # The leaderboard's own setting is one sequence on each of two GPUs. The same step runs data parallel
-# under a process group (`TrainStep`): rank 0's weights broadcast, gradients averaged by bucketed
-# all-reduces launched as the backward completes them, AdamW's states sharded (each rank updates
-# its parameters and broadcasts them). Per rank, sharding halves the states, which leaves room for more
-# kept blocks (the plan above, `leaderboard_8b_sharded_plan`). Where this machine has two GPUs the
+# under a process group (`TrainStep`): rank 0's weights broadcast; each rank owns half of the
+# parameters; their gradients are averaged onto their owner by bucketed reduces launched as the
+# backward completes them (`DDPShardedGradients`), and the owner keeps their AdamW states, updates
+# them and broadcasts them (ZeRO stage 2). Per rank, sharding halves the gradients and the states,
+# which leaves room for more kept blocks (the plan above, `leaderboard_8b_sharded_plan`). Where this machine has two GPUs the
 # handout's command runs under `torchrun --nproc-per-node 2` for both steps; elsewhere the data-parallel
 # step runs on two CPU processes (gloo) at the scaled-down size, to show it runs and agrees.
 

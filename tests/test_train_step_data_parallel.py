@@ -7,7 +7,8 @@ the summation order differs, as in tests/test_train_step.py); after the optimize
 the same weights bit for bit (each parameter broadcast from its owner), within 1e-6 of the one-process
 step (the two updates start from gradients that differ by ulps: AdamW's first step is m / sqrt(v) =
 g / |g| up to eps, so only the few gradients near eps could move further; lr 1e-3, eps 1e-3 keeps them far);
-and each rank's AdamW holds the states of its own parameters only, together all of them, once.
+and each rank's AdamW holds the states of its own parameters only, together all of them, once; and each
+gradient is left on its owner only (sharded gradients, `DDPShardedGradients`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def model_and_batch():
 def one_step(model, x, y):
     step = build_train_step(model, StepConfig(**CONFIG))
     step.forward_backward(x, y)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     step.optimizer_step()
     return step, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -64,19 +65,26 @@ def test_data_parallel_step_equals_the_whole_batch_in_one_process():
     single, grads, params = one_step(model, x, y)
     assert single.world_size == 1 and single.ddp is None
     assert [r["world"] for r in ranks] == [2, 2]
-    for name, g in grads.items():
-        for r in ranks:
-            torch.testing.assert_close(r["grads"][name], g, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    owned = [r["owned"] for r in ranks]
+    for name, g in grads.items():  # the averaged gradient is on its owner only (sharded gradients)
+        for r, mine in zip(ranks, owned):
+            if name in mine:
+                torch.testing.assert_close(r["grads"][name], g, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+            else:
+                assert name not in r["grads"], f"{name}: a gradient on a rank that does not own it"
     for name, p in params.items():
         assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name]), name
         torch.testing.assert_close(ranks[0]["params"][name], p, rtol=0, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    owned = [r["owned"] for r in ranks]
     assert owned[0].isdisjoint(owned[1]) and owned[0] | owned[1] == set(params) and all(owned)
     assert [r["states"] for r in ranks] == owned  # each rank's AdamW keeps its own parameters' states
 
 
-def test_the_plan_counts_a_rank_s_share_of_the_states():
+def test_the_plan_counts_a_rank_s_share_of_the_states_and_gradients():
     model, x, _ = model_and_batch()
     one, two = (fixed_memory_bytes(model, torch.float32, *x.shape, world_size=w) for w in (1, 2))
-    states = 2 * sum(p.numel() for p in model.parameters()) * 4
-    assert one - two == states // 2
+    numel = sum(p.numel() for p in model.parameters())
+    states, grads = 2 * numel * 4, numel * 4
+    assert one - two == states // 2 + grads // 2
+    # three buckets in flight on top of a rank's share, never more than all the gradients
+    assert fixed_memory_bytes(model, torch.float32, *x.shape, world_size=2, bucket_bytes=1000) == two + 3000
+    assert fixed_memory_bytes(model, torch.float32, *x.shape, world_size=2, bucket_bytes=1 << 30) == one - states // 2

@@ -40,6 +40,16 @@ def all_reduce_mean(tensor: torch.Tensor, async_op: bool = False, group: dist.Pr
     return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
+def reduce_mean(tensor: torch.Tensor, dst: int, async_op: bool = False,
+                group: dist.ProcessGroup | None = None) -> dist.Work | None:
+    """`tensor <- mean over ranks` on rank `dst` only (the others' copies are left undefined); in place, as
+    `all_reduce_mean` (NCCL's AVG, or each rank's contribution divided by n first on gloo)."""
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        return dist.reduce(tensor, dst=dst, op=dist.ReduceOp.AVG, group=group, async_op=async_op)
+    tensor.div_(dist.get_world_size(group))
+    return dist.reduce(tensor, dst=dst, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+
 @torch.no_grad()
 def broadcast_module_state(module: nn.Module, src: int = 0) -> None:
     """Overwrite every parameter (trainable or frozen) and buffer with rank `src`'s values."""

@@ -34,7 +34,7 @@ last bucket's all-reduce must start after the backward pass ends (ddp_overhead_m
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -48,10 +48,12 @@ BYTES_PER_MB = 2**20
 
 
 def assign_buckets(
-    params: Sequence[nn.Parameter], bucket_size_bytes: float | None, tail_bucket_bytes: float | None = None
+    params: Sequence[nn.Parameter], bucket_size_bytes: float | None, tail_bucket_bytes: float | None = None,
+    group_of: Callable[[nn.Parameter], object] | None = None,
 ) -> list[list[nn.Parameter]]:
     """Greedy packing in reverse order; a new bucket starts when the next parameter would
-    overflow the cap or has another dtype or device (a bucket is one contiguous buffer).
+    overflow the cap or has another dtype or device (a bucket is one contiguous buffer), or, with
+    `group_of`, another group (`DDPShardedGradients`: another owner rank).
 
     `tail_bucket_bytes` splits the first-registered parameters, whose gradients the backward
     pass completes last, off the final bucket into a bucket of at most that size (at least one
@@ -63,7 +65,8 @@ def assign_buckets(
     current_bytes = 0
     for p in reversed(params):
         fits = bucket_size_bytes is None or current_bytes + nbytes(p) <= bucket_size_bytes
-        same_kind = not current or (current[-1].dtype, current[-1].device) == (p.dtype, p.device)
+        kind = lambda q: (q.dtype, q.device, group_of(q) if group_of else None)  # noqa: E731
+        same_kind = not current or kind(current[-1]) == kind(p)
         if current and not (fits and same_kind):
             buckets.append(current)
             current, current_bytes = [], 0
@@ -97,24 +100,40 @@ class DDPBucketed(DataParallel):
         self._group = None if max_ctas is None else cta_limited_group(max_ctas)
         cap = None if bucket_size_mb is None else bucket_size_mb * BYTES_PER_MB
         tail = None if tail_bucket_mb is None else tail_bucket_mb * BYTES_PER_MB
-        self.buckets = assign_buckets(self.trainable_parameters(), cap, tail)
-        self.bucket_buffers = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device) for b in self.buckets]
-        self._bucket_of: dict[int, int] = {}
+        self.buckets = assign_buckets(self.trainable_parameters(), cap, tail, self.bucket_group())
+        self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.bucket_buffers: list[torch.Tensor | None] = [None] * len(self.buckets)
         self._view_of: dict[int, torch.Tensor] = {}
-        for i, (bucket, buffer) in enumerate(zip(self.buckets, self.bucket_buffers)):
-            offset = 0
-            for p in bucket:
-                self._bucket_of[id(p)] = i
-                self._view_of[id(p)] = buffer[offset : offset + p.numel()].view_as(p)
-                offset += p.numel()
+        for i in range(len(self.buckets)):
+            if self.keeps_buffers():
+                self.allocate_bucket(i, torch.zeros)
         self._waiting = [len(bucket) for bucket in self.buckets]
         self._next_bucket = 0
         self._arrived: set[int] = set()
         self._in_flight: list[dist.Work] = []
-        device = self.bucket_buffers[0].device if self.bucket_buffers else torch.device("cpu")
+        device = self.buckets[0][0].device if self.buckets else torch.device("cpu")
         self._side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         for p in self.trainable_parameters():
             p.register_post_accumulate_grad_hook(weak_method(self._gradient_ready))
+
+    def bucket_group(self) -> Callable[[nn.Parameter], object] | None:
+        """What else than dtype and device must be equal within a bucket (`assign_buckets`'s `group_of`)."""
+        return None
+
+    def keeps_buffers(self) -> bool:
+        """Whether the bucket buffers live for the whole run (here) or are allocated per step (a subclass)."""
+        return True
+
+    def allocate_bucket(self, index: int, alloc=torch.empty) -> torch.Tensor:
+        """Bucket `index`'s flat buffer and each of its parameters' views into it."""
+        bucket = self.buckets[index]
+        buffer = alloc(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
+        self.bucket_buffers[index] = buffer
+        offset = 0
+        for p in bucket:
+            self._view_of[id(p)] = buffer[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return buffer
 
     @torch.no_grad()
     def _gradient_ready(self, p: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ top of the gradient all-reduce (see `accounting.sharding` for the comparison wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -40,6 +40,21 @@ def assign_greedy(numels: list[int], loads: list[int]) -> list[int]:
     return owners
 
 
+def assign_contiguous(numels: list[int], world_size: int) -> list[int]:
+    """Owner rank of each tensor such that each rank owns one contiguous run, of about 1/N of the elements:
+    a tensor goes to the rank whose share of the running total holds the tensor's middle element. (What
+    `DDPShardedGradients` wants: parameters next to each other share an owner, so a bucket of gradients
+    completed together goes to one rank.)"""
+    if world_size < 1:
+        raise ValueError(f"world_size must be positive, got {world_size}")
+    total, before, owners = sum(numels), 0, []
+    for n in numels:
+        middle = before + n / 2
+        owners.append(min(world_size - 1, int(middle * world_size // total)) if total else 0)
+        before += n
+    return owners
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """Wraps `optimizer_cls` so each rank holds the state of its own shard of the parameters only.
 
@@ -48,9 +63,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
     `add_param_group`, `step`, `consolidated_state_dict`) with the same parameters in the same
     order. Hyperparameters changed in `self.param_groups` (an LR schedule) take effect at the next
     `step`. `state_dict()` is this rank's shard only; `consolidated_state_dict(to)` is the full one.
+    `owners` (parameter -> rank, the same on every rank) replaces the greedy assignment, for a gradient
+    wrapper that reduces each gradient to its owner only (`DDPShardedGradients`): the other ranks then hold
+    no gradient for it, and need none.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any):
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], optimizer_cls: type[torch.optim.Optimizer],
+                 *, owners: Mapping[torch.Tensor, int] | None = None, **kwargs: Any):
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("ShardedOptimizer needs an initialized process group (torch.distributed.init_process_group)")
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
@@ -61,6 +80,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.owner: dict[torch.Tensor, int] = {}
         self.rank_numel = [0] * self.world_size
         self.local_optimizer: torch.optim.Optimizer | None = None
+        self.given_owners = owners
         self._pending_local_groups: list[dict[str, Any]] = []
         # The base constructor calls add_param_group once per group; the wrapped optimizer is
         # built afterwards from the local halves of those groups, so it never sees foreign params.
@@ -89,7 +109,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         except ValueError:
             self.param_groups.pop()
             raise
-        for p, rank in zip(group["params"], assign_greedy([p.numel() for p in group["params"]], self.rank_numel)):
+        if self.given_owners is None:
+            owners = assign_greedy([p.numel() for p in group["params"]], self.rank_numel)
+        else:
+            missing = [tuple(p.shape) for p in group["params"] if p not in self.given_owners]
+            if missing or any(not 0 <= self.given_owners[p] < self.world_size for p in group["params"]):
+                self.param_groups.pop()
+                raise ValueError(f"owners must map every parameter to a rank in [0, {self.world_size}); "
+                                 f"parameters without one: shapes {missing[:5]}")
+            owners = [self.given_owners[p] for p in group["params"]]
+            for p, rank in zip(group["params"], owners):
+                self.rank_numel[rank] += p.numel()
+        for p, rank in zip(group["params"], owners):
             self.owner[p] = rank
         mine = [i for i, p in enumerate(group["params"]) if self.owner[p] == self.rank]
         local_group = {**_hyperparameters(group), "params": [group["params"][i] for i in mine]}

@@ -327,7 +327,8 @@ def kept_blocks_table(model: TransformerLM, terms: MemoryTerms, batch: int, seq:
     rows = []
     for world in world_sizes:
         for state_dtype in state_dtypes:
-            fixed = fixed_memory_bytes(model, state_dtype, batch, seq, world_size=world)
+            fixed = fixed_memory_bytes(model, state_dtype, batch, seq, world_size=world,
+                                       bucket_bytes=int(StepConfig().bucket_size_mb * 2**20))
             kept, keep_attention = model.config.num_layers, False
             if budget_bytes is not None:
                 try:

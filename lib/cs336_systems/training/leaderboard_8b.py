@@ -15,8 +15,8 @@ Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment (noteb
 `torchrun_step` do): the plan fills the GPU to a 5 GiB margin, and with fixed-size segments the caching
 allocator can strand several GiB in fragments and run out of memory. `--state-dtype` defaults to bf16,
 the states the record chose. CUDA only: it exits with a clear message elsewhere. Under `torchrun --nproc-per-node N` the same
-command runs the step data parallel (`TrainStep`: gradients averaged by bucketed all-reduces that
-overlap the backward, AdamW states sharded over the ranks), batch `--batch` per GPU, each rank its own
+command runs the step data parallel (`TrainStep`: gradients and AdamW states sharded over the ranks,
+each bucket of gradients reduced to its owner overlapping the backward), batch `--batch` per GPU, each rank its own
 random tokens; the handout's test is batch 2 on two GPUs: `--batch 1` on 2 ranks.
 """
 

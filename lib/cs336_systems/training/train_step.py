@@ -88,7 +88,7 @@ class StepConfig:
     check_token_ids: bool = True
     loss: str = "fused"
     optimizer: str = "fused_adamw"
-    bucket_size_mb: float = 1000.0  # data parallel only: DDPBucketed's bucket size
+    bucket_size_mb: float = 1000.0  # data parallel only: DDPShardedGradients' bucket size
     keep_attention: bool = True  # recomputed blocks keep attention's O and L (only with our FlashAttention)
 
     def __post_init__(self):
@@ -239,10 +239,11 @@ def param_bytes(model: nn.Module) -> int:
 
 
 def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: int, seq: int,
-                       loss_chunk_tokens: int | None = None, world_size: int = 1) -> int:
+                       loss_chunk_tokens: int | None = None, world_size: int = 1, bucket_bytes: int = 0) -> int:
     """Memory of a step that does not depend on the recompute plan, counted from the shapes:
-    parameters, their gradients (same dtype), AdamW's two moments (`state_dtype`; 1/world_size of them on
-    each rank when data parallel), the loss's workspace (one chunk of fp32 logits, the fp32 accumulator of
+    parameters, their gradients (same dtype; when data parallel, a rank's 1/world_size of them plus three
+    buckets of `bucket_bytes` being filled or reduced, `DDPShardedGradients`), AdamW's two moments
+    (`state_dtype`; 1/world_size of them on each rank when data parallel), the loss's workspace (one chunk of fp32 logits, the fp32 accumulator of
     the LM head's weight gradient and the hidden gradient the fused loss makes in its forward), and four (batch, seq, d_model)
     streams (the embedding output, the final norm's input and output, the gradient flowing back)."""
     weight = model.lm_head.weight
@@ -258,7 +259,16 @@ def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: in
     # the hidden states' gradient
     loss = min(chunk, tokens) * vocab * 4 + vocab * d_model * 4 + tokens * d_model * elt
     streams = 4 * tokens * d_model * elt
-    return 2 * params + states + loss + streams
+    return params + gradient_bytes(model, world_size, bucket_bytes) + states + loss + streams
+
+
+def gradient_bytes(model: TransformerLM, world_size: int = 1, bucket_bytes: int = 0) -> int:
+    """A rank's gradients at their most: all of them on one rank; with N ranks its 1/N share (a contiguous
+    run of parameters, `assign_contiguous`) and three buckets in flight, capped at all of them."""
+    params = param_bytes(model)
+    if world_size == 1:
+        return params
+    return min(params, -(-params // world_size) + 3 * bucket_bytes)
 
 
 def kept_attention_bytes(model: TransformerLM, batch: int, seq: int) -> int:
@@ -331,11 +341,14 @@ class TrainStep(OptimizerStep):
     """`step(x, y) -> loss`; built by `build_train_step`. `plans` maps each input shape seen to its plan.
 
     Data parallel when a process group of more than one rank is initialised (torchrun, `distributed.launch`):
-    each rank steps on its own (x, y); rank 0's weights are broadcast at construction; the gradients are
-    averaged by `DDPBucketed` (bucketed all-reduces launched from gradient hooks as the backward completes
-    them, so they overlap it); the optimizer is `ShardedOptimizer` around the chosen one, each rank keeping
-    the AdamW states of about 1/N of the parameters (ZeRO stage 1) and broadcasting its updated
-    parameters. The returned loss is the rank's own batch's. With one rank none of this is built."""
+    each rank steps on its own (x, y); rank 0's weights are broadcast at construction; each rank owns one
+    contiguous run of about 1/N of the parameters (`assign_contiguous`); the gradients are averaged onto
+    their owners by `DDPShardedGradients` (bucketed reduces launched from gradient hooks as the backward
+    completes them, so they overlap it; a rank keeps only its own parameters' gradients, ZeRO stage 2); the
+    optimizer is `ShardedOptimizer` around the chosen one with the same owners, each rank keeping the AdamW
+    states of its parameters and broadcasting them updated. After `forward_backward` a rank's `.grad` is
+    set for its own parameters only. The returned loss is the rank's own batch's. With one rank none of
+    this is built."""
 
     def __init__(self, model: TransformerLM, config: StepConfig):
         self.model = model
@@ -349,10 +362,13 @@ class TrainStep(OptimizerStep):
         hyper = dict(lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay, **options)
         self.ddp = None
         if self.world_size > 1:
-            from cs336_systems.distributed import DDPBucketed, ShardedOptimizer
+            from cs336_systems.distributed import DDPShardedGradients, ShardedOptimizer
+            from cs336_systems.distributed.sharded_optimizer import assign_contiguous
 
-            self.ddp = DDPBucketed(model, bucket_size_mb=config.bucket_size_mb)
-            self.optimizer = ShardedOptimizer(model.parameters(), optimizer_cls, **hyper)
+            params = list(model.parameters())
+            owners = dict(zip(params, assign_contiguous([p.numel() for p in params], self.world_size)))
+            self.ddp = DDPShardedGradients(model, owners, bucket_size_mb=config.bucket_size_mb)
+            self.optimizer = ShardedOptimizer(params, optimizer_cls, owners=owners, **hyper)
         else:
             self.optimizer = optimizer_cls(model.parameters(), **hyper)
         self.plans: dict[tuple[int, int], RecomputePlan] = {}
@@ -418,9 +434,12 @@ class TrainStep(OptimizerStep):
         del h
         head = model.lm_head.weight
         state_dtype = self.config.state_dtype if self.config.optimizer == "fused_adamw" else head.dtype
-        backward_gradients = param_bytes(model) - (head.numel() * head.element_size() if self.config.loss == "fused" else 0)
+        bucket = int(self.config.bucket_size_mb * 2**20)
+        grads = gradient_bytes(model, self.world_size, bucket)
+        backward_gradients = grads - (head.numel() * head.element_size() if self.config.loss == "fused" else 0)
         return MemoryTerms(
-            fixed=fixed_memory_bytes(model, state_dtype, batch, seq, self.config.loss_chunk_tokens, world_size=self.world_size),
+            fixed=fixed_memory_bytes(model, state_dtype, batch, seq, self.config.loss_chunk_tokens,
+                                     world_size=self.world_size, bucket_bytes=bucket),
             block=saved, checkpoint=batch * seq * head.shape[1] * head.element_size(),
             attention=kept_attention_bytes(model, batch, seq) if keep_attention else 0,
             backward_gradients=backward_gradients, transient=transient)
