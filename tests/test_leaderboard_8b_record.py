@@ -58,14 +58,16 @@ def test_a_row_that_does_not_fit_is_a_row(tiny, monkeypatch):
     assert df.status.iloc[0] == "does not fit" and "bigger GPU" in df.note.iloc[0]
 
 
-def test_sharded_plan_halves_each_rank_s_states_and_gradients(tiny):
+def test_sharded_plan_halves_each_rank_s_states(tiny):
     model = tiny[0]
     terms = MemoryTerms(fixed=0, block=10_000)
     plan = rec.kept_blocks_table(model, terms, batch=1, seq=16, budget_bytes=None, world_sizes=(1, 2))
     numel = sum(p.numel() for p in model.parameters())
-    states, grads = 2 * numel * 2, numel * model.lm_head.weight.element_size()  # bf16 states
+    states = 2 * numel * 2  # bf16
     one, two = plan.fixed_gib_per_rank * 2**30
-    assert one - two == pytest.approx(states / 2 + grads / 2, abs=1) and list(plan.blocks_keeping_activations) == [2, 2]
+    # the tiny model's gradients are smaller than the three 1000 MB buckets in flight: only the states halve
+    # (the gradients' share is tested in tests/test_train_step_data_parallel.py)
+    assert one - two == pytest.approx(states / 2, abs=1) and list(plan.blocks_keeping_activations) == [2, 2]
     # within a budget, the rank's halved states leave room for kept blocks (2 layers; kept attention first)
     terms = MemoryTerms(fixed=0, block=10_000, checkpoint=100, attention=100)
     budget = fixed_memory_bytes(model, torch.bfloat16, 1, 16, world_size=2) + 2 * 10_000

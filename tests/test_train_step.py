@@ -263,6 +263,29 @@ def test_kept_attention_refuses_an_output_of_another_shape(small_tiles):
         keeper(q[:, :, :8], q[:, :, :8], q[:, :, :8], True)
 
 
+def test_activation_memory_budget_is_set_while_the_blocks_run(small_tiles, monkeypatch):
+    """The compiled blocks' partitioner budget is in force whenever a block runs in the step (where they
+    compile and where the plan measures block 0), and only then. (The blocks are not compiled here: under
+    the interpreter nothing compiles; what is tested is that the setting reaches them.)"""
+    import torch._functorch.config as functorch_config
+
+    fast, _ = make_models()
+    seen = []
+    for block in fast.layers:
+        forward = block.forward
+        monkeypatch.setattr(block, "forward", lambda h, forward=forward: seen.append(
+            functorch_config.activation_memory_budget) or forward(h))
+    config = StepConfig(recompute="plan", memory_budget_bytes=1 << 40, compile_blocks=True, activation_memory_budget=0.5)
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: None)  # nothing compiles on the interpreter
+    before = functorch_config.activation_memory_budget
+    build_train_step(fast, config).forward_backward(*batch())
+    assert seen and set(seen) == {0.5} and functorch_config.activation_memory_budget == before
+    with pytest.raises(ValueError, match="activation_memory_budget must be in"):
+        StepConfig(compile_blocks=True, activation_memory_budget=1.5)
+    with pytest.raises(ValueError, match="compile_blocks=True"):
+        StepConfig(activation_memory_budget=0.5)
+
+
 def test_cpu_plan_without_budget_keeps_all(small_tiles):
     fast, _ = make_models()
     step = build_train_step(fast, StepConfig(recompute="plan"))

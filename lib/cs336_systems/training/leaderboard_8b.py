@@ -35,6 +35,9 @@ from cs336_systems.training.train_step import StepConfig, build_train_step, torc
 
 # The handout's configuration.
 VOCAB, D_MODEL, D_FF, LAYERS, HEADS, CONTEXT = 151_936, 4_096, 11_008, 34, 32, 32_768
+# The compiled blocks' partitioner budget of our step (StepConfig.activation_memory_budget), chosen by
+# measuring one 8B block at this context (docs/leaderboard_8b_record.md, tools/activation_budget_probe.py)
+ACTIVATION_MEMORY_BUDGET = 0.6
 
 
 def process_start_time() -> float:
@@ -72,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recompute", choices=("plan", "all", "none"), default="plan")
     p.add_argument("--keep-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="ours: recomputed blocks keep attention's output (selective recompute)")
+    p.add_argument("--activation-memory-budget", type=float, default=None,
+                   help=f"ours, compiled: the partitioner's budget (default {ACTIVATION_MEMORY_BUDGET}; 1 saves all)")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     p.add_argument("--json", default=None, help="also write rank 0's result to this JSON file")
     return p.parse_args(argv)
@@ -113,7 +118,9 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     if args.variant == "ours":
         config = StepConfig(lr=1e-4, state_dtype=torch.float32 if args.state_dtype == "fp32" else torch.bfloat16,
                             recompute=args.recompute, compile_blocks=args.compile_blocks,
-                            keep_attention=args.keep_attention)
+                            keep_attention=args.keep_attention,
+                            activation_memory_budget=(args.activation_memory_budget or ACTIVATION_MEMORY_BUDGET)
+                            if args.compile_blocks else None)
         step_obj = build_train_step(model, config)
     else:
         step_obj = torch_native_step(model, lr=1e-4, compile_blocks=args.compile_blocks)

@@ -19,6 +19,10 @@ function it computes are unchanged. What the step changes is how that function i
   recomputed blocks' attention function when the plan is made);
 - the optimizer is `cs336_systems.fused_adamw.FusedAdamW` over `model.parameters()`, one Triton
   launch per parameter group, fp32 or bf16 (stochastically rounded) states;
+- `activation_memory_budget` (with `compile_blocks`): the compiled blocks' partitioner saves less and
+  recomputes more inside each block's backward (`torch._functorch.config.activation_memory_budget`, a
+  fraction between recomputing everything, 0, and saving everything the backward reads, 1); smaller
+  blocks let the plan keep more of them. Set while the blocks compile and run (`forward_backward`);
 - `compile_blocks=True` wraps each block's forward with torch.compile (`block.compile()`, in place on
   the model's modules; the parameters are untouched). Off by default: under the Triton interpreter
   (CPU) nothing compiles.
@@ -41,6 +45,7 @@ read back together; set it False to skip) and whatever the loss kernel needs; no
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,6 +95,7 @@ class StepConfig:
     optimizer: str = "fused_adamw"
     bucket_size_mb: float = 1000.0  # data parallel only: DDPShardedGradients' bucket size
     keep_attention: bool = True  # recomputed blocks keep attention's O and L (only with our FlashAttention)
+    activation_memory_budget: float | None = None  # compiled blocks' partitioner budget in (0, 1]; None: torch's
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE_MODES:
@@ -102,6 +108,11 @@ class StepConfig:
             raise ValueError(f"StepConfig.state_dtype must be torch.float32 or torch.bfloat16, got {self.state_dtype}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
             raise ValueError(f"StepConfig.memory_budget_bytes must be positive, got {self.memory_budget_bytes}")
+        if self.activation_memory_budget is not None:
+            if not 0 < self.activation_memory_budget <= 1:
+                raise ValueError(f"StepConfig.activation_memory_budget must be in (0, 1], got {self.activation_memory_budget}")
+            if not self.compile_blocks:
+                raise ValueError("StepConfig.activation_memory_budget applies to compiled blocks: set compile_blocks=True")
         if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
             raise ValueError(f"StepConfig.loss_chunk_tokens must be positive, got {self.loss_chunk_tokens}")
 
@@ -430,7 +441,8 @@ class TrainStep(OptimizerStep):
         model = self.model
         with torch.no_grad():
             h = model.token_embeddings(x)
-        saved, transient = measure_block_memory(model.layers[0], h)
+        with self.partitioner_budget():  # a compiled block's saved set depends on it
+            saved, transient = measure_block_memory(model.layers[0], h)
         del h
         head = model.lm_head.weight
         state_dtype = self.config.state_dtype if self.config.optimizer == "fused_adamw" else head.dtype
@@ -447,6 +459,22 @@ class TrainStep(OptimizerStep):
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """zero_grad, forward, loss, backward; the gradients are left in `.grad`. Returns the detached loss
         (fp32). The phases are torch.profiler ranges (`PHASES`)."""
+        with self.partitioner_budget():
+            return self._forward_backward(x, y)
+
+    def partitioner_budget(self):
+        """The compiled blocks' activation memory budget, set while they compile (at their first call, the
+        plan's measurement included) and run; a no-op without one."""
+        budget = self.config.activation_memory_budget
+        if budget is None:
+            return contextlib.nullcontext()
+        import torch._functorch.config as functorch_config  # torch.compile's partitioner settings
+
+        if not hasattr(functorch_config, "activation_memory_budget"):
+            raise ValueError("StepConfig.activation_memory_budget needs a torch whose compiler has it (2.4 or later)")
+        return functorch_config.patch(activation_memory_budget=budget)
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         model = self.model
         check_batch(x, y, model.config.vocab_size, model.config.context_length, self.config.check_token_ids)
         plan = self.plan_for(x)
