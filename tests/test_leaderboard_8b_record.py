@@ -70,7 +70,7 @@ def test_sharded_plan_halves_each_rank_s_states(tiny):
     assert one - two == pytest.approx(states / 2, abs=1) and list(plan.blocks_keeping_activations) == [2, 2]
     # within a budget, the rank's halved states leave room for kept blocks (2 layers; kept attention first)
     terms = MemoryTerms(fixed=0, block=10_000, checkpoint=100, attention=100)
-    budget = fixed_memory_bytes(model, torch.bfloat16, 1, 16, world_size=2) + 2 * 10_000
+    budget = fixed_memory_bytes(model, torch.bfloat16, 1, 16, world_size=2, bucket_bytes=1000 * 2**20) + 2 * 10_000
     plan = rec.kept_blocks_table(model, terms, batch=1, seq=16, budget_bytes=budget, world_sizes=(1, 2))
     assert plan.blocks_keeping_activations[1] == 2
     assert pd.isna(plan.blocks_keeping_activations[0]) or plan.blocks_keeping_activations[0] < 2
