@@ -91,3 +91,19 @@ def test_a_failed_torchrun_run_is_a_row_with_its_reason():
                             timeout_s=120)
     assert row["status"] == "failed" and "CUDA" in row["note"] and row["world_size"] == 1
     assert isinstance(pd.DataFrame([row]), pd.DataFrame)
+
+
+def test_compiled_blocks_are_reset_when_the_partitioner_budget_changes(tiny, monkeypatch):
+    """Compiled code stays on the blocks whatever budget partitioned it: the record drops it at its start and
+    whenever a row's budget differs from the one the blocks were compiled under (the blocks are not really
+    compiled here: under the interpreter nothing compiles)."""
+    model, x, y = tiny
+    resets = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: None)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(True))
+    rows = [rec.RecordRow(f"r{i}", "", "flash_triton", dict(recompute="none", activation_memory_budget=b))
+            for i, b in enumerate((None, None, 0.6, 0.6, None))]
+    rows = [rec.RecordRow(r.variant, "", r.attention, {k: v for k, v in r.options.items() if v is not None})
+            for r in rows]
+    df = rec.run_record(model, x, y, rows, compile_blocks=True)
+    assert (df.status == "ok").all() and len(resets) == 3

@@ -22,7 +22,9 @@ function it computes are unchanged. What the step changes is how that function i
 - `activation_memory_budget` (with `compile_blocks`): the compiled blocks' partitioner saves less and
   recomputes more inside each block's backward (`torch._functorch.config.activation_memory_budget`, a
   fraction between recomputing everything, 0, and saving everything the backward reads, 1); smaller
-  blocks let the plan keep more of them. Set while the blocks compile and run (`forward_backward`);
+  blocks let the plan keep more of them. Set while the blocks compile and run (`forward_backward`); it
+  shapes the blocks when they compile, so blocks compiled earlier under another budget keep their
+  partition until `torch._dynamo.reset()` (the record does that between rows);
 - `compile_blocks=True` wraps each block's forward with torch.compile (`block.compile()`, in place on
   the model's modules; the parameters are untouched). Off by default: under the Triton interpreter
   (CPU) nothing compiles.
