@@ -29,13 +29,13 @@ function it computes are unchanged. What the step changes is how that function i
   the model's modules; the parameters are untouched). Off by default: under the Triton interpreter
   (CPU) nothing compiles.
 
-The plan is made at the first step for each input shape (batch, seq), from one block's saved
-activations measured on that step's real input (`measure_block_activation_bytes`: one extra forward
-of block 0, compiled when the blocks are, its graph dropped at once), the analytic fixed memory (`fixed_memory_bytes`) and the budget:
-`StepConfig.memory_budget_bytes`, or when None, on CUDA the memory this process can still get
-(`torch.cuda.mem_get_info` free bytes plus what PyTorch's allocator already reserves) minus a 5 GiB
-margin, and on CPU no budget at all: the host is assumed to have room, so every block keeps its
-activations. (A budget given explicitly is honoured on CPU too; that is how the tests make a mixed plan.)
+The plan is made at the first step for each input shape (batch, seq), from one block's memory measured
+on that step's real input (`measure_block_memory`: one extra forward and backward of block 0, compiled
+when the blocks are, its graph dropped at once), the analytic fixed memory (`fixed_memory_bytes`), the
+peak model of `recompute_cost` and the budget: `StepConfig.memory_budget_bytes`, or when None, on
+CUDA the memory this process can still get (`torch.cuda.mem_get_info` free bytes plus what PyTorch's
+allocator already reserves) minus a 5 GiB margin, and on CPU no budget at all: the host is assumed to
+have room, so every block keeps its activations. (A budget given explicitly is honoured on CPU too; that is how the tests make a mixed plan.)
 
 Host syncs inside `step()`: one for the token-id range check (`check_token_ids`, min/max of x and y
 read back together; set it False to skip) and whatever the loss kernel needs; none other.
@@ -254,11 +254,12 @@ def param_bytes(model: nn.Module) -> int:
 def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: int, seq: int,
                        loss_chunk_tokens: int | None = None, world_size: int = 1, bucket_bytes: int = 0) -> int:
     """Memory of a step that does not depend on the recompute plan, counted from the shapes:
-    parameters, their gradients (same dtype; when data parallel, a rank's 1/world_size of them plus three
-    buckets of `bucket_bytes` being filled or reduced, `DDPShardedGradients`), AdamW's two moments
-    (`state_dtype`; 1/world_size of them on each rank when data parallel), the loss's workspace (one chunk of fp32 logits, the fp32 accumulator of
-    the LM head's weight gradient and the hidden gradient the fused loss makes in its forward), and four (batch, seq, d_model)
-    streams (the embedding output, the final norm's input and output, the gradient flowing back)."""
+    parameters; their gradients (same dtype; when data parallel, a rank's 1/world_size of them plus three
+    buckets of `bucket_bytes` being filled or reduced, `DDPShardedGradients`); AdamW's two moments
+    (`state_dtype`; 1/world_size of them on each rank when data parallel); the loss's workspace (one chunk
+    of fp32 logits, the fp32 accumulator of the LM head's weight gradient and the hidden gradient the fused
+    loss makes in its forward); and four (batch, seq, d_model) streams (the embedding output, the final
+    norm's input and output, the gradient flowing back)."""
     weight = model.lm_head.weight
     vocab, d_model = weight.shape
     elt = weight.element_size()
