@@ -48,7 +48,7 @@ class RecordRow:
 
     def step_config(self, compile_blocks: bool, lr: float = 1e-4) -> StepConfig:
         """The row's StepConfig; uncompiled, without the compiler's activation memory budget (it has no
-        effect there), so on the CPU profile the last two rows run the same step."""
+        effect there), so on the CPU profile the rows `kept_attention` and `ours` run the same step."""
         options = dict(self.options)
         if not compile_blocks:
             options.pop("activation_memory_budget", None)
@@ -345,7 +345,7 @@ def kept_blocks_table(model: TransformerLM, terms: MemoryTerms, batch: int, seq:
     for world in world_sizes:
         for state_dtype in state_dtypes:
             fixed = fixed_memory_bytes(model, state_dtype, batch, seq, world_size=world,
-                                       bucket_bytes=int(StepConfig().bucket_size_mb * 2**20))
+                                       bucket_bytes=StepConfig().bucket_bytes)
             kept, keep_attention = model.config.num_layers, False
             if budget_bytes is not None:
                 try:

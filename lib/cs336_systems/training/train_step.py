@@ -99,6 +99,11 @@ class StepConfig:
     keep_attention: bool = True  # recomputed blocks keep attention's O and L (only with our FlashAttention)
     activation_memory_budget: float | None = None  # compiled blocks' partitioner budget in (0, 1]; None: torch's
 
+    @property
+    def bucket_bytes(self) -> int:
+        """`bucket_size_mb` in bytes (MiB, as DDP's `bucket_cap_mb`)."""
+        return int(self.bucket_size_mb * 2**20)
+
     def __post_init__(self):
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"StepConfig.recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
@@ -449,7 +454,7 @@ class TrainStep(OptimizerStep):
         del h
         head = model.lm_head.weight
         state_dtype = self.config.state_dtype if self.config.optimizer == "fused_adamw" else head.dtype
-        bucket = int(self.config.bucket_size_mb * 2**20)
+        bucket = self.config.bucket_bytes
         grads = gradient_bytes(model, self.world_size, bucket)
         backward_gradients = grads - (head.numel() * head.element_size() if self.config.loss == "fused" else 0)
         return MemoryTerms(
