@@ -4,6 +4,10 @@ at the 2026 leaderboard model's attention shape, in rounds whose order rotates, 
 backward kernels and SDPA's cuDNN and flash backends. Writes every timing as CSV rows, prints a summary.
 
     python tools/flash_d128_bench.py OUT.csv [--rounds 4] [--ms 2000] [--regs 240,24 232,40] [--shape 1,32,32768,128 ...]
+        [--variant NAME=PATH[:STAGES] ...] [--skip triton sdpa_flash]
+
+A variant is a candidate kernel module (PATH defines `flash_bwd_gluon_d128_kernel` with the shipped kernel's
+signature), launched by the library's host code with its STAGES (default the shipped ones).
 
 Run on a Hopper GPU. Each candidate's times go to the tuning record (docs/flash_attention_tuning.md).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import statistics
 
 import torch
@@ -47,6 +52,20 @@ def triton_only(fn):
     return run
 
 
+SKIPPED: set[str] = set()  # routes not timed, from --skip
+VARIANTS: dict[str, tuple] = {}  # name -> (kernel, tiles or None), from --variant
+
+
+def load_variant(spec: str) -> None:
+    name, _, rest = spec.partition("=")
+    path, _, stages = rest.partition(":")
+    module_spec = importlib.util.spec_from_file_location(f"variant_{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    tiles = (*G.GLUON_BWD_TILES[128][:2], int(stages)) if stages else None
+    VARIANTS[name] = (module.flash_bwd_gluon_d128_kernel, tiles)
+
+
 def backward_routes(q, k, v, do, causal: bool, regs_list) -> tuple:
     """Our forward, and name -> backward of each route from its saved tensors (contiguous, as the
     library hands them to the backward kernels)."""
@@ -57,6 +76,9 @@ def backward_routes(q, k, v, do, causal: bool, regs_list) -> tuple:
     qc, kc, vc, doc = (t.detach().contiguous() for t in (q, k, v, do))
     routes = {f"gluon_{r[0]}_{r[1]}": (lambda r=r: G._backward(qc, kc, vc, o, doc, lse, causal, regs=r))
               for r in regs_list}
+    for name, (kernel, tiles) in VARIANTS.items():
+        routes[name] = lambda kernel=kernel, tiles=tiles: G._backward(qc, kc, vc, o, doc, lse, causal, tiles=tiles,
+                                                                      kernel=kernel)
     routes["triton"] = triton_only(lambda: flash_backward_triton(qc, kc, vc, o, doc, lse, causal))
     return forward, routes
 
@@ -92,7 +114,7 @@ def timers(q, k, v, do, causal: bool, regs_list) -> dict:
               for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION))}
     forward, routes = backward_routes(q, k, v, do, causal, regs_list)
     result.update({name: (forward, backward) for name, backward in routes.items()})
-    return result
+    return {name: fns for name, fns in result.items() if name not in SKIPPED}
 
 
 def main() -> None:
@@ -102,9 +124,14 @@ def main() -> None:
     parser.add_argument("--ms", type=int, default=2000)
     parser.add_argument("--regs", nargs="*", default=["240,24", "232,40"])
     parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--variant", nargs="*", default=[], help="NAME=PATH[:STAGES] of a candidate kernel")
+    parser.add_argument("--skip", nargs="*", default=[], help="routes not timed (e.g. triton sdpa_flash)")
     parser.add_argument("--shape", nargs="*", default=["1,32,32768,128"], help="b,h,N,d of each timed shape")
     args = parser.parse_args()
     regs_list = [tuple(int(x) for x in r.split(",")) for r in args.regs]
+    for spec in args.variant:
+        load_variant(spec)
+    SKIPPED.update(args.skip)
     rows: list[dict] = []
     G.MIN_SEQ_LEN, G.MIN_CTAS_PER_SM = 0, 0  # small shapes through the Gluon route for the checks
     if not args.skip_check:

@@ -166,7 +166,8 @@ def _launch(q, k, v, out, lse, is_causal: bool) -> None:
     )
 
 
-def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None):
+def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None,
+                     kernel=None):
     n, d = q.shape[-2:]
     q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
     consumer_regs, producer_regs = regs or GLUON_BWD_REGS[d]
@@ -193,10 +194,10 @@ def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal:
     else:
         from cs336_systems.attention.flash_gluon_backward_d128 import flash_bwd_gluon_d128_kernel
 
-        flash_bwd_gluon_d128_kernel[grid](*args, is_causal=bool(is_causal), **options)
+        (kernel or flash_bwd_gluon_d128_kernel)[grid](*args, is_causal=bool(is_causal), **options)
 
 
-def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
+def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None, kernel=None):
     from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
 
     n, d = q.shape[-2:]
@@ -209,7 +210,7 @@ def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
     l_b, l_n = output_strides(delta, 1)
     flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
         out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
-    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, tiles, regs)
+    _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, tiles, regs, kernel)
     if d != 128:
         return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
     return dq_from_planes(dq_acc, q.shape, q.dtype), grad_k, grad_v
