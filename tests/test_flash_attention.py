@@ -244,7 +244,9 @@ def test_gluon_forward_never_applies_off_gpu():
         (128, 32768, torch.bfloat16, 32, 9, True, True),  # the 2026 leaderboard model's attention
         (128, 32768, torch.bfloat16, 32, 9, False, True),  # d = 128 gains without the mask too
         (128, 32768, torch.float32, 32, 9, True, False),
-        (128, 8192, torch.bfloat16, 1, 9, True, True),  # d = 128 from N = 8,192 on, one head too
+        (128, 16384, torch.bfloat16, 1, 9, True, True),  # d = 128 from N = 16,384 on, one head too
+        (128, 8192, torch.bfloat16, 1, 9, True, False),  # 64 CTAs: the eager call host-bound (v18)
+        (128, 8192, torch.bfloat16, 32, 9, True, True),  # 2,048 CTAs
         (128, 4096, torch.bfloat16, 32, 9, True, True),  # shorter: with 2 CTAs per SM (1,024 of 264)
         (128, 4096, torch.bfloat16, 4, 9, True, False),  # 128 CTAs: the Triton kernels were faster
         (128, 32768, torch.bfloat16, 32, 8, True, False),

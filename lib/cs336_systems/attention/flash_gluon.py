@@ -13,8 +13,10 @@ time: it wins only on long sequences with several CTAs per SM, hence `MIN_SEQ_LE
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) has two kernels. At d = 64
 (`flash_gluon_backward`) it takes the forward's limits and causal attention only, where it beat the two
 Triton kernels; without the mask it did not (docs/flash_attention_tuning.md, v8 to v15). At d = 128
-(`flash_gluon_backward_d128`) it runs causal and full attention from N = 8,192 on, or with two CTAs
-per SM at shorter N, where it measured faster than the Triton kernels (v17).
+(`flash_gluon_backward_d128`) it runs causal and full attention from N = 16,384 on, or with two CTAs
+per SM at shorter N: there it measured faster than the Triton kernels in device time and in eager calls (v17,
+v18). At one head and N = 8,192 its device time was shorter too, but its launch's host path, longer than
+that device time, made the eager call slower (v18).
 
 Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
 `cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
@@ -47,9 +49,10 @@ GLUON_BWD_REGS = {64: (CONSUMER_REGS, PRODUCER_REGS), 128: (240, 24)}
 DQ_PLANE_COLS = 64  # d = 128: dQ's accumulator columns per plane, one plane per consumer warpgroup
 MIN_CTAS_PER_SM = 3
 MIN_SEQ_LEN = 16384
-# d = 128's backward beat the two Triton kernels at every measured shape from N = 8,192 on, and at N = 4,096
-# with 32 heads, not with 4 heads (128 CTAs; docs/flash_attention_tuning.md, v17)
-D128_BWD_MIN_SEQ_LEN = 8192
+# d = 128's backward beat the two Triton kernels in device time at every measured shape from N = 8,192 on, and
+# at N = 4,096 with 32 heads, not with 4 heads (128 CTAs; docs/flash_attention_tuning.md, v17); eagerly at one
+# head not at N = 8,192 (64 CTAs: the launch's host path outlasted the kernel), from 16,384 on (v18)
+D128_BWD_MIN_SEQ_LEN = 16384
 D128_BWD_MIN_CTAS_PER_SM = 2
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
 
