@@ -15,8 +15,9 @@ The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) has two ke
 Triton kernels; without the mask it did not (docs/flash_attention_tuning.md, v8 to v15). At d = 128
 (`flash_gluon_backward_d128`) it runs causal and full attention from N = 16,384 on, or with two CTAs
 per SM at shorter N: there it measured faster than the Triton kernels in device time and in eager calls (v17,
-v18). At one head and N = 8,192 its device time was shorter too, but its launch's host path, longer than
-that device time, made the eager call slower (v18).
+v18). At one head and N = 8,192 its device time was shorter too, but the eager call was slower: the C++
+autograd node (`flash_native`) serves only the Triton kernels' route, so this route's eager calls take the
+Python `autograd.Function`, whose host path outlasted the kernel there (v18).
 
 Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
 `cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
@@ -51,7 +52,8 @@ MIN_CTAS_PER_SM = 3
 MIN_SEQ_LEN = 16384
 # d = 128's backward beat the two Triton kernels in device time at every measured shape from N = 8,192 on, and
 # at N = 4,096 with 32 heads, not with 4 heads (128 CTAs; docs/flash_attention_tuning.md, v17); eagerly at one
-# head not at N = 8,192 (64 CTAs: the launch's host path outlasted the kernel), from 16,384 on (v18)
+# head not at N = 8,192 (64 CTAs: the Python autograd.Function's host path outlasted the kernel), from 16,384 on
+# (v18)
 D128_BWD_MIN_SEQ_LEN = 16384
 D128_BWD_MIN_CTAS_PER_SM = 2
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
