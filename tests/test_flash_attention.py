@@ -379,8 +379,9 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
 def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device, monkeypatch):
     """The eager backward derives its kernels' configurations and launch plans once per forward geometry and
     upstream-gradient layout: a second backward of one geometry re-derives nothing and gives the same gradients,
-    a non-contiguous upstream gradient or non-contiguous inputs take the general path (own entry, no route),
-    and a configuration table reload forgets the routes."""
+    a non-contiguous upstream gradient or inputs the kernels cannot read in place take the general path (own
+    entry, no route), views they read in place (a model's batch-1 heads-first views) get a route whose gradients
+    have the views' strides, and a configuration table reload forgets the routes."""
     from cs336_systems.attention.flash_launch import LAUNCHES
     from cs336_systems.attention.flash_configs import reload_config_table
 
@@ -421,6 +422,16 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     FlashAttentionTriton.apply(*leaves, True).backward(do)
     assert len(LAUNCHES.backward_routes) == 3 and list(LAUNCHES.backward_routes.values())[-1] is None
     for grad, ref in zip([t.grad for t in leaves], expected(do, model_view)):
+        assert rel_error(grad, ref) < 1e-3
+    # batch 1: the heads-first views' leading dimensions merge, the kernels read them in place
+    model_view = [torch.randn(1, 40, 3, 16, generator=gen).to(triton_device).transpose(1, 2) for _ in range(3)]
+    leaves = [t.detach().requires_grad_() for t in model_view]
+    do = torch.randn(1, 3, 40, 16, generator=gen).to(triton_device)
+    grads = torch.autograd.grad(FlashAttentionTriton.apply(*leaves, True), leaves, do)  # as the kernels wrote them
+    route = list(LAUNCHES.backward_routes.values())[-1]
+    assert len(LAUNCHES.backward_routes) == 4 and isinstance(route, flash_dispatch.BackwardRoute)
+    assert [g.stride() for g in grads] == [t.stride() for t in leaves]
+    for grad, ref in zip(grads, expected(do, model_view)):
         assert rel_error(grad, ref) < 1e-3
     reload_config_table()
     assert not LAUNCHES.backward_routes

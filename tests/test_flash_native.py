@@ -218,11 +218,36 @@ def test_native_node_guards_its_saved_tensors(native):
 
 
 @needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_native_node_reads_a_models_head_views_in_place(native, d):
+    """A model's (1, h, N, d) views of its (1, N, h d) projections go through the node: O and the gradients
+    equal the Python path's and float64's, and the gradients have the views' strides."""
+    from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, relative_errors
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_attention_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v = (torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen)
+               .view(1, 1000, 4, d).transpose(1, 2).requires_grad_() for _ in range(3))
+    grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    out = flash_attention_triton(q, k, v, True)
+    assert out.grad_fn.name() == "FlashAttentionNativeBackward"
+    ours = _run(flash_attention_triton, q, k, v, True, grad_out)
+    raw = torch.autograd.grad(flash_attention_triton(q, k, v, True), (q, k, v), grad_out)  # as the node wrote them
+    assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
+    python = _run(FlashAttentionTriton.python_apply, q, k, v, True, grad_out)
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), ours, python):
+        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+    reference = reference_gradients(q, k, v, grad_out, True)
+    errors = relative_errors(implementation("triton"), q, k, v, grad_out, True, reference)
+    assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
+
+
+@needs_cuda
 def test_calls_the_node_does_not_serve_take_the_python_path(native):
     from cs336_systems.attention.flash_triton import flash_attention_triton
 
-    q, k, v = _inputs((1, 1024, 2, 64), torch.bfloat16)
-    strided = [t.transpose(1, 2) for t in (q, k, v)]  # (batch, heads, N, d) views, not contiguous
+    q, k, v = _inputs((2, 1024, 2, 64), torch.bfloat16)
+    strided = [t.transpose(1, 2) for t in (q, k, v)]  # (batch, heads, N, d) views the kernels cannot read in place
     assert flash_attention_triton(*strided, True).grad_fn.name() == "FlashAttentionTritonBackward"
     q, k, v = _inputs((1, 1, 1024, 64), torch.bfloat16)
     assert flash_attention_triton(q, k, v, True, backward_impl="pytorch").grad_fn.name() == "FlashAttentionTritonBackward"

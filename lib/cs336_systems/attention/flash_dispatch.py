@@ -3,7 +3,8 @@
 From a problem (the tensors' shapes, strides, dtype, device; causality; a `tiles` override) to a route:
 the forward is the Gluon kernel (`GLUON`, where `flash_gluon.gluon_forward_applies`) or the Triton
 kernel by a launch plan; the backward is the fused Gluon kernel, the two Triton kernels by their plans
-(`BackwardRoute`), or, for inputs that are not contiguous, None (the caller copies and decides in full).
+(`BackwardRoute`), or None for inputs that the kernels cannot read in place or a non-dense upstream gradient
+(the caller copies and decides in full).
 Eager calls keep each geometry's route in `flash_launch.LAUNCHES` (the key holds everything a decision
 reads), because at short sequences deriving it costs as much host time as the launches.
 """
@@ -17,7 +18,7 @@ import torch
 from cs336_systems.attention.flash_configs import KernelConfig, config_for
 from cs336_systems.attention.flash_gluon import gluon_backward_applies, gluon_forward_applies
 from cs336_systems.attention.flash_launch import LAUNCHES, LaunchPlan
-from cs336_systems.attention.flash_layout import INTERPRETED, head_dim_tile
+from cs336_systems.attention.flash_layout import INTERPRETED, head_dim_tile, read_in_place
 from cs336_systems.attention.validation import check_triton_inputs
 
 GLUON = "gluon"
@@ -77,8 +78,10 @@ class BackwardRoute(NamedTuple):
 
 def decide_backward(q, k, v, out, grad_out, lse, is_causal: bool,
                     tiles: tuple[int, int] | None) -> str | BackwardRoute | None:
-    """GLUON, the Triton kernels' plans, or None where an input is not contiguous (the general path)."""
-    if not all(t.is_contiguous() for t in (q, k, v, grad_out, lse)):
+    """GLUON, the Triton kernels' plans, or None (the general path) where q, k or v would need a copy
+    (`flash_layout.read_in_place`) or the upstream gradient or L is not contiguous. The gradients the plans
+    write have the inputs' strides (`empty_like`)."""
+    if not (all(read_in_place(t) for t in (q, k, v)) and grad_out.is_contiguous() and lse.is_contiguous()):
         return None
     if gluon_backward_applies(q, k, v, is_causal, INTERPRETED, tiles):
         return GLUON

@@ -75,6 +75,12 @@ def as_rows(t: torch.Tensor, row_dims: int = 2) -> tuple[torch.Tensor, tuple[int
     return t, (stride_b, *t.stride()[len(t.shape) - row_dims:])
 
 
+def read_in_place(t: torch.Tensor, row_dims: int = 2) -> bool:
+    """Whether the kernels read `t` without a copy (`as_rows`): contiguous, or a view whose leading dimensions
+    merge into one stride, such as a model's (1, h, N, d) views of its (1, N, h d) projections."""
+    return batch_stride(t, row_dims) is not None
+
+
 def output_strides(t: torch.Tensor, row_dims: int = 2) -> tuple[int, ...]:
     """`as_rows` strides of a tensor a kernel writes: a copy would lose what the kernel writes."""
     stride_b = batch_stride(t, row_dims)

@@ -12,7 +12,9 @@ parameters (`launch_spec`), derived here once from the Python path's own decisio
 `decide_forward`, `decide_backward`) and the compiled kernels (Triton's `warmup`): the kernels,
 configurations and launch plans are the Python path's, so both paths compute the same thing (tests/test_flash_native.py
 checks the parameters against Triton's launcher on compiled kernels, and on a GPU the gradients).
-The program covers the Triton kernels' route: contiguous inputs whose forward is not the Gluon kernel's
+The program covers the Triton kernels' route: inputs the kernels read in place (contiguous, or views whose
+leading dimensions merge into one stride, such as a model's (1, h, N, d) views of its projections; the
+gradients then have the views' strides) whose forward is not the Gluon kernel's
 (`flash_gluon.gluon_forward_applies`: N >= 16,384 with work for three CTAs per SM, where the host time
 is hidden anyway). Every other call takes `FlashAttentionTriton` (the Python autograd.Function): CPU
 tensors, the interpreter, torch.compile, tensor subclasses, a `tiles` override, the PyTorch backward,
@@ -38,7 +40,7 @@ import torch
 from cs336_systems.attention.flash_configs import register_answer_cache
 from cs336_systems.attention.flash_dispatch import GLUON, decide_backward, decide_forward
 from cs336_systems.attention.flash_launch import LAUNCHES
-from cs336_systems.attention.flash_layout import INTERPRETED
+from cs336_systems.attention.flash_layout import INTERPRETED, read_in_place
 from cs336_systems.attention.triton_launch import grid3, launch_hooks_set
 from cs336_systems.attention.validation import check_triton_inputs
 
@@ -138,7 +140,7 @@ def derive_program(slots: dict, q, k, v, is_causal: bool):
     """(forward launch specs, backward launch specs, held tensors, zeroed gradient slots) of this geometry,
     or None where the Python path serves it (module docstring)."""
     check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-    if INTERPRETED or not all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)):
+    if INTERPRETED or not all(read_in_place(t) and t.data_ptr() % 16 == 0 for t in (q, k, v)):
         return None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)

@@ -1,0 +1,86 @@
+"""The forward at head dimension 128 across batch·heads and N, against SDPA's cuDNN and flash backends.
+
+For each layout (a model's (1, h, N, d) views of its (1, N, h d) projections, and contiguous (1, h, N, d)
+tensors), h in 1, 4, 16, 64 heads, N from 4,096 to 32,768, causal and full, bf16: the eager forward of inputs
+that require gradients (as in training: the call also records its autograd node) and its device time (the
+kernels of one call replayed as a CUDA graph, `measure_device_ms`), in rounds whose order rotates. Prints
+each point's ratios to cuDNN and writes every timing as CSV rows.
+
+    python tools/flash_d128_forward_shapes.py OUT.csv [--rounds 2] [--heads 1 4 16 64] [--seq-lens 4096 ...]
+
+Run on a GPU; the results go to the tuning record (docs/flash_attention_tuning.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cs336_systems.attention.flash_triton import flash_attention_triton
+from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, measure_times_ms
+
+SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
+
+
+def inputs(layout: str, heads: int, n: int, d: int = 128) -> list[torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(n + heads)
+    if layout == "projections":
+        return [torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                .view(1, n, heads, d).transpose(1, 2).requires_grad_() for _ in range(3)]
+    return [torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+            for _ in range(3)]
+
+
+def forwards(q, k, v, causal: bool) -> dict:
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return run
+
+    return {"ours": lambda: flash_attention_triton(q, k, v, causal), **{n: sdpa(b) for n, b in BACKENDS.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--heads", type=int, nargs="*", default=[1, 4, 16, 64])
+    parser.add_argument("--seq-lens", type=int, nargs="*", default=[4096, 8192, 16384, 32768])
+    args = parser.parse_args()
+    rows = []
+    device = torch.device("cuda")
+    for layout in ("projections", "heads"):
+        for heads in args.heads:
+            for n in args.seq_lens:
+                for causal in (True, False):
+                    q, k, v = inputs(layout, heads, n)
+                    fns = forwards(q, k, v, causal)
+                    names = list(fns)
+                    for r in range(args.rounds):
+                        for name in names[r % len(names):] + names[:r % len(names)]:
+                            for kind, measure in (("eager", measure_times_ms), ("device", None)):
+                                times = (measure_times_ms(fns[name], device, SETTINGS) if measure is not None
+                                         else measure_device_ms(fns[name], SETTINGS))
+                                rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
+                                                 kind=kind, round=r, ms=statistics.median(times),
+                                                 device=torch.cuda.get_device_name()))
+                    del q, k, v, fns
+                    torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    df.to_csv(args.out, index=False)
+    med = df.groupby(["layout", "heads", "seq_len", "causal", "kind", "impl"])["ms"].median().unstack("impl")
+    med["ours/cudnn"] = med["ours"] / med["cudnn"]
+    med["ours/sdpa_flash"] = med["ours"] / med["sdpa_flash"]
+    with pd.option_context("display.max_rows", 500, "display.width", 200):
+        print(med.round(3).to_string())
+
+
+if __name__ == "__main__":
+    main()
