@@ -217,6 +217,9 @@ def test_tma_compatible():
         (64, 16384, 16384, torch.bfloat16, 16, 9, True),  # the leaderboard on an H100
         (128, 65536, 65536, torch.float16, 1, 9, True),
         (64, 4096, 4096, torch.bfloat16, 64, 9, False),  # short: the launch's host time outweighs the gain
+        (128, 4096, 4096, torch.bfloat16, 16, 9, True),  # d = 128 from N = 4,096 (512 CTAs: 3.9 per SM)
+        (128, 4096, 4096, torch.bfloat16, 4, 9, False),  # 128 CTAs
+        (128, 2048, 2048, torch.bfloat16, 64, 9, False),  # shorter: not measured
         (64, 16384, 16384, torch.bfloat16, 1, 9, False),  # 128 CTAs for 132 SMs: the Triton kernel's finer grid
         (64, 16384, 16384, torch.bfloat16, 16, 8, False),  # no warpgroup matmuls before Hopper
         (64, 16384, 16384, torch.bfloat16, 16, 10, False),  # nor Hopper's on Blackwell
@@ -943,7 +946,7 @@ def test_gluon_forward_on_gpu(monkeypatch, d, is_causal, dtype):
     float64 at a ragged N, the size limits lifted."""
     from cs336_systems.attention import flash_gluon
 
-    monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", 0)
+    monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", {64: 0, 128: 0})
     monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", 0)
     shape = (2, 3, 1000, d)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
@@ -965,7 +968,7 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     second warpgroup has all its keys past N (no paired tiles); at 1,090 it has 2."""
     from cs336_systems.attention import flash_gluon
 
-    monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", 0)
+    monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", {64: 0, 128: 0})
     monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", 0)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
     if not gluon_backward_applies(probe, probe, probe, True, interpreted=False):

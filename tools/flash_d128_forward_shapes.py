@@ -7,6 +7,10 @@ kernels of one call replayed as a CUDA graph, `measure_device_ms`), in rounds wh
 each point's ratios to cuDNN and writes every timing as CSV rows.
 
     python tools/flash_d128_forward_shapes.py OUT.csv [--rounds 2] [--heads 1 4 16 64] [--seq-lens 4096 ...]
+        [--layouts projections heads] [--gluon-from N]
+
+`--gluon-from N` lets the Gluon forward run from N on at d = 128 (`flash_gluon.MIN_SEQ_LEN`), its other limits
+unchanged.
 
 Run on a GPU; the results go to the tuning record (docs/flash_attention_tuning.md).
 """
@@ -21,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from cs336_systems.attention import flash_gluon
 from cs336_systems.attention.flash_triton import flash_attention_triton
 from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, measure_times_ms
 
@@ -53,10 +58,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--heads", type=int, nargs="*", default=[1, 4, 16, 64])
     parser.add_argument("--seq-lens", type=int, nargs="*", default=[4096, 8192, 16384, 32768])
+    parser.add_argument("--layouts", nargs="*", default=["projections", "heads"])
+    parser.add_argument("--gluon-from", type=int, default=None)
     args = parser.parse_args()
+    if args.gluon_from is not None:
+        flash_gluon.MIN_SEQ_LEN = {**flash_gluon.MIN_SEQ_LEN, 128: args.gluon_from}
     rows = []
     device = torch.device("cuda")
-    for layout in ("projections", "heads"):
+    for layout in args.layouts:
         for heads in args.heads:
             for n in args.seq_lens:
                 for causal in (True, False):
@@ -70,6 +79,7 @@ def main() -> None:
                                          else measure_device_ms(fns[name], SETTINGS))
                                 rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
                                                  kind=kind, round=r, ms=statistics.median(times),
+                                                 gluon_from=flash_gluon.MIN_SEQ_LEN[128],
                                                  device=torch.cuda.get_device_name()))
                     del q, k, v, fns
                     torch.cuda.empty_cache()

@@ -7,8 +7,9 @@ after Hopper (`warpgroup_mma` is Hopper's instruction), for fp32, head dimension
 and 128 (the two measured), N_q != N_k, rows a tensor descriptor cannot read, a `tiles` override,
 and small problems. A CTA here holds 2 * 64 query rows, twice the Triton kernel's 64-row
 programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch costs more host
-time: it wins only on long sequences with several CTAs per SM, hence `MIN_SEQ_LEN` and
-`MIN_CTAS_PER_SM` (measured in docs/flash_attention_tuning.md, v7).
+time: it wins only with several CTAs per SM (`MIN_CTAS_PER_SM`) and, per head dimension, from a sequence
+length on (`MIN_SEQ_LEN`: d = 64 from 16,384, v7; d = 128 from 4,096, where the Triton kernel took up to 1.4×
+cuDNN's time at 16 to 64 heads and the Gluon kernel 0.95–1.02×, v18; docs/flash_attention_tuning.md).
 
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) has two kernels. At d = 64
 (`flash_gluon_backward`) it takes the forward's limits and causal attention only, where it beat the two
@@ -49,7 +50,7 @@ CONSUMER_REGS, PRODUCER_REGS = 232, 40
 GLUON_BWD_REGS = {64: (CONSUMER_REGS, PRODUCER_REGS), 128: (240, 24)}
 DQ_PLANE_COLS = 64  # d = 128: dQ's accumulator columns per plane, one plane per consumer warpgroup
 MIN_CTAS_PER_SM = 3
-MIN_SEQ_LEN = 16384
+MIN_SEQ_LEN = {64: 16384, 128: 4096}  # per head dimension (module docstring)
 # d = 128's backward beat the two Triton kernels in device time at every measured shape from N = 8,192 on, and
 # at N = 4,096 with 32 heads, not with 4 heads (128 CTAs; docs/flash_attention_tuning.md, v17); eagerly at one
 # head not at N = 8,192 (64 CTAs: the Python autograd.Function's host path outlasted the kernel), from 16,384 on
@@ -64,7 +65,7 @@ def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch
     """The shape, dtype and device half of `gluon_forward_applies` (module docstring)."""
     if dtype not in GLUON_DTYPES or d not in GLUON_TILES or n_q != n_k or capability_major != 9:
         return False
-    if n_q < MIN_SEQ_LEN:
+    if n_q < MIN_SEQ_LEN[d]:
         return False
     return triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM * sm_count
 

@@ -15,8 +15,8 @@ checks the parameters against Triton's launcher on compiled kernels, and on a GP
 The program covers the Triton kernels' route: inputs the kernels read in place (contiguous, or views whose
 leading dimensions merge into one stride, such as a model's (1, h, N, d) views of its projections; the
 gradients then have the views' strides) whose forward is not the Gluon kernel's
-(`flash_gluon.gluon_forward_applies`: N >= 16,384 with work for three CTAs per SM, where the host time
-is hidden anyway). Every other call takes `FlashAttentionTriton` (the Python autograd.Function): CPU
+(`flash_gluon.gluon_forward_applies`: long sequences with work for three CTAs per SM, where the host
+time is hidden anyway). Every other call takes `FlashAttentionTriton` (the Python autograd.Function): CPU
 tensors, the interpreter, torch.compile, tensor subclasses, a `tiles` override, the PyTorch backward,
 Triton launch hooks (profilers that read them), and streams capturing a CUDA graph.
 
