@@ -24,6 +24,7 @@ from cs336_systems.experiments.flash_benchmark import reference_gradients  # noq
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+gpu = pytest.mark.gpu  # `pytest -m gpu` runs the real kernels' tests (README)
 KINDS = SimpleNamespace(TENSOR=0, I32=1, I64=2, I8=3, SCRATCH=4, NULL_POINTER=5)
 
 
@@ -132,6 +133,7 @@ def _run(fn, q, k, v, is_causal, grad_out):
     return out, q.grad, k.grad, v.grad
 
 
+@gpu
 @needs_cuda
 @pytest.mark.parametrize("shape, dtype, is_causal", GEOMETRIES)
 def test_native_node_matches_python_path_and_float64(native, shape, dtype, is_causal):
@@ -153,6 +155,7 @@ def test_native_node_matches_python_path_and_float64(native, shape, dtype, is_ca
     assert max(errors.values()) < TOLERANCE[dtype], errors
 
 
+@gpu
 @needs_cuda
 def test_native_node_shows_its_saved_tensors_as_the_python_function_does(native):
     """grad_fn.saved_tensors: (L, Q, K, V, O), exactly one of them of shape q.shape[:-1] (the course's
@@ -175,6 +178,7 @@ def test_native_node_shows_its_saved_tensors_as_the_python_function_does(native)
         out.grad_fn.saved_tensors
 
 
+@gpu
 @needs_cuda
 def test_native_node_reads_a_broadcast_gradient_and_keeps_one_program_per_geometry(native):
     from cs336_systems.attention.flash_triton import flash_attention_triton
@@ -191,6 +195,7 @@ def test_native_node_reads_a_broadcast_gradient_and_keeps_one_program_per_geomet
         assert ((grad.double() - ref).norm() / ref.norm()).item() < 5e-2
 
 
+@gpu
 @needs_cuda
 def test_native_node_guards_its_saved_tensors(native):
     from cs336_systems.attention.flash_triton import flash_attention_triton
@@ -217,6 +222,7 @@ def test_native_node_guards_its_saved_tensors(native):
     assert k.grad is not None and q2.grad is None
 
 
+@gpu
 @needs_cuda
 @pytest.mark.parametrize("d", [64, 128])
 def test_native_node_reads_a_models_head_views_in_place(native, d):
@@ -242,6 +248,7 @@ def test_native_node_reads_a_models_head_views_in_place(native, d):
     assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
 
 
+@gpu
 @needs_cuda
 def test_calls_the_node_does_not_serve_take_the_python_path(native):
     from cs336_systems.attention.flash_triton import flash_attention_triton
