@@ -220,6 +220,8 @@ def test_tma_compatible():
         (128, 4096, 4096, torch.bfloat16, 16, 9, True),  # d = 128 from N = 4,096 (512 CTAs: 3.9 per SM)
         (128, 4096, 4096, torch.bfloat16, 4, 9, False),  # 128 CTAs
         (128, 2048, 2048, torch.bfloat16, 64, 9, False),  # shorter: not measured
+        (128, 16384, 16384, torch.bfloat16, 1, 9, True),  # d = 128 from 16,384 at any grid (128 CTAs)
+        (128, 8192, 8192, torch.bfloat16, 1, 9, False),  # 64 CTAs, shorter: the Triton kernel
         (64, 16384, 16384, torch.bfloat16, 1, 9, False),  # 128 CTAs for 132 SMs: the Triton kernel's finer grid
         (64, 16384, 16384, torch.bfloat16, 16, 8, False),  # no warpgroup matmuls before Hopper
         (64, 16384, 16384, torch.bfloat16, 16, 10, False),  # nor Hopper's on Blackwell

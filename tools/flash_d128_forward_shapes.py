@@ -7,10 +7,10 @@ kernels of one call replayed as a CUDA graph, `measure_device_ms`), in rounds wh
 each point's ratios to cuDNN and writes every timing as CSV rows.
 
     python tools/flash_d128_forward_shapes.py OUT.csv [--rounds 2] [--heads 1 4 16 64] [--seq-lens 4096 ...]
-        [--layouts projections heads] [--gluon-from N]
+        [--layouts projections heads] [--gluon-from N] [--gluon-min-ctas C]
 
 `--gluon-from N` lets the Gluon forward run from N on at d = 128 (`flash_gluon.MIN_SEQ_LEN`), its other limits
-unchanged.
+unchanged; `--gluon-min-ctas C` its floor of CTAs per SM (`flash_gluon.MIN_CTAS_PER_SM`).
 
 Run on a GPU; the results go to the tuning record (docs/flash_attention_tuning.md).
 """
@@ -60,7 +60,10 @@ def main() -> None:
     parser.add_argument("--seq-lens", type=int, nargs="*", default=[4096, 8192, 16384, 32768])
     parser.add_argument("--layouts", nargs="*", default=["projections", "heads"])
     parser.add_argument("--gluon-from", type=int, default=None)
+    parser.add_argument("--gluon-min-ctas", type=float, default=None)
     args = parser.parse_args()
+    if args.gluon_min_ctas is not None:
+        flash_gluon.MIN_CTAS_PER_SM = args.gluon_min_ctas
     if args.gluon_from is not None:
         flash_gluon.MIN_SEQ_LEN = {**flash_gluon.MIN_SEQ_LEN, 128: args.gluon_from}
     rows = []
@@ -80,6 +83,7 @@ def main() -> None:
                                 rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
                                                  kind=kind, round=r, ms=statistics.median(times),
                                                  gluon_from=flash_gluon.MIN_SEQ_LEN[128],
+                                                 gluon_min_ctas=flash_gluon.MIN_CTAS_PER_SM,
                                                  device=torch.cuda.get_device_name()))
                     del q, k, v, fns
                     torch.cuda.empty_cache()

@@ -9,7 +9,10 @@ and small problems. A CTA here holds 2 * 64 query rows, twice the Triton kernel'
 programs, so it needs twice the batch (or sequence) to fill the SMs, and its launch costs more host
 time: it wins only with several CTAs per SM (`MIN_CTAS_PER_SM`) and, per head dimension, from a sequence
 length on (`MIN_SEQ_LEN`: d = 64 from 16,384, v7; d = 128 from 4,096, where the Triton kernel took up to 1.4×
-cuDNN's time at 16 to 64 heads and the Gluon kernel 0.95–1.02×, v18; docs/flash_attention_tuning.md).
+cuDNN's time at 16 to 64 heads and the Gluon kernel 0.95–1.02×, v18; docs/flash_attention_tuning.md). At
+d = 128 it also runs with fewer CTAs from N = 16,384 on (`ANY_GRID_SEQ_LEN`): at one and four heads it took
+0.71–0.95× cuDNN's time there, the Triton kernel up to 2.4× (v18.2); shorter, its eager calls (the Python
+autograd.Function) were host-bound and the Triton kernel's causal grids faster.
 
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) has two kernels. At d = 64
 (`flash_gluon_backward`) it takes the forward's limits and causal attention only, where it beat the two
@@ -51,6 +54,7 @@ GLUON_BWD_REGS = {64: (CONSUMER_REGS, PRODUCER_REGS), 128: (240, 24)}
 DQ_PLANE_COLS = 64  # d = 128: dQ's accumulator columns per plane, one plane per consumer warpgroup
 MIN_CTAS_PER_SM = 3
 MIN_SEQ_LEN = {64: 16384, 128: 4096}  # per head dimension (module docstring)
+ANY_GRID_SEQ_LEN = {128: 16384}  # from here on without the CTA floor (module docstring)
 # d = 128's backward beat the two Triton kernels in device time at every measured shape from N = 8,192 on, and
 # at N = 4,096 with 32 heads, not with 4 heads (128 CTAs; docs/flash_attention_tuning.md, v17); eagerly at one
 # head not at N = 8,192 (64 CTAs: the Python autograd.Function's host path outlasted the kernel), from 16,384 on
@@ -67,6 +71,8 @@ def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch
         return False
     if n_q < MIN_SEQ_LEN[d]:
         return False
+    if n_q >= ANY_GRID_SEQ_LEN.get(d, n_q + 1):
+        return True
     return triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM * sm_count
 
 
