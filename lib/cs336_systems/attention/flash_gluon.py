@@ -11,7 +11,7 @@ time: it wins only with several CTAs per SM (`MIN_CTAS_PER_SM`) and, per head di
 length on (`MIN_SEQ_LEN`: d = 64 from 16,384, v7; d = 128 from 4,096, where the Triton kernel took up to 1.4×
 cuDNN's time at 16 to 64 heads and the Gluon kernel 0.95–1.02×, v18; docs/flash_attention_tuning.md). At
 d = 128 it also runs with fewer CTAs from N = 16,384 on (`ANY_GRID_SEQ_LEN`): at one and four heads it took
-0.71–0.95× cuDNN's time there, the Triton kernel up to 2.4× (v18.2); shorter, its eager calls (the Python
+0.70–1.01× cuDNN's time there, the Triton kernel up to 2.4× (v18.2); shorter, its eager calls (the Python
 autograd.Function) were host-bound and the Triton kernel's causal grids faster.
 
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) has two kernels. At d = 64
