@@ -77,9 +77,8 @@ def main() -> None:
                     names = list(fns)
                     for r in range(args.rounds):
                         for name in names[r % len(names):] + names[:r % len(names)]:
-                            for kind, measure in (("eager", measure_times_ms), ("device", None)):
-                                times = (measure_times_ms(fns[name], device, SETTINGS) if measure is not None
-                                         else measure_device_ms(fns[name], SETTINGS))
+                            for kind, times in (("eager", measure_times_ms(fns[name], device, SETTINGS)),
+                                                ("device", measure_device_ms(fns[name], SETTINGS))):
                                 rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
                                                  kind=kind, round=r, ms=statistics.median(times),
                                                  gluon_from=flash_gluon.MIN_SEQ_LEN[128],

@@ -71,7 +71,7 @@ def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch
         return False
     if n_q < MIN_SEQ_LEN[d]:
         return False
-    if n_q >= ANY_GRID_SEQ_LEN.get(d, n_q + 1):
+    if d in ANY_GRID_SEQ_LEN and n_q >= ANY_GRID_SEQ_LEN[d]:
         return True
     return triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM * sm_count
 
