@@ -250,3 +250,17 @@ def test_tuning_in_a_fresh_process_is_held_to_its_budget(tmp_path):
 
     with pytest.raises(RuntimeError, match=r"did not finish within 0.01 s"):
         tune_in_fresh_process(1024, 64, "bfloat16", out_dir=tmp_path, timeout_s=0.01)
+
+
+@pytest.mark.parametrize("kernel", ["forward", "dkdv", "dq"])
+def test_the_shipped_h100_table_tunes_head_dim_128_with_and_without_the_mask(kernel):
+    """Each d = 128 bf16 kernel has tuned entries on the H100 for causal and full attention, in both grid
+    classes, so that no such problem falls back to `default_config` (full attention did: forward 2-3x slower)."""
+    table = ConfigTable([flash_configs.SHIPPED_TABLE])
+    keys = table.entries["NVIDIA H100 80GB HBM3"]
+    for is_causal in (True, False):
+        for small_grid in (True, False):
+            found = [k for k in keys if (k.kernel, k.head_dim_tile, k.dtype, k.is_causal, k.small_grid)
+                     == (kernel, 128, "bfloat16", is_causal, small_grid)]
+            assert found, f"no {kernel} d=128 bf16 {'causal' if is_causal else 'full'} entry for " \
+                          f"{'small' if small_grid else 'full'} grids"
