@@ -265,15 +265,23 @@ def test_gluon_backward_eligible(d, n, dtype, batch, major, is_causal, expected)
     assert gluon_backward_eligible(d, n, n, dtype, batch, major, 132, is_causal) is expected
 
 
-def test_dq_planes_back_to_rows():
+@pytest.mark.parametrize("layout", ["contiguous", "head views"])
+def test_dq_planes_back_to_rows(layout):
     """d = 128's dQ accumulator holds (batch, 2, N, 64) planes in (batch, N, 128)'s memory; the conversion
-    puts plane c's row r at columns [64 c, 64 c + 64) of row r."""
-    from cs336_systems.attention.flash_gluon import dq_from_planes
+    puts plane c's row r at columns [64 c, 64 c + 64) of row r, into a gradient of any strides (a model's
+    (1, h, N, d) views of its projections keep theirs)."""
+    from cs336_systems.attention.flash_gluon import copy_dq
 
-    batch, n = 3, 5
-    planes = torch.randn(batch, 2, n, 64)
-    grad_q = dq_from_planes(planes.reshape(batch, n, 128), torch.Size((batch, n, 128)), torch.float64)
-    assert torch.equal(grad_q, torch.cat([planes[:, 0], planes[:, 1]], dim=-1).double())
+    heads, n = 3, 5
+    planes = torch.randn(heads, 2, n, 64)
+    if layout == "contiguous":
+        grad_q = torch.empty(1, heads, n, 128, dtype=torch.float64)
+    else:
+        grad_q = torch.empty(1, n, heads * 128, dtype=torch.float64).view(1, n, heads, 128).transpose(1, 2)
+    strides = grad_q.stride()
+    copy_dq(grad_q, planes.reshape(heads, n, 128))
+    assert grad_q.stride() == strides
+    assert torch.equal(grad_q[0], torch.cat([planes[:, 0], planes[:, 1]], dim=-1).double())
 
 
 @pytest.mark.skipif(not (HAS_CUDA or kernels_interpreted()), reason="needs a CUDA device or the Triton interpreter")
@@ -1018,6 +1026,31 @@ def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
     assert not gluon_backward_applies(probe, probe[..., :-1, :], probe[..., :-1, :], is_causal, interpreted=False)
     check_eager_and_compiled_on_gpu(shape, dtype, is_causal)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(monkeypatch, d):
+    """On the fused backward's route, (1, h, N, d) views of (1, N, h d) projections get gradients in the
+    views' strides (autograd then needs no copy), equal to float64's within tolerance."""
+    from cs336_systems.attention import flash_gluon
+    from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, reference_gradients, relative_errors
+
+    for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", 0), ("D128_BWD_MIN_SEQ_LEN", 0),
+                        ("D128_BWD_MIN_CTAS_PER_SM", 0)):
+        monkeypatch.setattr(flash_gluon, name, value)
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v = (torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen)
+               .view(1, 1000, 4, d).transpose(1, 2).requires_grad_() for _ in range(3))
+    if not gluon_backward_applies(q, k, v, True, interpreted=False):
+        pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
+    grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    raw = torch.autograd.grad(FlashAttentionTriton.python_apply(q, k, v, True), (q, k, v), grad_out)
+    assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
+    reference = reference_gradients(q, k, v, grad_out, True)
+    errors = relative_errors(implementation("triton"), q, k, v, grad_out, True, reference)
+    assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
 
 
 @gpu

@@ -216,26 +216,30 @@ def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None, ker
     batch = q.numel() // (n * d)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     dq_acc = torch.empty((batch, n, d), dtype=torch.float32, device=q.device)
-    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # Gradients in the inputs' strides: a model's (1, h, N, d) views of its (1, N, h d) projections get theirs
+    # in the projections' layout, which autograd passes on as they are; contiguous ones cost a copy each
+    # (AccumulateGrad's into a strided leaf, or the reshape back to the projections').
+    grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
     (o_b, o_n, _), (do_b, do_n, _) = as_rows(out)[1], as_rows(do)[1]
     l_b, l_n = output_strides(delta, 1)
     flash_bwd_preprocess_kernel[(triton.cdiv(n, PREPROCESS_ROWS), batch)](
         out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n, D=d, ROWS=PREPROCESS_ROWS)
     _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, tiles, regs, kernel)
+    copy_dq(grad_q, dq_acc)
+    return grad_q, grad_k, grad_v
+
+
+def copy_dq(grad_q: torch.Tensor, dq_acc: torch.Tensor) -> None:
+    """grad_q (..., N, d), any strides, = the fp32 accumulator in grad_q's dtype, one copy. At d = 128 the
+    accumulator's memory holds each batch's column halves as planes, (batch, d / DQ_PLANE_COLS, N,
+    DQ_PLANE_COLS); below, (batch, N, d) rows."""
+    n, d = grad_q.shape[-2:]
     if d != 128:
-        return dq_acc.view(q.shape).to(q.dtype), grad_k, grad_v
-    return dq_from_planes(dq_acc, q.shape, q.dtype), grad_k, grad_v
-
-
-def dq_from_planes(dq_acc: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """dQ of `shape` (..., N, d) in `dtype` from d = 128's fp32 accumulator, whose memory holds each batch's
-    column halves as planes, (batch, d / DQ_PLANE_COLS, N, DQ_PLANE_COLS): one strided copy."""
-    n, d = shape[-2:]
+        grad_q.copy_(dq_acc.view(grad_q.shape))
+        return
     halves = d // DQ_PLANE_COLS
-    grad_q = torch.empty(shape, dtype=dtype, device=dq_acc.device)
-    grad_q.view(-1, n, halves, DQ_PLANE_COLS).copy_(dq_acc.view(-1, halves, n, DQ_PLANE_COLS).transpose(1, 2))
-    return grad_q
+    planes = dq_acc.view(*grad_q.shape[:-2], halves, n, DQ_PLANE_COLS)
+    grad_q.unflatten(-1, (halves, DQ_PLANE_COLS)).copy_(planes.transpose(-3, -2))
 
 
 @torch.library.custom_op("cs336::flash_bwd_gluon", mutates_args=())
