@@ -1034,7 +1034,7 @@ def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
 def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(monkeypatch, d):
     """On the fused backward's route, (1, h, N, d) views of (1, N, h d) projections get gradients in the
     views' strides (autograd then needs no copy), equal to float64's within tolerance."""
-    from cs336_systems.attention import flash_gluon
+    from cs336_systems.attention import flash_configs, flash_gluon
     from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, reference_gradients, relative_errors
 
     for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", 0), ("D128_BWD_MIN_SEQ_LEN", 0),
@@ -1046,11 +1046,15 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
     if not gluon_backward_applies(q, k, v, True, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
     grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    raw = torch.autograd.grad(FlashAttentionTriton.python_apply(q, k, v, True), (q, k, v), grad_out)
-    assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
-    reference = reference_gradients(q, k, v, grad_out, True)
-    errors = relative_errors(implementation("triton"), q, k, v, grad_out, True, reference)
-    assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
+    flash_configs._forget_answers()  # routes are kept per geometry: this one's, with the limits lifted, go after it
+    try:
+        raw = torch.autograd.grad(FlashAttentionTriton.python_apply(q, k, v, True), (q, k, v), grad_out)
+        assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
+        reference = reference_gradients(q, k, v, grad_out, True)
+        errors = relative_errors(implementation("triton"), q, k, v, grad_out, True, reference)
+        assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
+    finally:
+        flash_configs._forget_answers()
 
 
 @gpu
