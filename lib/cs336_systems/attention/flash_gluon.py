@@ -256,9 +256,10 @@ def _(q, k, v, out, do, lse, is_causal):
 def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
     """dQ, dK, dV of (..., N, d) tensors in one pass (`flash_gluon_backward` at d = 64,
     `flash_gluon_backward_d128` at d = 128): D and a zeroed fp32 dQ accumulator from
-    `flash_bwd_preprocess_kernel`, the fused kernel, then dQ converted to q's dtype. `out` and `do` have
-    unit column stride and rows that `as_rows` reads in place. `tiles` = (Q_TILE, K_HALF, STAGES) and
-    `regs` = (consumer, producer) registers override the shipped ones."""
+    `flash_bwd_preprocess_kernel`, the fused kernel, then dQ converted to q's dtype; the gradients have the
+    strides of q, k, v (`torch.empty_like`). `out` and `do` have unit column stride and rows that `as_rows`
+    reads in place. `tiles` = (Q_TILE, K_HALF, STAGES) and `regs` = (consumer, producer) registers override
+    the shipped ones."""
     d = q.shape[-1]
     if not _in_backward_scope(d, is_causal):
         raise ValueError(f"the Gluon backward runs d in {sorted(GLUON_BWD_TILES)} (causal only at d = 64); got "
