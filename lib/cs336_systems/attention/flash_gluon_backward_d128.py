@@ -22,13 +22,22 @@ halves as planes, (batch, 2, N, 64), converted to dQ's (batch, N, 128) afterward
 column offset inside 128-wide fp32 rows landed at column 0 (Triton 3.6 splits the 512-byte rows into
 128-byte boxes and the offset was lost; found with a counting variant, docs/flash_attention_tuning.md, v17).
 
-Tile i's dQ products are issued during tile i + 1, after that tile's dK product, so neither warpgroup
-waits for the other's dS^T of the tile it is working on. Per consumer warpgroup and tile:
+Tile i's dQ products are issued during tile i + 1, before that tile's dK product: the warpgroup then
+waits for dV's product and the dQ part only, and writes the part to shared memory and issues its reduce-add
+while dK's product runs on the tensor cores (issued after it, that work left them idle on this warpgroup's
+turn). Neither warpgroup waits for the other's dS of the tile it is working on. Per consumer warpgroup and tile:
 
-    issue S^T, dP^T;  wait S^T;  P^T;  issue dV += P^T dO_i;  wait dP^T;  dS^T
-    wait ds_free (tile i - 2's dQ products, both warpgroups', have read this buffer);  store dS^T;  arrive ds_ready
-    issue dK += dS^T Q_i;  wait ds_ready of tile i - 1;  issue its dQ part (2 products);  wait all
-    arrive ds_free of tile i - 1;  release the slot;  reduce-add the dQ part (the previous one done first)
+    issue S, dP;  wait S;  P;  issue dV += P^T dO_i;  wait dP;  dS
+    wait ds_free (tile i - 2's dQ products, both warpgroups', have read this buffer);  store dS;  arrive ds_ready
+    wait ds_ready of tile i - 1;  issue its dQ part (2 products);  issue dK += dS^T Q_i
+    wait dV and the dQ part;  arrive ds_free of tile i - 1;  reduce-add the dQ part (the previous one done first)
+    wait dK;  release the slot
+
+On the first visit there is no previous tile: its dQ products still run, on whatever the buffers hold, and
+the result is dropped (with the products in a branch instead, ptxas spilled 684 bytes against 552). dK's
+product is waited for within its visit: carried in flight into the next visit, to be waited for with its S,
+it made ptxas serialize every wgmma of the kernel (advisory C7515: registers of a running wgmma's
+accumulator defined by other instructions).
 
 Both barriers count 2 (one arrival per warpgroup); with two dS^T buffers per warpgroup, the k-th
 completion of a parity-b barrier stands for tile b + 2k (`ds_ready_phase`, `ds_free_phase`; replayed
@@ -79,11 +88,11 @@ def ds_free_phase(i):
 
 
 @gluon.jit
-def _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
-          s_zero, free_bar, free_phase, MASKED: gl.constexpr):
-    """One query tile up to dK's product: S, P (to shared memory), dP, dS (stored once `free_bar` says
-    both warpgroups' products of two tiles ago have read the buffer), dV's and dK's products issued;
-    returns their tokens. S and dP are (queries, keys), so L and D are per row of the accumulator."""
+def _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dv, lse2, delta, key_pos, query_pos, qk_scale,
+          s_zero, free_bar, free_phase, ready_bar, MASKED: gl.constexpr):
+    """One query tile up to its dS: S, P (to shared memory), dV's product issued, dP, dS stored once
+    `free_bar` says both warpgroups' products of two tiles ago have read the buffer, then announced on
+    `ready_bar`; returns dV's token. S and dP are (queries, keys), so L and D are per row of the accumulator."""
     s_token = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dp_token = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(1, deps=[s_token])
@@ -98,19 +107,20 @@ def _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dk, dv, lse2, delta, k
     mbarrier.wait(free_bar, free_phase)
     ds_buf.store(ds)
     fence_async_shared()
-    dk_token = warpgroup_mma(ds_buf.permute((1, 0)), q_tile, dk, is_async=True)
-    return dk_token, dv_token
+    mbarrier.arrive(ready_bar)
+    return dv_token
 
 
 @gluon.jit
 def _dq_columns(ds_smem, k_smem, ds_ready, i, dq_zero, H: gl.constexpr):
     """Issues warpgroup H's column half of the i-th visited tile's dQ part, dS_0 K^(j,0)[:, c_H] +
-    dS_1 K^(j,1)[:, c_H], once both warpgroups' dS of that tile are stored; returns its token."""
+    dS_1 K^(j,1)[:, c_H], once both warpgroups' dS of that tile are stored; returns its token. For i = -1
+    it issues the products on whatever the buffers hold, without waiting (the caller drops the result)."""
     K_HALF: gl.constexpr = k_smem.shape[2]
     D: gl.constexpr = k_smem.shape[3]
     COLS: gl.constexpr = dq_zero.shape[1]
-    b = i % 2
-    mbarrier.wait(ds_ready.index(b), ds_ready_phase(i))
+    b = (i + 2) % 2
+    mbarrier.wait(ds_ready.index(b), ds_ready_phase(i), pred=i >= 0)
     k0 = k_smem.index(0).reshape([K_HALF, D]).slice(H * COLS, COLS, dim=1)
     k1 = k_smem.index(1).reshape([K_HALF, D]).slice(H * COLS, COLS, dim=1)
     dq = warpgroup_mma(ds_smem.index(b), k0, dq_zero, use_acc=False, is_async=True)
@@ -138,19 +148,19 @@ def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr
         q_tile = q_smem.index(slot).reshape([Q_TILE, D])
         do_tile = do_smem.index(slot).reshape([Q_TILE, D])
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        dk_token, dv_token = _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_smem.index(2 * H + i % 2), dk, dv,
-                                   lse2, delta, key_pos, q_start + rows, qk_scale, s_zero, ds_free.index(i % 2),
-                                   ds_free_phase(i), MASKED)
-        mbarrier.arrive(ds_ready.index(i % 2))
+        ds_buf = ds_smem.index(2 * H + i % 2)
+        dv_token = _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dv, lse2, delta, key_pos, q_start + rows,
+                         qk_scale, s_zero, ds_free.index(i % 2), ds_free_phase(i), ds_ready.index(i % 2), MASKED)
+        # the previous visit's dQ products before this one's dK product, so that dQ's reduce-add runs beside
+        # dK's product; at i = 0 they run on whatever the buffers hold and are dropped (module docstring)
+        dq = _dq_columns(ds_smem, k_smem, ds_ready, i - 1, dq_zero, H)
+        dk_token = warpgroup_mma(ds_buf.permute((1, 0)), q_tile, dk, is_async=True)
+        dv, dq = warpgroup_mma_wait(1, deps=[dv_token, dq])
         if i > 0:
-            dq = _dq_columns(ds_smem, k_smem, ds_ready, i - 1, dq_zero, H)
-            dv, dk, dq = warpgroup_mma_wait(0, deps=[dv_token, dk_token, dq])
             mbarrier.arrive(ds_free.index((i - 1) % 2))
-            mbarrier.arrive(empty.index(slot))
             reduce_dq(dq, dq_buf, dq_desc, plane, q_start + Q_TILE, scale)
-        else:
-            dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
-            mbarrier.arrive(empty.index(slot))
+        dk = warpgroup_mma_wait(0, deps=[dk_token])
+        mbarrier.arrive(empty.index(slot))
     return dk, dv
 
 
