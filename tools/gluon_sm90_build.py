@@ -1,0 +1,163 @@
+"""Build the fused Gluon backward at head dimension 128 for Hopper (sm_90a) on a machine without a GPU, and
+report what ptxas made of it: registers, spill bytes, ptxas's advisory that it serialised every wgmma of
+the kernel (C7515), and per loop of the SASS its instructions, wgmma, spill stores and reloads, and
+warpgroup barriers. How the tuning record's candidates were vetted before any GPU run
+(docs/flash_attention_tuning.md, v17-v20).
+
+    python tools/gluon_sm90_build.py [--variant PATH] [--no-causal] [--stages 2] [--regs 240,24]
+        [--dtype bfloat16] [--keep DIR]
+
+A variant is a module defining `flash_bwd_gluon_d128_kernel` with the shipped kernel's signature, as for
+tools/flash_d128_bench.py. Exits 1 where ptxas serialised the kernel's wgmma. Triton compiles through a
+stand-in driver that reports an H100 (written against Triton 3.6's driver classes) and its bundled ptxas
+and cuobjdump; nothing is launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaDriver, CudaLauncher
+from triton.experimental.gluon.language import NVMMASharedLayout
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from cs336_systems.attention import flash_gluon
+
+TOOLS = Path(triton.backends.nvidia.__file__).parent / "bin"
+
+
+class HopperStandIn(CudaDriver):
+    """Triton's CUDA driver without libcuda: an H100's properties, the current target sm_90, no launches."""
+
+    def __init__(self):
+        self.launcher_cls = CudaLauncher
+
+        class Utils:
+            def get_device_properties(self, device):
+                return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536,
+                        "warpSize": 32, "sm_clock_rate": 1, "mem_clock_rate": 1, "mem_bus_width": 1}
+
+            def load_binary(self, *args):
+                raise RuntimeError("the stand-in driver builds kernels; it cannot load them")
+
+        self.utils = Utils()
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    @staticmethod
+    def is_active():
+        return True
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """(batch, N, d) blocks of (1, rows, d) in the default swizzled layout, as the library builds them."""
+    element = {torch.bfloat16: triton.language.bfloat16, torch.float16: triton.language.float16,
+               torch.float32: triton.language.float32}[t.dtype]
+    d = t.shape[-1]
+    layout = NVMMASharedLayout.get_default_for([1, rows, d], element)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, d], layout)
+
+
+def build(kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch.dtype) -> str:
+    """The kernel's PTX for a (2, 4096, 128) problem (the shapes only set the descriptors' types)."""
+    batch, n, d = 2, 4096, 128
+    q_tile, k_half, _ = flash_gluon.GLUON_BWD_TILES[d]
+    cols = flash_gluon.DQ_PLANE_COLS
+    q, k, v, do, dk, dv = (torch.empty(batch, n, d, dtype=dtype) for _ in range(6))
+    lse, delta = torch.empty(batch, n), torch.empty(batch, n)
+    dq_planes = torch.empty(batch * d // cols, n, cols)
+    args = (descriptor(q, q_tile), descriptor(k, k_half), descriptor(v, k_half), descriptor(do, q_tile),
+            descriptor(dk, k_half), descriptor(dv, k_half), descriptor(dq_planes, q_tile), lse, delta, n, 1, n)
+    compiled = kernel.warmup(*args, scale=d**-0.5, is_causal=causal, STAGES=stages, CONSUMER_REGS=regs[0],
+                             PRODUCER_REGS=regs[1], num_warps=4, grid=(1, 1))
+    return compiled.asm["ptx"]
+
+
+def loops(sass: str) -> list[dict]:
+    """Per backward branch of the SASS (a loop, or a wait's retry jumping back across code), counts of what
+    the instructions from its target to the branch hold."""
+    instructions = [(int(m.group(1), 16), m.group(2)) for m in
+                    (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+    found = []
+    for address, text in instructions:
+        branch = re.search(r"BRA.*0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            start = int(branch.group(1), 16)
+            body = [t for a, t in instructions if start <= a <= address]
+            count = lambda s: sum(s in t for t in body)  # noqa: E731
+            found.append(dict(start=hex(start), end=hex(address), instructions=len(body), wgmma=count("HGMMA"),
+                              spill_stores=count("STL"), spill_reloads=count("LDL"), barriers=count("BAR.SYNC")))
+    return found
+
+
+# The loops over query tiles: a visit issues 32 wgmma instructions (S and dP: 8 k-steps of 16 over d = 128
+# each; dV and dK: 4 over 64 queries; the dQ part: 2 products of 4 over 64 keys), once per consumer
+# warpgroup and for the unmasked and the masked visits.
+VISIT_WGMMA = 32
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", help="a module defining flash_bwd_gluon_d128_kernel")
+    parser.add_argument("--no-causal", action="store_true")
+    parser.add_argument("--stages", type=int, default=flash_gluon.GLUON_BWD_TILES[128][2])
+    parser.add_argument("--regs", default=",".join(map(str, flash_gluon.GLUON_BWD_REGS[128])))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--keep", help="a folder for the PTX, cubin and SASS")
+    parser.add_argument("--all-loops", action="store_true", help="every backward branch, not only the visit loops")
+    args = parser.parse_args()
+    if args.variant:
+        spec = importlib.util.spec_from_file_location("variant", args.variant)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        from cs336_systems.attention import flash_gluon_backward_d128 as module
+    triton.runtime.driver.set_active(HopperStandIn())
+    regs = tuple(int(x) for x in args.regs.split(","))
+    ptx = build(module.flash_bwd_gluon_d128_kernel, not args.no_causal, args.stages, regs, getattr(torch, args.dtype))
+
+    out = Path(args.keep or tempfile.mkdtemp(prefix="gluon_sm90_"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel.ptx").write_text(ptx)
+    ptxas = subprocess.run([TOOLS / "ptxas", "-v", "--gpu-name", "sm_90a", out / "kernel.ptx", "-o", out / "kernel.cubin"],
+                           capture_output=True, text=True, check=True).stderr
+    sass = subprocess.run([TOOLS / "cuobjdump", "-sass", out / "kernel.cubin"], capture_output=True, text=True,
+                          check=True).stdout
+    (out / "kernel.sass").write_text(sass)
+    registers = re.search(r"Used (\d+) registers", ptxas)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
+    serialised = [line.split(": ", 1)[-1] for line in ptxas.splitlines() if "C7515" in line]
+    print(f"{args.variant or 'shipped'}: causal={not args.no_causal} stages={args.stages} regs={regs} {args.dtype}")
+    print(f"  ptxas: {registers.group(1)} registers at launch; spills {spills.group(1)} bytes stored, "
+          f"{spills.group(2)} loaded")
+    for loop in (x for x in loops(sass) if args.all_loops or x["wgmma"] == VISIT_WGMMA):
+        print("  loop {start}-{end}: {instructions} instructions, {wgmma} wgmma, {spill_stores} spill stores, "
+              "{spill_reloads} reloads, {barriers} barriers".format(**loop))
+    print(f"  files in {out}")
+    if serialised:
+        print("  SERIALISED: " + serialised[0])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
