@@ -27,7 +27,6 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.driver import CudaDriver, CudaLauncher
-from triton.experimental.gluon.language import NVMMASharedLayout
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from cs336_systems.attention import flash_gluon
@@ -69,11 +68,9 @@ class HopperStandIn(CudaDriver):
 
 
 def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """(batch, N, d) blocks of (1, rows, d) in the default swizzled layout, as the library builds them."""
-    element = {torch.bfloat16: triton.language.bfloat16, torch.float16: triton.language.float16,
-               torch.float32: triton.language.float32}[t.dtype]
+    """(batch, N, d) blocks of (1, rows, d) in the library's swizzled layout (`flash_gluon.shared_layout`)."""
     d = t.shape[-1]
-    layout = NVMMASharedLayout.get_default_for([1, rows, d], element)
+    layout = flash_gluon.shared_layout(t.dtype, d, rows)
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, d], layout)
 
 
@@ -138,8 +135,8 @@ def main() -> int:
     out = Path(args.keep or tempfile.mkdtemp(prefix="gluon_sm90_"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernel.ptx").write_text(ptx)
-    ptxas = subprocess.run([TOOLS / "ptxas", "-v", "--gpu-name", "sm_90a", out / "kernel.ptx", "-o", out / "kernel.cubin"],
-                           capture_output=True, text=True, check=True).stderr
+    ptxas = subprocess.run([TOOLS / "ptxas", "-v", "--gpu-name", "sm_90a", out / "kernel.ptx", "-o",
+                            out / "kernel.cubin"], capture_output=True, text=True, check=True).stderr
     sass = subprocess.run([TOOLS / "cuobjdump", "-sass", out / "kernel.cubin"], capture_output=True, text=True,
                           check=True).stdout
     (out / "kernel.sass").write_text(sass)

@@ -130,7 +130,7 @@ def gluon_backward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
 _LAYOUTS: dict[tuple, object] = {}
 
 
-def _shared_layouts(dtype: torch.dtype, d: int, rows: int):
+def shared_layout(dtype: torch.dtype, d: int, rows: int):
     """The swizzled shared-memory layout of a (1, rows, d) tile."""
     key = (dtype, d, rows)
     if key not in _LAYOUTS:
@@ -163,7 +163,7 @@ def _launch(q, k, v, out, lse, is_causal: bool) -> None:
 
     n, d = q.shape[-2:]
     q_tile, k_tile, stages = GLUON_TILES[d]
-    q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_tile)
+    q_layout, kv_layout = shared_layout(q.dtype, d, q_tile), shared_layout(q.dtype, d, k_tile)
     (q_b, *_), (k_b, *_), (v_b, *_) = (as_rows(t)[1] for t in (q, k, v))
     o_b = output_strides(out)[0]
     l_b, l_n = output_strides(lse, 1)
@@ -183,7 +183,7 @@ def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal:
     n, d = q.shape[-2:]
     q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
     consumer_regs, producer_regs = regs or GLUON_BWD_REGS[d]
-    q_layout, kv_layout = _shared_layouts(q.dtype, d, q_tile), _shared_layouts(q.dtype, d, k_half)
+    q_layout, kv_layout = shared_layout(q.dtype, d, q_tile), shared_layout(q.dtype, d, k_half)
     (q_b, *_), (k_b, *_), (v_b, *_), (do_b, *_) = (as_rows(t)[1] for t in (q, k, v, do))
     dk_b, dv_b = output_strides(grad_k)[0], output_strides(grad_v)[0]
     l_b, l_n = output_strides(lse, 1)
@@ -191,7 +191,7 @@ def _launch_backward(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal:
     # dq_acc read as (batch, 2, N, 64) planes (flash_gluon_backward_d128)
     planes = dq_acc.view(-1, n, DQ_PLANE_COLS) if d == 128 else dq_acc
     cols = planes.shape[-1]
-    dq_desc = _descriptor(planes, n * cols, q_tile, _shared_layouts(torch.float32, cols, q_tile))
+    dq_desc = _descriptor(planes, n * cols, q_tile, shared_layout(torch.float32, cols, q_tile))
     args = (_descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
             _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
             _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout), dq_desc,
