@@ -63,6 +63,7 @@ from cs336_systems.experiments.flash_leaderboard import (
     floors,
     leaderboard_bars,
     leaderboard_bars_text,
+    clock_text,
     leaderboard_table,
     measure_copy_bandwidth,
     read_tuning_record,
@@ -161,7 +162,7 @@ elif ours is not None:
 # %%
 bars = leaderboard_bars(df, per_round)
 ctx.save_table(bars, "leaderboard_bars")
-ctx.md(leaderboard_bars_text(bars))
+ctx.md(leaderboard_bars_text(bars) + " " + clock_text(df))
 for b in bars[bars.verdict.str.startswith("not measured")].itertuples():
     ctx.not_run(f"leaderboard bar '{b.bar}'", b.verdict.removeprefix("not measured ").strip("()"))
 
@@ -181,7 +182,8 @@ ctx.save_table(per_round_2026, "leaderboard_2026_rounds")
 bars_2026 = leaderboard_bars(df_2026, per_round_2026, bars=LEADERBOARD_2026_BARS)
 ctx.save_table(bars_2026, "leaderboard_2026_bars")
 scaled = "" if ctx.device.type == "cuda" else " — scaled down for the CPU profile, not the model's"
-ctx.md(f"Configuration: **{config_2026.describe()}**{scaled}. " + leaderboard_bars_text(bars_2026))
+ctx.md(f"Configuration: **{config_2026.describe()}**{scaled}. " + leaderboard_bars_text(bars_2026) + " "
+       + clock_text(df_2026))
 ours_2026 = df_2026.set_index("impl").loc["triton"] if "triton" in set(df_2026.impl) else None
 if ours_2026 is not None and ours_2026.status == "ok":
     ctx.headline("2026 attention (d = 128) fwd+bwd, ours" + ("" if ctx.device.type == "cuda" else " (scaled-down, interpreter)"),
@@ -191,27 +193,32 @@ for b in bars_2026[bars_2026.verdict.str.startswith("not measured")].itertuples(
 
 # %% [markdown]
 # ## Kernel by kernel
-# Where each implementation's step goes on the GPU: one leaderboard step (the timed forward+backward)
-# recorded by `torch.profiler` after warm-up, every kernel placed in the forward, the backward, or the
-# step's own *harness* kernels, which run whatever the attention is: the loss `o.sum()`, the ones it
-# backpropagates, the unbind backward that stacks dQ, dK and dV into the leaf's shape, and the
-# accumulation into the leaf's gradient (`cs336_systems.experiments.leaderboard_kernels`).
+# Where each implementation's step goes on the GPU, for both rows: one leaderboard step (the timed
+# forward+backward) recorded by `torch.profiler` after warm-up, every kernel placed in the forward, the
+# backward, or the step's own *harness* kernels, which run whatever the attention is: the loss `o.sum()`,
+# the ones it backpropagates, the unbind backward that stacks dQ, dK and dV into the leaf's shape, and the
+# accumulation into the leaf's gradient (`cs336_systems.experiments.leaderboard_kernels`). A few profiled
+# steps do not heat the GPU as the timed runs do, so their kernels run at a higher clock than the timed
+# runs' clocks above; their ratios are closer to ratios of clock cycles.
 
 # %%
 from cs336_systems.experiments.leaderboard_kernels import kernel_phase_summary, kernel_profile_text, leaderboard_kernels
 
-timed = df.set_index("impl").status
-profiled = [name for name in impls if timed.get(name) == "ok"]  # an implementation that failed above is not profiled
-if ctx.device.type == "cuda" and profiled:
-    profiled_steps = 5
-    kernels = leaderboard_kernels(profiled, config, device=ctx.device, compile=compile, steps=profiled_steps)
-    ctx.save_table(kernels, "leaderboard_kernels", precision=4)
-    phases = kernel_phase_summary(kernels)
-    ctx.save_table(phases, "leaderboard_kernel_phases")
-    ctx.md(kernel_profile_text(kernels, phases, profiled_steps))
-else:
-    ctx.not_run("the kernel-by-kernel profile of the step",
-                "needs CUDA kernels (torch.profiler's CUDA activity)" if ctx.device.type != "cuda" else "no implementation ran")
+profiled_steps = 5
+for row_name, row_config, row_table, prefix in (("2025 row", config, df, "leaderboard"),
+                                                ("2026 row", config_2026, df_2026, "leaderboard_2026")):
+    timed = row_table.set_index("impl").status
+    profiled = [name for name in impls if timed.get(name) == "ok"]  # one that failed above is not profiled
+    if ctx.device.type == "cuda" and profiled:
+        kernels = leaderboard_kernels(profiled, row_config, device=ctx.device, compile=compile, steps=profiled_steps)
+        ctx.save_table(kernels, f"{prefix}_kernels", precision=4)
+        phases = kernel_phase_summary(kernels)
+        ctx.save_table(phases, f"{prefix}_kernel_phases")
+        ctx.md(f"**{row_name}** ({row_config.describe()}). " + kernel_profile_text(kernels, phases, profiled_steps))
+    else:
+        ctx.not_run(f"the kernel-by-kernel profile of the {row_name}'s step",
+                    "needs CUDA kernels (torch.profiler's CUDA activity)" if ctx.device.type != "cuda"
+                    else "no implementation ran")
 
 # %% [markdown]
 # ## What each optimisation bought

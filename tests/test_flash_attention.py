@@ -285,6 +285,45 @@ def test_dq_planes_back_to_rows(layout):
 
 
 @pytest.mark.skipif(not (HAS_CUDA or kernels_interpreted()), reason="needs a CUDA device or the Triton interpreter")
+@pytest.mark.parametrize("layout, by_kernel", [("a model's head views", True), ("padded rows", True),
+                                               ("two batches of head views", False), ("columns apart", False)])
+def test_dq_planes_back_to_rows_by_the_kernel_where_rows_allow(layout, by_kernel, monkeypatch):
+    """Rows the kernel can address (unit column stride, leading dimensions merging into one stride) are
+    written by `dq_from_planes_kernel`, ragged rows included; others by PyTorch's copy; both put plane c's
+    row r at columns [64 c, 64 c + 64)."""
+    from cs336_systems.attention import flash_triton_backward
+    from cs336_systems.attention.flash_gluon import copy_dq
+
+    device = "cuda" if HAS_CUDA else "cpu"
+    heads, n = 3, 37  # not a multiple of the kernel's rows
+    batch = 1 if layout == "a model's head views" else 2
+    planes = torch.randn(batch, heads, 2, n, 64, device=device)
+    if layout.endswith("head views"):  # (b, h, N, d) views of (b, N, h d) projections: they merge only at b = 1
+        grad_q = torch.empty(batch, n, heads * 128, dtype=torch.bfloat16, device=device).view(
+            batch, n, heads, 128).transpose(1, 2)
+    elif layout == "padded rows":  # rows 136 apart
+        grad_q = torch.empty(batch, heads, n, 136, dtype=torch.bfloat16, device=device)[..., :128]
+    else:  # a column stride of 2
+        grad_q = torch.empty(batch, heads, n, 256, dtype=torch.bfloat16, device=device)[..., ::2]
+    launched = []
+    kernel = flash_triton_backward.dq_from_planes_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(flash_triton_backward, "dq_from_planes_kernel", Recording())
+    copy_dq(grad_q, planes.reshape(batch * heads, n, 128))
+    assert len(launched) == int(by_kernel)
+    expected = torch.cat([planes[:, :, 0], planes[:, :, 1]], dim=-1)
+    if HAS_CUDA or not by_kernel:
+        assert torch.equal(grad_q, expected.to(torch.bfloat16))
+    else:  # Triton's interpreter rounds fp32 to bf16 toward zero, the GPU to nearest: within one bf16 step
+        torch.testing.assert_close(grad_q.float(), expected, rtol=2**-7, atol=0)
+
+
+@pytest.mark.skipif(not (HAS_CUDA or kernels_interpreted()), reason="needs a CUDA device or the Triton interpreter")
 @pytest.mark.parametrize("n", [64, 100])
 def test_backward_preprocess_kernel(n):
     """D = rowsum(dO * O) per row and the fp32 dQ accumulator zeroed, ragged rows included."""

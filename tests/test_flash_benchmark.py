@@ -331,6 +331,23 @@ def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton
     # the implementation without a kernel is not timed; the other two take turns in first place
     assert rounds[["impl", "round", "place"]].values.tolist() == [
         ["triton", 0, 0], ["sdpa_flash", 0, 1], ["sdpa_flash", 1, 0], ["triton", 1, 1]]
+    # no GPU, so no clock: the columns are there, empty, and the report's clock sentence is left out
+    for table in (df, rounds):
+        assert set(lb.CLOCK_COLUMNS) <= set(table.columns) and table[lb.CLOCK_COLUMNS].isna().all().all()
+    assert lb.clock_text(df, baseline="sdpa_flash") == ""
+
+
+def test_the_clock_sentence_splits_a_time_ratio_into_cycles_and_clocks():
+    df = pd.DataFrame([
+        dict(impl="triton", fwd_bwd_ms=54.5, sm_mhz=1590.0, power_w=697.6, power_capped=1.0),
+        dict(impl="sdpa_cudnn", fwd_bwd_ms=55.2, sm_mhz=1620.0, power_w=697.4, power_capped=0.98),
+    ])
+    text = lb.clock_text(df)
+    assert "**1590 MHz for triton**" in text and "**1620 MHz for sdpa_cudnn**" in text
+    assert "698 and 697 W" in text and "in 100% and 98% of the samples" in text
+    assert f"took {54.5 / 55.2 * 1590 / 1620:.3f}× sdpa_cudnn's" in text and f"in time, {54.5 / 55.2:.3f}×" in text
+    assert lb.clock_text(df, baseline="sdpa_flash") == ""  # not timed
+    assert lb.clock_text(df.assign(sm_mhz=[1590.0, float("nan")])) == ""  # no clock sampled
 
 
 def test_the_projections_layout_times_strided_views_of_one_model_leaf(triton_on_cpu):

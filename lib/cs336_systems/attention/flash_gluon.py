@@ -34,7 +34,7 @@ import torch
 import triton
 
 from cs336_systems.attention.flash_configs import device_facts
-from cs336_systems.attention.flash_layout import as_rows, output_strides, tma_compatible
+from cs336_systems.attention.flash_layout import INTERPRETED, as_rows, batch_stride, output_strides, tma_compatible
 
 # Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an H100
 # (docs/flash_attention_tuning.md, v7).
@@ -47,6 +47,7 @@ GLUON_BWD_TILES = {64: (64, 64, 2), 128: (64, 64, 2)}
 # Where the fused backward beat the two Triton kernels: causal only at d = 64 (v8), both at d = 128 (v17).
 GLUON_BWD_CAUSALITY = {64: (True,), 128: (True, False)}
 PREPROCESS_ROWS = 64
+DQ_COPY_ROWS = 32  # rows per program of dq_from_planes_kernel
 CONSUMER_REGS, PRODUCER_REGS = 232, 40
 # Per head dimension of the backward, (consumer, producer) registers: d = 128's dK, dV, S and dP alone
 # take 192 of a consumer thread's registers (flash_gluon_backward_d128).
@@ -232,12 +233,23 @@ def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None, ker
 def copy_dq(grad_q: torch.Tensor, dq_acc: torch.Tensor) -> None:
     """grad_q (..., N, d), any strides, = the fp32 accumulator in grad_q's dtype, one copy. At d = 128 the
     accumulator's memory holds each batch's column halves as planes, (batch, d / DQ_PLANE_COLS, N,
-    DQ_PLANE_COLS); below, (batch, N, d) rows."""
+    DQ_PLANE_COLS), which `dq_from_planes_kernel` writes into rows a kernel can address (unit column
+    stride, leading dimensions merging into one stride: a model's head views included) with 16-byte
+    accesses; other strides take PyTorch's copy of the transposed planes, whose generic strided loop is
+    slower (tuning record, v20.1). Below d = 128, (batch, N, d) rows."""
     n, d = grad_q.shape[-2:]
     if d != 128:
         grad_q.copy_(dq_acc.view(grad_q.shape))
         return
     halves = d // DQ_PLANE_COLS
+    stride_b = batch_stride(grad_q, 2)
+    if (grad_q.is_cuda or INTERPRETED) and stride_b is not None and grad_q.stride(-1) == 1:
+        from cs336_systems.attention.flash_triton_backward import dq_from_planes_kernel
+
+        batch = grad_q.numel() // (n * d)
+        dq_from_planes_kernel[(triton.cdiv(n, DQ_COPY_ROWS), batch)](
+            dq_acc, grad_q, stride_b, grad_q.stride(-2), n, COLS=DQ_PLANE_COLS, PLANES=halves, ROWS=DQ_COPY_ROWS)
+        return
     planes = dq_acc.view(*grad_q.shape[:-2], halves, n, DQ_PLANE_COLS)
     grad_q.unflatten(-1, (halves, DQ_PLANE_COLS)).copy_(planes.transpose(-3, -2))
 

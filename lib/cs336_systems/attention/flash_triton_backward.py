@@ -327,3 +327,27 @@ def flash_bwd_preprocess_kernel(
              mask=in_range)
     tl.store(dQ_acc_ptr + (batch * N_QUERIES + rows[:, None]) * D + cols[None, :], tl.zeros((ROWS, D), tl.float32),
              mask=in_range[:, None])
+
+
+@triton.jit
+def dq_from_planes_kernel(
+    acc_ptr, dQ_ptr,
+    stride_qb, stride_qn,
+    N_QUERIES,
+    COLS: tl.constexpr,
+    PLANES: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """dQ[b, r, c COLS + j] = acc[b, c, r, j] in dQ's dtype, for ROWS rows r of batch b, every plane c and
+    column j < COLS: the fp32 accumulator the d = 128 fused backward adds into, one plane per consumer
+    warpgroup's columns (`flash_gluon_backward_d128`), contiguous (batch, PLANES, N, COLS); dQ's rows have
+    unit column stride and any row and batch strides."""
+    batch = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, COLS)
+    in_range = (rows < N_QUERIES)[:, None]
+    for c in tl.static_range(PLANES):
+        part = tl.load(acc_ptr + ((batch * PLANES + c) * N_QUERIES + rows[:, None]) * COLS + cols[None, :],
+                       mask=in_range)
+        tl.store(dQ_ptr + batch * stride_qb + rows[:, None] * stride_qn + c * COLS + cols[None, :],
+                 part.to(dQ_ptr.dtype.element_ty), mask=in_range)

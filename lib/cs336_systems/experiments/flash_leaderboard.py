@@ -15,7 +15,9 @@ is timed the same way; the backward is forward+backward minus forward (a compile
 not re-entered for a second backward). SDPA runs eagerly with one backend allowed: a single
 fused call, which compiling would not change. Each implementation gets the handout's 1 s of
 warm-up and 10 s of timed runs, spread over rounds in which the implementations take turns
-(`leaderboard_table`), so that the comparison does not depend on who ran first.
+(`leaderboard_table`), so that the comparison does not depend on who ran first. While each is
+timed, the GPU's SM clock and power are sampled (`CLOCK_COLUMNS`): at the board's power cap two
+implementations' times differ by their clocks as well as their cycles (`clock_text`).
 
 Floors of a configuration (`floors`): FLOPs / peak FLOP/s and least bytes / bandwidth.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -46,10 +49,14 @@ from cs336_systems.experiments.flash_benchmark import (
     relative_errors,
     round_orders,
 )
+from cs336_systems.benchmarking.gpu_telemetry import GpuTelemetry
 from cs336_systems.benchmarking.harness import free_device_memory
 
 LEADERBOARD_IMPLS = ("triton", "sdpa_flash", "sdpa_cudnn")
 LEADERBOARD_COLUMNS = ["impl", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "tflops", "device"]
+# While an implementation was timed (`GpuTelemetry`): median SM clock (MHz) and power (W), and the share of
+# samples at the board's power cap; NaN without nvidia-smi or a GPU
+CLOCK_COLUMNS = ["sm_mhz", "power_w", "power_capped"]
 
 
 @dataclass(frozen=True)
@@ -202,7 +209,8 @@ def leaderboard_table(
     each implementation taking 1/rounds of the warm-up and measuring time of `settings` and
     `fwd_settings` per round, and the table pools the runs of all rounds. Timed one after another,
     an implementation's latency depends on its place: on an H100 the power-capped clock falls as the
-    GPU heats up over the first tens of seconds (tuning record, v14).
+    GPU heats up over the first tens of seconds (tuning record, v14). The table and the rounds also
+    hold `CLOCK_COLUMNS`, from the samples taken while the implementation (or that round of it) ran.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
@@ -239,42 +247,50 @@ def leaderboard_table(
         return replace(s, warmup_ms=s.warmup_ms / rounds, rep_ms=s.rep_ms / rounds)
 
     runs: dict[str, list[dict[str, list[float]]]] = {name: [] for name in checked}
+    spans: dict[str, list[tuple[float, float]]] = {name: [] for name in checked}  # when each was timed
     per_round = []
-    for r, order in enumerate(round_orders(list(checked), rounds)):
-        for place, name in enumerate(n for n in order if n in checked):
-            impl = checked[name]
-            try:
-                with impl.context():
-                    times = time_leaderboard(impl.apply, qkv, config.is_causal, share(settings), share(fwd_settings),
-                                             config)
-            except Exception as err:  # noqa: BLE001 - as above; a failed implementation leaves the rounds
-                failure = failure_row(err, impl)
-                if failure is None:
-                    raise
-                rows[name].update(failure)
-                del checked[name], runs[name]
-                free_device_memory()
-                continue
-            runs[name].append(times)
-            fwd_ms, fwd_bwd_ms = statistics.median(times["fwd"]), statistics.median(times["fwd_bwd"])
-            per_round.append(dict(impl=name, round=r, place=place, fwd_ms=fwd_ms, fwd_bwd_ms=fwd_bwd_ms,
-                                  bwd_ms=fwd_bwd_ms - fwd_ms, runs=len(times["fwd_bwd"])))
+    with GpuTelemetry(device) as telemetry:
+        for r, order in enumerate(round_orders(list(checked), rounds)):
+            for place, name in enumerate(n for n in order if n in checked):
+                impl = checked[name]
+                start = time.time()
+                try:
+                    with impl.context():
+                        times = time_leaderboard(impl.apply, qkv, config.is_causal, share(settings),
+                                                 share(fwd_settings), config)
+                except Exception as err:  # noqa: BLE001 - as above; a failed implementation leaves the rounds
+                    failure = failure_row(err, impl)
+                    if failure is None:
+                        raise
+                    rows[name].update(failure)
+                    del checked[name], runs[name], spans[name]
+                    free_device_memory()
+                    continue
+                runs[name].append(times)
+                spans[name].append((start, time.time()))
+                fwd_ms, fwd_bwd_ms = statistics.median(times["fwd"]), statistics.median(times["fwd_bwd"])
+                per_round.append(dict(impl=name, round=r, place=place, fwd_ms=fwd_ms, fwd_bwd_ms=fwd_bwd_ms,
+                                      bwd_ms=fwd_bwd_ms - fwd_ms, runs=len(times["fwd_bwd"]), span=spans[name][-1]))
+    for entry in per_round:
+        entry.update({k: v for k, v in telemetry.window(*entry.pop("span")).items() if k in CLOCK_COLUMNS})
     fwd_bwd_flops = config.flops()["forward_backward"]
     for name, timed in runs.items():
         row = rows[name]
         row.update(pooled_latencies(timed))
+        row.update({k: v for k, v in telemetry.windows(spans[name]).items() if k in CLOCK_COLUMNS})
         row["tflops"] = fwd_bwd_flops / (row["fwd_bwd_ms"] * 1e-3) / 1e12
         if ceiling_tflops:
             row["ceiling_fraction"] = row["tflops"] / ceiling_tflops
     free_device_memory()
     df = pd.DataFrame(list(rows.values()))
     columns = [*LEADERBOARD_COLUMNS, "fwd_bwd_mean_ms", "ceiling_fraction", "max_rel_error", "runs", "rounds",
-               "fwd_bwd_round_min_ms", "fwd_bwd_round_max_ms", "compiled", "status", "note"]
+               "fwd_bwd_round_min_ms", "fwd_bwd_round_max_ms", *CLOCK_COLUMNS, "compiled", "status", "note"]
     for col in columns:
         if col not in df:
             df[col] = pd.NA
     return LeaderboardRuns(df[columns], pd.DataFrame(per_round, columns=["impl", "round", "place", "fwd_ms",
-                                                                        "fwd_bwd_ms", "bwd_ms", "runs"]))
+                                                                        "fwd_bwd_ms", "bwd_ms", "runs",
+                                                                        *CLOCK_COLUMNS]))
 
 
 # (latency column, baseline implementation, largest allowed ratio ours / baseline)
@@ -340,6 +356,27 @@ def leaderboard_bars_text(bars: pd.DataFrame) -> str:
             part += f" ({detail})"
         parts.append(part)
     return "; ".join(parts) + "."
+
+
+def clock_text(df: pd.DataFrame, ours: str = "triton", baseline: str = "sdpa_cudnn", column: str = "fwd_bwd_ms") -> str:
+    """The report's sentence on the clocks `leaderboard_table` sampled: each one's median SM clock and power
+    while timed, how often at the power cap, and the ratio of `column` in clock cycles (time × clock) next to
+    the ratio in time; "" where either was not timed or no clock was sampled."""
+    by_impl = df.set_index("impl")
+    if not {ours, baseline} <= set(by_impl.index):
+        return ""
+    mine, theirs = by_impl.loc[ours], by_impl.loc[baseline]
+    values = [mine.sm_mhz, theirs.sm_mhz, mine[column], theirs[column]]
+    if any(pd.isna(v) for v in values):
+        return ""
+    time_ratio = mine[column] / theirs[column]
+    cycle_ratio = time_ratio * mine.sm_mhz / theirs.sm_mhz
+    what = column.removesuffix("_ms").replace("_", "+")
+    return (f"While timed, the GPU's SM clock had a median of **{mine.sm_mhz:.0f} MHz for {ours}** and "
+            f"**{theirs.sm_mhz:.0f} MHz for {baseline}**, at {mine.power_w:.0f} and {theirs.power_w:.0f} W, with the "
+            f"clock held down by the board's power cap in {mine.power_capped:.0%} and {theirs.power_capped:.0%} of "
+            f"the samples. In clock cycles (time × clock), {ours}'s {what} took {cycle_ratio:.3f}× {baseline}'s; "
+            f"in time, {time_ratio:.3f}×.")
 
 
 def read_tuning_record(path: str | Path) -> pd.DataFrame:
