@@ -197,9 +197,8 @@ for b in bars_2026[bars_2026.verdict.str.startswith("not measured")].itertuples(
 # forward+backward) recorded by `torch.profiler` after warm-up, every kernel placed in the forward, the
 # backward, or the step's own *harness* kernels, which run whatever the attention is: the loss `o.sum()`,
 # the ones it backpropagates, the unbind backward that stacks dQ, dK and dV into the leaf's shape, and the
-# accumulation into the leaf's gradient (`cs336_systems.experiments.leaderboard_kernels`). A few profiled
-# steps do not heat the GPU as the timed runs do, so their kernels run at a higher clock than the timed
-# runs' clocks above; their ratios are closer to ratios of clock cycles.
+# accumulation into the leaf's gradient (`cs336_systems.experiments.leaderboard_kernels`). The profiled
+# steps run after the timed rounds, on the GPU those heated.
 
 # %%
 from cs336_systems.experiments.leaderboard_kernels import kernel_phase_summary, kernel_profile_text, leaderboard_kernels
