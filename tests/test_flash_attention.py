@@ -23,7 +23,7 @@ from cs336_systems.attention.flash_gluon import (  # noqa: E402
     gluon_forward_eligible,
 )
 from cs336_systems.attention import flash_dispatch, flash_launch  # noqa: E402
-from cs336_systems.attention.flash_layout import kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
+from cs336_systems.attention.flash_layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
 
@@ -356,6 +356,18 @@ def test_as_rows_reads_in_place_where_leading_dimensions_merge():
     assert as_rows(lse, row_dims=1)[1] == (40, 1)
     with pytest.raises(ValueError, match=r"output of shape \(2, 3, 40, 16\).*merge into one batch stride"):
         output_strides(torch.empty(2, 40, 3, 16).transpose(1, 2))
+
+
+def test_head_views_split_projections_in_place_as_a_model_does():
+    from cs336_systems.attention.flash_layout import read_in_place
+
+    projections = torch.arange(2 * 40 * 3 * 16.0).view(2, 40, 48)
+    views = head_views(projections, 3)
+    assert views.shape == (2, 3, 40, 16) and views.stride() == (40 * 48, 16, 48, 1)
+    assert views.data_ptr() == projections.data_ptr() and torch.equal(views[1, 2, 5], projections[1, 5, 32:])
+    assert read_in_place(head_views(projections[:1], 3)) and not read_in_place(views), "in place at batch 1 only"
+    with pytest.raises(ValueError, match="width 48 do not split into 5 heads"):
+        head_views(projections, 5)
 
 
 def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypatch):
@@ -1080,12 +1092,12 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
                         ("D128_BWD_MIN_CTAS_PER_SM", 0)):
         monkeypatch.setattr(flash_gluon, name, value)
     gen = torch.Generator(device="cuda").manual_seed(d)
-    q, k, v = (torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen)
-               .view(1, 1000, 4, d).transpose(1, 2).requires_grad_() for _ in range(3))
+    q, k, v = (head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4)
+               .requires_grad_() for _ in range(3))
     if not gluon_backward_applies(q, k, v, True, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
     grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    flash_configs._forget_answers()  # routes are kept per geometry: this one's, with the limits lifted, go after it
+    flash_configs.forget_answers()  # routes are kept per geometry: this one's, with the limits lifted, go after it
     try:
         raw = torch.autograd.grad(FlashAttentionTriton.python_apply(q, k, v, True), (q, k, v), grad_out)
         assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
@@ -1093,7 +1105,7 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
         errors = relative_errors(implementation("triton"), q, k, v, grad_out, True, reference)
         assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
     finally:
-        flash_configs._forget_answers()
+        flash_configs.forget_answers()
 
 
 @gpu
@@ -1128,7 +1140,7 @@ def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
     caches = (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes)  # plans derived with the real SM count
     for cache in caches:
         cache.clear()
-    flash_configs._forget_answers()  # the C++ node's programs too
+    flash_configs.forget_answers()  # the C++ node's programs too
     try:
         shape_q, shape_kv = (1, 1, n_q, d), (1, 1, n_k, d)
         check_causal_against_sdpa(FlashAttentionTriton.python_apply, shape_q, shape_kv, dtype, "cuda", TOL[dtype])
@@ -1143,4 +1155,4 @@ def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
     finally:
         for cache in caches:
             cache.clear()
-        flash_configs._forget_answers()
+        flash_configs.forget_answers()

@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cs336_systems.attention import flash_native  # noqa: E402
+from cs336_systems.attention.flash_layout import head_views  # noqa: E402
 from cs336_systems.experiments.flash_benchmark import reference_gradients  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -232,8 +233,8 @@ def test_native_node_reads_a_models_head_views_in_place(native, d):
     from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_attention_triton
 
     gen = torch.Generator(device="cuda").manual_seed(d)
-    q, k, v = (torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen)
-               .view(1, 1000, 4, d).transpose(1, 2).requires_grad_() for _ in range(3))
+    q, k, v = (head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4)
+               .requires_grad_() for _ in range(3))
     grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     out = flash_attention_triton(q, k, v, True)
     assert out.grad_fn.name() == "FlashAttentionNativeBackward"

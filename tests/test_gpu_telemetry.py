@@ -118,3 +118,19 @@ def test_the_stand_in_was_given_the_query_the_interval_and_the_uuid(tmp_path, mo
     args = seen["args"].split()
     assert "--id=GPU-stand-in-uuid" in args and "--loop-ms=250" in args
     assert "--query-gpu=" + ",".join(gt.QUERY) in args and "--format=csv,noheader,nounits" in args
+
+
+@pytest.mark.gpu
+def test_the_real_nvidia_smi_samples_this_gpu_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    x = torch.randn(4096, 4096, device="cuda")
+    with gt.GpuTelemetry("cuda", interval_ms=50) as telemetry:
+        start = time.time()
+        while time.time() - start < 1.0:
+            x = x @ x.T / 64.0
+        torch.cuda.synchronize()
+        end = time.time()
+    assert telemetry.unavailable is None, telemetry.unavailable
+    window = telemetry.window(start, end)
+    assert window["samples"] >= 5 and 100 < window["sm_mhz"] < 5000 and window["power_w"] > 10

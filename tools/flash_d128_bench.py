@@ -25,6 +25,7 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import flash_gluon as G
+from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_backward_triton
 from cs336_systems.experiments.flash_benchmark import reference_gradients
 
@@ -36,8 +37,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def model_layout(batch: int, heads: int, n: int, d: int, dtype, seed: int) -> list[torch.Tensor]:
     """q, k, v as the model makes them: (b, h, n, d) views of (b, n, h d) projections, leaves."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(batch, n, heads * d, device="cuda", dtype=dtype, generator=gen)
-            .view(batch, n, heads, d).transpose(1, 2).detach().requires_grad_() for _ in range(3)]
+    return [head_views(torch.randn(batch, n, heads * d, device="cuda", dtype=dtype, generator=gen), heads)
+            .requires_grad_() for _ in range(3)]
 
 
 def triton_only(fn):

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import flash_gluon
+from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import flash_attention_triton
 from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, measure_times_ms
 
@@ -36,8 +37,8 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_
 def inputs(layout: str, heads: int, n: int, d: int = 128) -> list[torch.Tensor]:
     gen = torch.Generator(device="cuda").manual_seed(n + heads)
     if layout == "projections":
-        return [torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                .view(1, n, heads, d).transpose(1, 2).requires_grad_() for _ in range(3)]
+        return [head_views(torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen), heads)
+                .requires_grad_() for _ in range(3)]
     return [torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
             for _ in range(3)]
 

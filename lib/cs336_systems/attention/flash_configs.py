@@ -256,7 +256,7 @@ class ConfigTable:
     def store(self, device: str, key: ProblemKey, config: KernelConfig, path: Path) -> None:
         """Remember `config` and merge it into the JSON file at `path`."""
         self.entries.setdefault(device, {})[key] = config
-        _forget_answers()
+        forget_answers()
         data = json.loads(path.read_text()) if path.is_file() else {}
         data.setdefault(device, {})[key.to_str()] = asdict(config)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +277,7 @@ def config_table() -> ConfigTable:
 def reload_config_table() -> ConfigTable:
     global _TABLE
     _TABLE = None
-    _forget_answers()
+    forget_answers()
     return config_table()
 
 
@@ -357,6 +357,9 @@ def answer_cache() -> dict:
     return register_answer_cache({})
 
 
-def _forget_answers() -> None:
+def forget_answers() -> None:
+    """Clear every cache registered with `register_answer_cache` (routes, launch plans, the C++ node's
+    programs): what callers derived from the configurations and the routing limits. A table store or reload
+    does it; so must a caller that changes those limits (a test lifting `flash_gluon`'s size floors)."""
     for cache in _ANSWER_CACHES:
         cache.clear()

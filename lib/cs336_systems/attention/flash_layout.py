@@ -75,6 +75,15 @@ def as_rows(t: torch.Tensor, row_dims: int = 2) -> tuple[torch.Tensor, tuple[int
     return t, (stride_b, *t.stride()[len(t.shape) - row_dims:])
 
 
+def head_views(projections: torch.Tensor, heads: int) -> torch.Tensor:
+    """(b, heads, N, d) views of (b, N, heads d) projections, as a model's attention splits its heads: rows
+    heads d apart, no copy. At b = 1 the kernels read them in place (`read_in_place`)."""
+    b, n, width = projections.shape
+    if width % heads:
+        raise ValueError(f"projections of width {width} do not split into {heads} heads")
+    return projections.view(b, n, heads, width // heads).transpose(1, 2)
+
+
 def read_in_place(t: torch.Tensor, row_dims: int = 2) -> bool:
     """Whether the kernels read `t` without a copy (`as_rows`): contiguous, or a view whose leading dimensions
     merge into one stride, such as a model's (1, h, N, d) views of its (1, N, h d) projections."""

@@ -49,6 +49,7 @@ from cs336_systems.experiments.flash_benchmark import (
     relative_errors,
     round_orders,
 )
+from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.benchmarking.gpu_telemetry import GpuTelemetry
 from cs336_systems.benchmarking.harness import free_device_memory
 
@@ -88,7 +89,7 @@ class LeaderboardConfig:
         ("projections"), views of `leaf`."""
         if self.layout == "heads":
             return tuple(leaf)
-        return tuple(t.view(1, self.seq_len, self.heads, self.head_dim).transpose(1, 2) for t in leaf)
+        return tuple(head_views(t, self.heads) for t in leaf)
 
     def flops(self) -> dict[str, float]:
         return attention_flops(1, self.heads, self.seq_len, self.head_dim, self.is_causal)
