@@ -75,15 +75,20 @@ with open(out, "w") as f:
 """
 
 
-def test_the_sampler_runs_nvidia_smi_on_the_devices_uuid_and_reads_its_samples(tmp_path, monkeypatch):
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """The stand-in first on PATH, a CUDA device reported, and its UUID fixed."""
     script = tmp_path / "nvidia-smi"
     script.write_text(STAND_IN.format(python=sys.executable))
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gt.GpuTelemetry, "_gpu_id", lambda self: "GPU-stand-in-uuid")
+    monkeypatch.setattr(gt.GpuTelemetry, "gpu_id", lambda self: "GPU-stand-in-uuid")
+
+
+def test_the_sampler_runs_nvidia_smi_on_the_devices_uuid_and_reads_its_samples(stand_in):
     with gt.GpuTelemetry("cuda", interval_ms=50) as telemetry:
-        file = telemetry._file
+        file = telemetry.samples_file
         start = time.time()
         time.sleep(1.0)
         end = time.time()
@@ -94,22 +99,16 @@ def test_the_sampler_runs_nvidia_smi_on_the_devices_uuid_and_reads_its_samples(t
     assert telemetry.windows([(start, start), (end + 10, end + 20)])["samples"] <= 1
 
 
-def test_the_stand_in_was_given_the_query_the_interval_and_the_uuid(tmp_path, monkeypatch):
-    script = tmp_path / "nvidia-smi"
-    script.write_text(STAND_IN.format(python=sys.executable))
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gt.GpuTelemetry, "_gpu_id", lambda self: "GPU-stand-in-uuid")
+def test_the_stand_in_was_given_the_query_the_interval_and_the_uuid(stand_in, monkeypatch):
     seen = {}
     original_exit = gt.GpuTelemetry.__exit__
 
     def keep_args(self, *exc):
         for _ in range(100):  # the stand-in writes its arguments as it starts
-            if (self._file.parent / "samples.csv.args").exists():
+            if (self.samples_file.parent / "samples.csv.args").exists():
                 break
             time.sleep(0.05)
-        seen["args"] = (self._file.parent / "samples.csv.args").read_text()
+        seen["args"] = (self.samples_file.parent / "samples.csv.args").read_text()
         return original_exit(self, *exc)
 
     monkeypatch.setattr(gt.GpuTelemetry, "__exit__", keep_args)

@@ -95,7 +95,7 @@ class GpuTelemetry:
         self._process: subprocess.Popen | None = None
         self._folder: tempfile.TemporaryDirectory | None = None
 
-    def _gpu_id(self) -> str:
+    def gpu_id(self) -> str:
         """nvidia-smi's id of the device: its UUID, which CUDA_VISIBLE_DEVICES's renumbering does not change."""
         return f"GPU-{torch.cuda.get_device_properties(self.device).uuid}"
 
@@ -108,8 +108,8 @@ class GpuTelemetry:
         if self.unavailable:
             return self
         self._folder = tempfile.TemporaryDirectory(prefix="gpu_telemetry_")
-        command = [executable, f"--id={self._gpu_id()}", "--query-gpu=" + ",".join(QUERY),
-                   "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}", "-f", str(self._file)]
+        command = [executable, f"--id={self.gpu_id()}", "--query-gpu=" + ",".join(QUERY),
+                   "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}", "-f", str(self.samples_file)]
         try:
             self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         except OSError as err:
@@ -118,7 +118,8 @@ class GpuTelemetry:
         return self
 
     @property
-    def _file(self) -> Path:
+    def samples_file(self) -> Path:
+        """Where nvidia-smi writes its lines while sampling (a temporary folder, removed once they are read)."""
         return Path(self._folder.name) / "samples.csv"
 
     def __exit__(self, *exc) -> None:
@@ -131,7 +132,7 @@ class GpuTelemetry:
             self._process.kill()
             _, errors = self._process.communicate()
         with contextlib.suppress(FileNotFoundError):
-            self.samples = parse_samples(self._file.read_text().splitlines())
+            self.samples = parse_samples(self.samples_file.read_text().splitlines())
         if self.samples.empty:
             self.unavailable = f"nvidia-smi recorded no sample ({(errors or '').strip()[:200] or 'no message'})"
         self._folder.cleanup()
