@@ -198,7 +198,8 @@ for b in bars_2026[bars_2026.verdict.str.startswith("not measured")].itertuples(
 # backward, or the step's own *harness* kernels, which run whatever the attention is: the loss `o.sum()`,
 # the ones it backpropagates, the unbind backward that stacks dQ, dK and dV into the leaf's shape, and the
 # accumulation into the leaf's gradient (`cs336_systems.experiments.leaderboard_kernels`). The profiled
-# steps run after the timed rounds, on the GPU those heated.
+# steps run after the timed rounds, on the GPU those heated, and take turns as the timed rounds do: one
+# step of each implementation per round, in rotated order.
 
 # %%
 from cs336_systems.experiments.leaderboard_kernels import kernel_phase_summary, kernel_profile_text, leaderboard_kernels

@@ -103,6 +103,37 @@ def test_profile_text_reads_the_tables():
     assert "Ours against" not in text and "counted in the backward: none (sdpa_cudnn)." in text
 
 
+def test_the_profiled_steps_take_turns_in_rotated_order_after_every_warm_up(monkeypatch):
+    """Warm-ups first, then one profiled step of each implementation per round in rotated order (the timed
+    rounds' `round_orders`); each implementation's kernels are the medians of its own steps. The step runs
+    on CPU tensors here, with the profiler replaced by a recorder."""
+    from cs336_systems.experiments.flash_benchmark import Implementation
+
+    config = lk.LeaderboardConfig(heads=2, seq_len=16, head_dim=8)
+    calls = []
+
+    def make(name, compile):
+        return Implementation(name, lambda q, k, v, causal: calls.append(name) or (q * 1.0))
+
+    def recorder(step):
+        step()
+        name, count = calls[-1], sum(c == calls[-1] for c in calls)
+        kernels = OURS if name == "triton" else CUDNN
+        return [(kernel, float(i), float(count)) for i, kernel in enumerate(kernels)]
+
+    monkeypatch.setattr(lk, "leaderboard_inputs", lambda config, device: torch.randn(config.leaf_shape(), requires_grad=True))
+    monkeypatch.setattr(lk, "leaderboard_implementation", make)
+    monkeypatch.setattr(lk, "_profiled_step", recorder)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    kernels = lk.leaderboard_kernels(["triton", "sdpa_cudnn"], config, steps=3, warmup_steps=2)
+    assert calls == ["triton"] * 2 + ["sdpa_cudnn"] * 2 + ["triton", "sdpa_cudnn", "sdpa_cudnn", "triton", "triton",
+                                                           "sdpa_cudnn"]
+    ours = kernels[kernels.impl == "triton"]
+    assert ours.kernel.tolist() == [lk.short_kernel_name(k) for k in OURS]
+    assert (ours.ms == 4.0).all(), "the median of its profiled steps, the 3rd, 4th and 5th of its calls"
+    assert (kernels[kernels.impl == "sdpa_cudnn"].ms == 4.0).all()
+
+
 def test_profiling_needs_cuda():
     with pytest.raises(ValueError, match="CUDA kernels; got device cpu"):
         lk.leaderboard_kernels(["triton"], device="cpu")

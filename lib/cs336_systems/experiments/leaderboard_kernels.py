@@ -24,6 +24,7 @@ from collections.abc import Iterable
 import pandas as pd
 import torch
 
+from cs336_systems.experiments.flash_benchmark import round_orders
 from cs336_systems.experiments.flash_leaderboard import (
     LEADERBOARD,
     LEADERBOARD_IMPLS,
@@ -108,35 +109,48 @@ def leaderboard_kernels(
     warmup_steps: int = 3,
 ) -> pd.DataFrame:
     """One row per implementation and kernel of a leaderboard step (`KERNEL_COLUMNS`): its phase and
-    role (`classify_kernels`), and its start and duration in ms, medians over `steps` profiled steps."""
+    role (`classify_kernels`), and its start and duration in ms, medians over `steps` profiled steps.
+
+    Every implementation is warmed up first; then the profiled steps are taken in rounds, one step of each
+    implementation per round in `round_orders`' rotated order, as the timed rounds are: on a GPU at its
+    power cap, steps profiled one implementation after another would give the later ones a GPU the
+    earlier ones had heated (tuning record, v20.1)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"leaderboard_kernels profiles CUDA kernels; got device {device}")
     qkv = leaderboard_inputs(config, device)
     q, k, v = config.views(qkv)
-    rows = []
-    for name in impls:
-        impl = leaderboard_implementation(name, compile)
 
-        def step(impl=impl) -> None:
+    def step_of(impl):
+        def step() -> None:
             with impl.context():
                 o = impl.apply(q, k, v, config.is_causal)
             o.sum().backward()
+        return step
 
+    names = list(impls)
+    step_fns = {name: step_of(leaderboard_implementation(name, compile)) for name in names}
+    for name in names:  # the leaf's gradient is kept throughout, so every step adds into it as the timed ones do
         for _ in range(warmup_steps):
-            step()
-        torch.cuda.synchronize()
-        recorded = [_profiled_step(step) for _ in range(steps)]
-        names = [kernel for kernel, _, _ in recorded[0]]
-        if any([kernel for kernel, _, _ in r] != names for r in recorded[1:]):
+            step_fns[name]()
+    torch.cuda.synchronize()
+    recorded: dict[str, list] = {name: [] for name in names}
+    for order in round_orders(names, steps):
+        for name in order:
+            recorded[name].append(_profiled_step(step_fns[name]))
+    rows = []
+    for name in names:
+        kernels = [kernel for kernel, _, _ in recorded[name][0]]
+        if any([kernel for kernel, _, _ in r] != kernels for r in recorded[name][1:]):
             raise RuntimeError(f"{name}: the profiled steps launched different kernels: "
-                               f"{[[short_kernel_name(k) for k, _, _ in r] for r in recorded]}")
-        for position, (kernel, (phase, role)) in enumerate(zip(names, classify_kernels(names))):
+                               f"{[[short_kernel_name(k_) for k_, _, _ in r] for r in recorded[name]]}")
+        for position, (kernel, (phase, role)) in enumerate(zip(kernels, classify_kernels(kernels))):
             rows.append(dict(impl=name, position=position, phase=phase, role=role, kernel=short_kernel_name(kernel),
-                             start_ms=statistics.median(r[position][1] for r in recorded),
-                             ms=statistics.median(r[position][2] for r in recorded)))
-        qkv.grad = None
-        free_device_memory()
+                             start_ms=statistics.median(r[position][1] for r in recorded[name]),
+                             ms=statistics.median(r[position][2] for r in recorded[name])))
+    qkv.grad = None
+    del step_fns
+    free_device_memory()
     return pd.DataFrame(rows, columns=KERNEL_COLUMNS)
 
 
