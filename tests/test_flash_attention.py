@@ -277,7 +277,7 @@ def test_dq_planes_back_to_rows(layout):
     if layout == "contiguous":
         grad_q = torch.empty(1, heads, n, 128, dtype=torch.float64)
     else:
-        grad_q = torch.empty(1, n, heads * 128, dtype=torch.float64).view(1, n, heads, 128).transpose(1, 2)
+        grad_q = head_views(torch.empty(1, n, heads * 128, dtype=torch.float64), heads)
     strides = grad_q.stride()
     copy_dq(grad_q, planes.reshape(heads, n, 128))
     assert grad_q.stride() == strides
@@ -299,8 +299,7 @@ def test_dq_planes_back_to_rows_by_the_kernel_where_rows_allow(layout, by_kernel
     batch = 1 if layout == "a model's head views" else 2
     planes = torch.randn(batch, heads, 2, n, 64, device=device)
     if layout.endswith("head views"):  # (b, h, N, d) views of (b, N, h d) projections: they merge only at b = 1
-        grad_q = torch.empty(batch, n, heads * 128, dtype=torch.bfloat16, device=device).view(
-            batch, n, heads, 128).transpose(1, 2)
+        grad_q = head_views(torch.empty(batch, n, heads * 128, dtype=torch.bfloat16, device=device), heads)
     elif layout == "padded rows":  # rows 136 apart
         grad_q = torch.empty(batch, heads, n, 136, dtype=torch.bfloat16, device=device)[..., :128]
     else:  # a column stride of 2
