@@ -212,31 +212,34 @@ def test_tma_compatible():
 
 
 @pytest.mark.parametrize(
-    "d, n_q, n_k, dtype, batch, major, expected",
+    "d, n_q, n_k, dtype, batch, major, is_causal, expected",
     [
-        (64, 16384, 16384, torch.bfloat16, 16, 9, True),  # the leaderboard on an H100
-        (128, 65536, 65536, torch.float16, 1, 9, True),
-        (64, 4096, 4096, torch.bfloat16, 64, 9, False),  # short: the launch's host time outweighs the gain
-        (128, 4096, 4096, torch.bfloat16, 16, 9, True),  # d = 128 from N = 4,096 (512 CTAs: 3.9 per SM)
-        (128, 4096, 4096, torch.bfloat16, 4, 9, False),  # 128 CTAs
-        (128, 2048, 2048, torch.bfloat16, 64, 9, False),  # shorter: not measured
-        (128, 16384, 16384, torch.bfloat16, 1, 9, True),  # d = 128 from 16,384 at any grid (128 CTAs)
-        (128, 8192, 8192, torch.bfloat16, 1, 9, False),  # 64 CTAs, shorter: the Triton kernel
-        (64, 16384, 16384, torch.bfloat16, 1, 9, False),  # 128 CTAs for 132 SMs: the Triton kernel's finer grid
-        (64, 16384, 16384, torch.bfloat16, 16, 8, False),  # no warpgroup matmuls before Hopper
-        (64, 16384, 16384, torch.bfloat16, 16, 10, False),  # nor Hopper's on Blackwell
-        (64, 16384, 16384, torch.float32, 16, 9, False),
-        (32, 16384, 16384, torch.bfloat16, 16, 9, False),  # head dimensions 64 and 128 only
-        (64, 16384, 8192, torch.bfloat16, 16, 9, False),  # N_q != N_k
+        (64, 16384, 16384, torch.bfloat16, 16, 9, True, True),  # the leaderboard on an H100
+        (128, 65536, 65536, torch.float16, 1, 9, True, True),
+        (64, 4096, 4096, torch.bfloat16, 64, 9, True, False),  # short: the launch's host time outweighs the gain
+        (128, 4096, 4096, torch.bfloat16, 16, 9, True, True),  # d = 128 from N = 4,096
+        (128, 4096, 4096, torch.bfloat16, 4, 9, True, True),  # 128 CTAs: from 4 heads on with the mask (v21)
+        (128, 8192, 8192, torch.bfloat16, 2, 9, True, False),  # 2 heads: the Triton kernel's causal grid was faster
+        (128, 8192, 8192, torch.bfloat16, 2, 9, False, True),  # without the mask from 2 heads on (v21)
+        (128, 4096, 4096, torch.bfloat16, 1, 9, False, False),  # 32 CTAs: the Triton kernel's split keys
+        (128, 2048, 2048, torch.bfloat16, 64, 9, True, False),  # shorter: not measured
+        (128, 16384, 16384, torch.bfloat16, 1, 9, True, True),  # d = 128 from 16,384 at any grid (128 CTAs)
+        (128, 8192, 8192, torch.bfloat16, 1, 9, True, False),  # 64 CTAs, shorter: the Triton kernel's split keys
+        (64, 16384, 16384, torch.bfloat16, 1, 9, True, False),  # 128 CTAs for 132 SMs: the Triton kernel's finer grid
+        (64, 16384, 16384, torch.bfloat16, 16, 8, True, False),  # no warpgroup matmuls before Hopper
+        (64, 16384, 16384, torch.bfloat16, 16, 10, True, False),  # nor Hopper's on Blackwell
+        (64, 16384, 16384, torch.float32, 16, 9, True, False),
+        (32, 16384, 16384, torch.bfloat16, 16, 9, True, False),  # head dimensions 64 and 128 only
+        (64, 16384, 8192, torch.bfloat16, 16, 9, True, False),  # N_q != N_k
     ],
 )
-def test_gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, expected):
-    assert gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, 132) is expected
+def test_gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, is_causal, expected):
+    assert gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, 132, is_causal) is expected
 
 
 def test_gluon_forward_never_applies_off_gpu():
     q = torch.randn(16, 4096, 64, dtype=torch.bfloat16)
-    assert not gluon_forward_applies(q, q, q, interpreted=False)
+    assert not gluon_forward_applies(q, q, q, True, interpreted=False)
     assert not gluon_backward_applies(q, q, q, True, interpreted=False)
 
 
@@ -250,10 +253,12 @@ def test_gluon_forward_never_applies_off_gpu():
         (128, 32768, torch.bfloat16, 32, 9, False, True),  # d = 128 gains without the mask too
         (128, 32768, torch.float32, 32, 9, True, False),
         (128, 16384, torch.bfloat16, 1, 9, True, True),  # d = 128 from N = 16,384 on, one head too
-        (128, 8192, torch.bfloat16, 1, 9, True, False),  # 64 CTAs: the eager call host-bound (v18)
+        (128, 8192, torch.bfloat16, 1, 9, True, False),  # 64 CTAs: the Triton kernels were faster (v21)
+        (128, 4096, torch.bfloat16, 2, 9, False, False),  # 64 CTAs
         (128, 8192, torch.bfloat16, 32, 9, True, True),  # 2,048 CTAs
-        (128, 4096, torch.bfloat16, 32, 9, True, True),  # shorter: with 2 CTAs per SM (1,024 of 264)
-        (128, 4096, torch.bfloat16, 4, 9, True, False),  # 128 CTAs: the Triton kernels were faster
+        (128, 4096, torch.bfloat16, 32, 9, True, True),  # shorter: 1,024 CTAs
+        (128, 4096, torch.bfloat16, 4, 9, True, True),  # 128 CTAs: from about one per SM on (v21)
+        (128, 8192, torch.bfloat16, 2, 9, False, True),  # 128 CTAs
         (128, 32768, torch.bfloat16, 32, 8, True, False),
         (96, 32768, torch.bfloat16, 32, 9, True, False),
         (64, 4096, torch.bfloat16, 64, 9, True, False),  # the forward's limits
@@ -1007,14 +1012,15 @@ def test_gluon_forward_on_gpu(monkeypatch, d, is_causal, dtype):
     from cs336_systems.attention import flash_gluon
 
     monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", {64: 0, 128: 0})
-    monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", 0)
+    monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", {64: 0, 128: 0})
+    monkeypatch.setattr(flash_gluon, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
     shape = (2, 3, 1000, d)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
-    if not gluon_forward_applies(probe, probe, probe, interpreted=False):
+    if not gluon_forward_applies(probe, probe, probe, is_causal, interpreted=False):
         pytest.skip(f"the Gluon forward does not run on {torch.cuda.get_device_name()}")
     check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, is_causal, "cuda")
     strided = probe.transpose(-1, -2).contiguous().transpose(-1, -2)  # unit stride along N: no descriptor reads it
-    assert not gluon_forward_applies(strided, probe, probe, interpreted=False)
+    assert not gluon_forward_applies(strided, probe, probe, is_causal, interpreted=False)
 
 
 @gpu
@@ -1029,7 +1035,8 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     from cs336_systems.attention import flash_gluon
 
     monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", {64: 0, 128: 0})
-    monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", 0)
+    monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", {64: 0, 128: 0})
+    monkeypatch.setattr(flash_gluon, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
     probe = torch.empty(shape, device="cuda", dtype=dtype)
     if not gluon_backward_applies(probe, probe, probe, True, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
@@ -1087,7 +1094,8 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
     from cs336_systems.attention import flash_configs, flash_gluon
     from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, reference_gradients, relative_errors
 
-    for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", 0), ("D128_BWD_MIN_SEQ_LEN", 0),
+    for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", {64: 0, 128: 0}), ("MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}}),
+                        ("D128_BWD_MIN_SEQ_LEN", 0),
                         ("D128_BWD_MIN_CTAS_PER_SM", 0)):
         monkeypatch.setattr(flash_gluon, name, value)
     gen = torch.Generator(device="cuda").manual_seed(d)

@@ -134,7 +134,7 @@ def main() -> None:
         load_variant(spec)
     SKIPPED.update(args.skip)
     rows: list[dict] = []
-    G.MIN_SEQ_LEN, G.MIN_CTAS_PER_SM = {d: 0 for d in G.MIN_SEQ_LEN}, 0  # small shapes through the Gluon route
+    G.MIN_SEQ_LEN, G.MIN_CTAS_PER_SM = {d: 0 for d in G.MIN_SEQ_LEN}, {d: 0 for d in G.MIN_CTAS_PER_SM}  # small shapes through the Gluon route
     if not args.skip_check:
         for shape in [(2, 3, 1000, 128), (1, 4, 2048, 128), (1, 2, 960, 128), (1, 1, 1090, 128), (1, 2, 4160, 128)]:
             for causal in (True, False):

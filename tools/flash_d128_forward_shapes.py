@@ -10,7 +10,7 @@ each point's ratios to cuDNN and writes every timing as CSV rows.
         [--layouts projections heads] [--gluon-from N] [--gluon-min-ctas C]
 
 `--gluon-from N` lets the Gluon forward run from N on at d = 128 (`flash_gluon.MIN_SEQ_LEN`), its other limits
-unchanged; `--gluon-min-ctas C` its floor of CTAs per SM (`flash_gluon.MIN_CTAS_PER_SM`).
+unchanged; `--gluon-min-ctas C` its floor of CTAs per SM at d = 128 (`flash_gluon.MIN_CTAS_PER_SM`).
 
 Run on a GPU; the results go to the tuning record (docs/flash_attention_tuning.md).
 """
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--gluon-min-ctas", type=float, default=None)
     args = parser.parse_args()
     if args.gluon_min_ctas is not None:
-        flash_gluon.MIN_CTAS_PER_SM = args.gluon_min_ctas
+        flash_gluon.MIN_CTAS_PER_SM = {**flash_gluon.MIN_CTAS_PER_SM, 128: args.gluon_min_ctas}
     if args.gluon_from is not None:
         flash_gluon.MIN_SEQ_LEN = {**flash_gluon.MIN_SEQ_LEN, 128: args.gluon_from}
     rows = []
@@ -83,7 +83,7 @@ def main() -> None:
                                 rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
                                                  kind=kind, round=r, ms=statistics.median(times),
                                                  gluon_from=flash_gluon.MIN_SEQ_LEN[128],
-                                                 gluon_min_ctas=flash_gluon.MIN_CTAS_PER_SM,
+                                                 gluon_min_ctas=flash_gluon.MIN_CTAS_PER_SM[128],
                                                  device=torch.cuda.get_device_name()))
                     del q, k, v, fns
                     torch.cuda.empty_cache()

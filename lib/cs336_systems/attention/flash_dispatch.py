@@ -56,7 +56,7 @@ def geometry_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: b
 def decide_forward(q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | None) -> str | LaunchPlan:
     """GLUON, or the Triton forward's launch plan for these tensors; checks the inputs first."""
     check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-    if gluon_forward_applies(q, k, v, INTERPRETED, tiles):
+    if gluon_forward_applies(q, k, v, is_causal, INTERPRETED, tiles):
         return GLUON
     return LAUNCHES.plan("forward", (q, k, v, out, lse), is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles))
 

@@ -1,4 +1,4 @@
-"""FlashAttention-2's eager autograd node in C++ (`csrc/flash_autograd.cpp`): the same Triton kernels,
+"""FlashAttention-2's eager autograd node in C++ (`csrc/flash_autograd.cpp`): the same Triton and Gluon kernels,
 launched without Python on the host path.
 
 Why: at short sequences an eager call's latency is its host time, and a Python `autograd.Function`
@@ -12,13 +12,15 @@ parameters (`launch_spec`), derived here once from the Python path's own decisio
 `decide_forward`, `decide_backward`) and the compiled kernels (Triton's `warmup`): the kernels,
 configurations and launch plans are the Python path's, so both paths compute the same thing (tests/test_flash_native.py
 checks the parameters against Triton's launcher on compiled kernels, and on a GPU the gradients).
-The program covers the Triton kernels' route: inputs the kernels read in place (contiguous, or views whose
-leading dimensions merge into one stride, such as a model's (1, h, N, d) views of its projections; the
-gradients then have the views' strides) whose forward is not the Gluon kernel's
-(`flash_gluon.gluon_forward_applies`: long sequences with work for three CTAs per SM, where the host
-time is hidden anyway). Every other call takes `FlashAttentionTriton` (the Python autograd.Function): CPU
-tensors, the interpreter, torch.compile, tensor subclasses, a `tiles` override, the PyTorch backward,
-Triton launch hooks (profilers that read them), and streams capturing a CUDA graph.
+The program covers inputs the kernels read in place (contiguous, or views whose leading dimensions merge
+into one stride, such as a model's (1, h, N, d) views of its projections; the gradients then have the
+views' strides): its forward is the Triton kernel or the Gluon kernel, its backward the two Triton kernels or
+the fused Gluon kernel between its two conversions (D and the zeroed fp32 dQ accumulator before it, dQ in
+the inputs' dtype after it; `flash_gluon.KernelLaunch`), as `flash_dispatch` decides. The Gluon kernels' TMA
+descriptors the node encodes at each launch with the compiled kernel's swizzle and block
+(`compiled_launch_spec`, `tensor_map`). Every other call takes `FlashAttentionTriton` (the Python
+autograd.Function): CPU tensors, the interpreter, torch.compile, tensor subclasses, a `tiles` override, the
+PyTorch backward, Triton launch hooks (profilers that read them), and streams capturing a CUDA graph.
 
 The extension is built on first use with `torch.utils.cpp_extension.load` (a C++ compiler and ninja;
 about a minute, cached per source and PyTorch version). Where it cannot be built, or with
@@ -34,11 +36,13 @@ import sys
 import threading
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from cs336_systems.attention.flash_configs import register_answer_cache
 from cs336_systems.attention.flash_dispatch import GLUON, decide_backward, decide_forward
+from cs336_systems.attention.flash_gluon import backward_launch, dq_copy_launch, forward_launch, preprocess_launch
 from cs336_systems.attention.flash_launch import LAUNCHES
 from cs336_systems.attention.flash_layout import INTERPRETED, read_in_place
 from cs336_systems.attention.triton_launch import grid3, launch_hooks_set
@@ -101,7 +105,7 @@ def status() -> str:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
               tiles: tuple[int, int] | None = None) -> torch.Tensor | None:
-    """O of an eager call through the C++ node (with the Triton backward), or None where the call belongs
+    """O of an eager call through the C++ node, or None where the call belongs
     to the Python path (`flash_triton.flash_attention_triton` then takes it): among others, a `tiles`
     override of the kernels' configurations."""
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or not q.is_cuda:
@@ -127,51 +131,69 @@ def register(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causa
     """Derive and register the program of this geometry, or mark it as the Python path's.
     Bad inputs raise the Python path's ValueError (`check_triton_inputs`)."""
     try:
-        program = derive_program(native.SLOTS, q, k, v, is_causal)
+        program = derive_program(native, q, k, v, is_causal)
     except Unsupported:
         program = None
     if program is None:
-        native.register_program(q, k, v, is_causal, None, None, [], [])
+        native.register_program(q, k, v, is_causal, None, None, [], [], 0)
     else:
         native.register_program(q, k, v, is_causal, *program)
 
 
-def derive_program(slots: dict, q, k, v, is_causal: bool):
-    """(forward launch specs, backward launch specs, held tensors, zeroed gradient slots) of this geometry,
-    or None where the Python path serves it (module docstring)."""
+def derive_program(native, q, k, v, is_causal: bool):
+    """(forward launch specs, backward launch specs, held tensors, zeroed gradient slots, fp32 elements of the
+    dQ accumulator) of this geometry for the extension `native` (its slots, parameter kinds and driver), or
+    None where the Python path serves it (module docstring)."""
     check_triton_inputs(q, k, v, is_causal, INTERPRETED)
     if INTERPRETED or not all(read_in_place(t) and t.data_ptr() % 16 == 0 for t in (q, k, v)):
         return None
+    # Distinct objects even where the caller passed one tensor twice: a Gluon launch's arguments name their
+    # slots by the identity of their tensors (`kernel_launch_spec`).
+    q, k, v = (t.detach() for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     plan = decide_forward(q, k, v, out, lse, is_causal, None)
-    if plan is GLUON:
-        return None
-    if True in plan.copies:
-        return None
-    s = slots
-    if plan.workspace:
-        held = list(LAUNCHES.split_workspace(q.device, plan.workspace))
-        forward_slots, workspace = (s["held"], s["held"] + 1), tuple(held)
-    else:
-        held, forward_slots, workspace = [], (s["out"], s["lse"]), (out, lse)
-    forward = [launch_spec("forward", plan, (q, k, v, out, lse, *workspace),
-                           (s["q"], s["k"], s["v"], s["out"], s["lse"], *forward_slots))]
+    s = native.SLOTS
     grad_out = torch.empty_like(out)  # the C++ node makes every upstream gradient contiguous and aligned
     route = decide_backward(q, k, v, out, grad_out, lse, is_causal, None)
-    if route is None or route is GLUON:
+    if route is None or ((plan is GLUON or route is GLUON) and not native.tensor_maps_supported()):
         return None
     delta, grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (lse, q, k, v))
+    slots = {id(t): s[name] for name, t in dict(q=q, k=k, v=v, out=out, lse=lse, grad_out=grad_out, delta=delta,
+                                               grad_q=grad_q, grad_k=grad_k, grad_v=grad_v).items()}
+    if plan is GLUON:
+        held, forward = [], [kernel_launch_spec(forward_launch(q, k, v, out, lse, is_causal), slots, kinds=native)]
+    elif True in plan.copies:
+        return None
+    else:
+        if plan.workspace:
+            held = list(LAUNCHES.split_workspace(q.device, plan.workspace))
+            forward_slots, workspace = (s["held"], s["held"] + 1), tuple(held)
+        else:
+            held, forward_slots, workspace = [], (s["out"], s["lse"]), (out, lse)
+        forward = [launch_spec("forward", plan, (q, k, v, out, lse, *workspace),
+                               (s["q"], s["k"], s["v"], s["out"], s["lse"], *forward_slots), kinds=native)]
+    if route is GLUON:
+        n, d = q.shape[-2:]
+        dq_acc = torch.empty((q.numel() // (n * d), n, d), dtype=torch.float32, device=q.device)
+        slots[id(dq_acc)] = s["dq_acc"]
+        copy = dq_copy_launch(grad_q, dq_acc)
+        if copy is None:
+            return None
+        launches = (preprocess_launch(out, grad_out, delta, dq_acc),
+                    backward_launch(q, k, v, grad_out, lse, delta, grad_k, grad_v, dq_acc, is_causal), copy)
+        backward = [kernel_launch_spec(launch, slots, kinds=native) for launch in launches]
+        return forward, backward, held, [], dq_acc.numel()
     backward = [
         launch_spec("dq", route.dq, (q, k, v, out, grad_out, lse, delta, grad_q),
-                    (s["q"], s["k"], s["v"], s["out"], s["grad_out"], s["lse"], s["delta"], s["grad_q"])),
+                    (s["q"], s["k"], s["v"], s["out"], s["grad_out"], s["lse"], s["delta"], s["grad_q"]), kinds=native),
         launch_spec("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grad_k, grad_v),
-                    (s["q"], s["k"], s["v"], s["grad_out"], s["lse"], s["delta"], s["grad_k"], s["grad_v"])),
+                    (s["q"], s["k"], s["v"], s["grad_out"], s["lse"], s["delta"], s["grad_k"], s["grad_v"]), kinds=native),
     ]
     # a kernel that splits its loop adds into its gradients, as `KernelLaunches.run` zeroes them for
     zeroed = ([s["grad_q"]] if route.dq.meta["SPLIT"] else []) + (
         [s["grad_k"], s["grad_v"]] if route.dkdv.meta["SPLIT"] else [])
-    return forward, backward, held, zeroed
+    return forward, backward, held, zeroed, 0
 
 
 # Triton's scalar parameter types as the C++ node packs them (Triton's launcher: `ty_to_cpp`).
@@ -181,18 +203,65 @@ _SCALAR_KINDS = {"i32": "I32", "u32": "I32", "i64": "I64", "u64": "I64", "i1": "
 MAX_SCRATCH_ALIGN = 512
 
 
+class TensorSlot(NamedTuple):
+    """A pointer argument: the tensor in this slot of the call (`SLOTS`)."""
+
+    slot: int
+
+
+class TensorMapArg(NamedTuple):
+    """A Gluon kernel's tensor-descriptor argument: the tensor in `slot` read as `shape` with `strides`
+    (elements), as the C++ node encodes it at each launch (a CUtensorMap: only the address changes)."""
+
+    slot: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    padding: str
+
+
 def launch_spec(kernel: str, plan, tensors: tuple, tensor_slots: tuple, compiled=None, kinds=None) -> dict:
-    """One launch of `kernel` (a `flash_launch.ROLES` name) by `plan` on `tensors`, as the C++ node makes
-    it: the compiled kernel's function, grid, threads, shared memory, and its parameters in the order of
-    Triton's launcher (`triton/backends/nvidia/driver.py`, `make_launcher`): each runtime argument that
-    the compilation did not turn into a constant (a pointer as its tensor's slot, an integer by its
-    specialized type), then the global scratch pointer and the profiler's scratch pointer.
-    `compiled` defaults to the kernel Triton compiles for these arguments; `kinds` to the extension's
-    parameter kinds (tests pass both)."""
+    """One launch of the Triton kernel `kernel` (a `flash_launch.ROLES` name) by `plan` on `tensors`, as
+    the C++ node makes it (`compiled_launch_spec`). `compiled` defaults to the kernel Triton compiles for
+    these arguments; `kinds` to the extension's parameter kinds (tests pass both)."""
     if len(tensors) != len(tensor_slots):
         raise ValueError(f"{kernel}: {len(tensors)} tensors but {len(tensor_slots)} slots")
     if compiled is None:
         compiled = LAUNCHES.launchers[kernel].compiled(plan.grid, tensors, plan.scalars, plan.meta)
+    args = (*(TensorSlot(int(slot)) for slot in tensor_slots), *plan.scalars)
+    return compiled_launch_spec(kernel, compiled, plan.grid, args, kinds)
+
+
+def kernel_launch_spec(launch, slots: dict[int, int], compiled=None, kinds=None) -> dict:
+    """A launch of the Gluon route (`flash_gluon.KernelLaunch`) as the C++ node makes it (`compiled_launch_spec`):
+    each tensor argument the slot of its tensor, each descriptor a tensor map of its tensor's slot. `slots`:
+    the slot of each tensor by `id`; a view (d = 128's dQ planes) names the tensor it views."""
+    def slot_of(t: torch.Tensor) -> int:
+        for candidate in (t, t._base):
+            if candidate is not None and id(candidate) in slots:
+                return slots[id(candidate)]
+        raise Unsupported(f"a tensor of shape {tuple(t.shape)} in no slot of the call")
+
+    args = []
+    for arg in launch.args:
+        if isinstance(arg, torch.Tensor):
+            args.append(TensorSlot(slot_of(arg)))
+        elif hasattr(arg, "block_shape"):  # a tensor descriptor
+            args.append(TensorMapArg(slot_of(arg.base), tuple(arg.shape), tuple(arg.strides), arg.padding))
+        else:
+            args.append(arg)
+    name = getattr(getattr(launch.kernel, "fn", launch.kernel), "__name__", "kernel")
+    return compiled_launch_spec(name, compiled if compiled is not None else launch.compiled(), launch.grid, args, kinds)
+
+
+def compiled_launch_spec(kernel: str, compiled, grid: tuple, args, kinds=None) -> dict:
+    """One launch of a compiled kernel on `args` (its runtime arguments in order: `TensorSlot`s, `TensorMapArg`s,
+    integers) as the C++ node makes it: the compiled kernel's function, grid, threads, shared memory, and its
+    parameters in the order of Triton's launcher (`triton/backends/nvidia/driver.py`, `make_launcher`): each
+    runtime argument that the compilation did not turn into a constant (a pointer as its tensor's slot, an
+    integer by its specialized type, a descriptor as a tensor map followed by its shape as i32 and its strides
+    as i64), then the global scratch pointer and the profiler's scratch pointer. A tensor map is what
+    `make_tensordesc_arg` and the launcher's `fillTMADescriptor` encode: the compiled kernel's swizzle, element
+    type and block size (`metadata.tensordesc_meta`), dimensions innermost first, strides in bytes."""
     if kinds is None:
         kinds = load()
     md = compiled.metadata
@@ -201,26 +270,56 @@ def launch_spec(kernel: str, plan, tensors: tuple, tensor_slots: tuple, compiled
     if md.profile_scratch_size or md.global_scratch_align > MAX_SCRATCH_ALIGN:
         raise Unsupported(f"{kernel}: profiler scratch, or scratch aligned past {MAX_SCRATCH_ALIGN} bytes")
     types_ = list(compiled.src.signature.values())
-    args = (*tensor_slots, *plan.scalars)
     if any(ty != "constexpr" for ty in types_[len(args):]):
         raise Unsupported(f"{kernel}: runtime parameters after the {len(args)} given")
-    params = []
+    descriptor_meta = list(getattr(md, "tensordesc_meta", None) or [])
+    params, maps = [], []
     for i, (ty, value) in enumerate(zip(types_, args)):
         if ty == "constexpr":
             continue
         if not isinstance(ty, str):
             raise Unsupported(f"{kernel}: parameter {i} of type {ty!r}")
-        if ty.startswith("*"):
-            if i >= len(tensor_slots):
-                raise Unsupported(f"{kernel}: pointer parameter {i} past the tensors")
-            params.append((kinds.TENSOR, int(value)))
-        elif ty in _SCALAR_KINDS and i >= len(tensor_slots):
+        if ty.startswith("tensordesc"):
+            if not isinstance(value, TensorMapArg):
+                raise Unsupported(f"{kernel}: descriptor parameter {i} given {value!r}")
+            if len(maps) >= len(descriptor_meta):
+                raise Unsupported(f"{kernel}: descriptor parameter {i} was not lowered to a TMA descriptor")
+            maps.append(tensor_map(value, descriptor_meta[len(maps)]))
+            params.append((kinds.TENSOR_MAP, len(maps) - 1))
+            params.extend((kinds.I32, int(x)) for x in value.shape)
+            params.extend((kinds.I64, int(x)) for x in value.strides)
+        elif ty.startswith("*"):
+            if not isinstance(value, TensorSlot):
+                raise Unsupported(f"{kernel}: pointer parameter {i} given {value!r}, not a tensor")
+            params.append((kinds.TENSOR, value.slot))
+        elif ty in _SCALAR_KINDS and isinstance(value, int):
             params.append((getattr(kinds, _SCALAR_KINDS[ty]), int(value)))
         else:
             raise Unsupported(f"{kernel}: parameter {i} of type {ty}")
-    gx, gy, gz = grid3(plan.grid)
+    gx, gy, gz = grid3(grid)
     params.append((kinds.SCRATCH, 0) if md.global_scratch_size else (kinds.NULL_POINTER, 0))
     params.append((kinds.NULL_POINTER, 0))
-    return dict(name=compiled.name, function=compiled.function or 0, grid=[gx, gy, gz],
+    spec = dict(name=compiled.name, function=compiled.function or 0, grid=[gx, gy, gz],
                 threads=32 * md.num_warps, shared=md.shared,
                 scratch_bytes=gx * gy * gz * md.global_scratch_size, params=params)
+    if maps:
+        spec["maps"] = maps
+    return spec
+
+
+def tensor_map(arg: TensorMapArg, meta: dict) -> dict:
+    """The CUtensorMap fields of a descriptor argument, as Triton 3.6's launcher encodes them
+    (`make_tensordesc_arg`, `fillTMADescriptor`): the driver's data type, the dimensions and the box
+    innermost first, the strides of all but the innermost dimension in bytes, the compiled swizzle, and
+    out-of-bounds reads as zeros (NaN where the descriptor asks for "nan" padding)."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    if meta.get("fp4_padded"):
+        raise Unsupported("a padded fp4 descriptor")
+    if arg.strides[-1] != 1:
+        raise Unsupported(f"a descriptor with innermost stride {arg.strides[-1]}")
+    size = meta["elem_size"]
+    return dict(slot=arg.slot, dtype=TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                dims=[int(x) for x in reversed(arg.shape)], strides=[size * int(x) for x in reversed(arg.strides[:-1])],
+                box=[int(x) for x in reversed(meta["block_size"])], swizzle=int(meta["swizzle"]),
+                fill=1 if arg.padding == "nan" else 0)

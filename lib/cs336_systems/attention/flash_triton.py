@@ -97,7 +97,7 @@ class FlashAttentionTriton(torch.autograd.Function):
             check_triton_inputs(q, k, v, is_causal, INTERPRETED)
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-            if gluon_forward_applies(q, k, v, INTERPRETED, tiles):
+            if gluon_forward_applies(q, k, v, is_causal, INTERPRETED, tiles):
                 launch_forward_gluon(q, k, v, out, lse, is_causal)
             else:
                 launch_forward(q, k, v, out, lse, is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles))

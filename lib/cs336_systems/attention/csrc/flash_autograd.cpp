@@ -3,7 +3,8 @@
 //
 // A *program* is what Python derived once per input geometry: for each kernel launch the loaded
 // CUfunction, grid, threads, dynamic shared memory, and the kernel's parameters in Triton's order
-// (tensor slots, integer values, Triton's global scratch, null pointers). `forward(q, k, v, is_causal)`
+// (tensor slots, integer values, Triton's global scratch, null pointers, and the Gluon kernels' TMA
+// descriptors: a CUtensorMap encoded at each launch, since only the tensor's address changes). `forward(q, k, v, is_causal)`
 // finds the program by the inputs' geometry, allocates O and L, launches, and records a FlashBackward
 // node holding Q, K, V, O and L; the engine later calls its apply(dO) on its device thread, which
 // allocates D, dQ, dK, dV and launches the backward kernels: no Python, so no GIL on that thread.
@@ -20,6 +21,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 #include <unordered_map>
@@ -40,6 +42,11 @@ using CtxGetCurrent = CUresult (*)(void** context);
 using CtxSetCurrent = CUresult (*)(void* context);
 using DeviceGet = CUresult (*)(int* device, int ordinal);
 using PrimaryCtxRetain = CUresult (*)(void** context, int device);
+// cuTensorMapEncodeTiled (CUDA 12.0+), its enums as ints: data type, rank, address, dims, byte strides, box,
+// element strides, interleave, swizzle, L2 promotion, out-of-bounds fill.
+using TensorMapEncodeTiled = CUresult (*)(void* map, int dtype, uint32_t rank, void* address, const uint64_t* dims,
+                                          const uint64_t* strides, const uint32_t* box, const uint32_t* element_strides,
+                                          int interleave, int swizzle, int l2_promotion, int fill);
 
 struct Driver {
   LaunchKernel launch = nullptr;
@@ -49,6 +56,7 @@ struct Driver {
   CtxSetCurrent ctx_set_current = nullptr;
   DeviceGet device_get = nullptr;
   PrimaryCtxRetain primary_ctx_retain = nullptr;
+  TensorMapEncodeTiled encode_tiled = nullptr;  // null on drivers before CUDA 12: no Gluon programs then
 };
 
 const Driver& driver() {
@@ -64,6 +72,7 @@ const Driver& driver() {
     out.ctx_set_current = reinterpret_cast<CtxSetCurrent>(dlsym(lib, "cuCtxSetCurrent"));
     out.device_get = reinterpret_cast<DeviceGet>(dlsym(lib, "cuDeviceGet"));
     out.primary_ctx_retain = reinterpret_cast<PrimaryCtxRetain>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    out.encode_tiled = reinterpret_cast<TensorMapEncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
     TORCH_CHECK(out.launch && out.error_string && out.is_capturing && out.ctx_get_current && out.ctx_set_current &&
                     out.device_get && out.primary_ctx_retain,
                 "flash_autograd: libcuda.so.1 lacks one of the driver functions this file calls");
@@ -95,9 +104,34 @@ void ensure_context(int ordinal) {
 }
 
 // Tensor slots of a call: the forward's, then the backward's, then the program's own (workspaces).
-enum Slot : int64_t { Q, K, V, OUT, LSE, GRAD_OUT, DELTA, GRAD_Q, GRAD_K, GRAD_V, HELD };
-enum Kind : int64_t { TENSOR = 0, I32 = 1, I64 = 2, I8 = 3, SCRATCH = 4, NULL_POINTER = 5 };
+// DQ_ACC: the fused Gluon backward's fp32 dQ accumulator, allocated per backward where the program asks for one.
+enum Slot : int64_t { Q, K, V, OUT, LSE, GRAD_OUT, DELTA, GRAD_Q, GRAD_K, GRAD_V, DQ_ACC, HELD };
+enum Kind : int64_t { TENSOR = 0, I32 = 1, I64 = 2, I8 = 3, SCRATCH = 4, NULL_POINTER = 5, TENSOR_MAP = 6 };
 constexpr size_t MAX_PARAMS = 64;
+constexpr size_t MAX_MAPS = 8;   // TMA descriptors per launch
+constexpr size_t MAX_RANK = 5;   // TMA's limit
+// cuTensorMapEncodeTiled's constants as Triton's launcher passes them (driver.c, fillTMADescriptor).
+constexpr int INTERLEAVE_NONE = 0;
+constexpr int L2_PROMOTION_128B = 2;
+
+// A CUtensorMap: 128 opaque bytes, 64-byte aligned for the encode (128 as Triton keeps it).
+struct alignas(128) EncodedMap {
+  uint64_t opaque[16];
+};
+static_assert(sizeof(EncodedMap) == 128, "a CUtensorMap is 128 bytes");
+
+// A TMA descriptor of a tensor slot, in the driver's order (innermost dimension first): what Triton's
+// fillTMADescriptor derives from a descriptor's shape, strides and its compiled metadata.
+struct TensorMap {
+  int64_t slot;
+  int dtype;    // CUtensorMapDataType
+  uint32_t rank;
+  std::array<uint64_t, MAX_RANK> dims{};
+  std::array<uint64_t, MAX_RANK> strides{};  // bytes, rank - 1 of them (the innermost is the element)
+  std::array<uint32_t, MAX_RANK> box{};
+  int swizzle;  // CUtensorMapSwizzle
+  int fill;     // CUtensorMapFloatOOBfill
+};
 
 struct Param {
   int64_t kind;
@@ -112,6 +146,7 @@ struct Launch {
   unsigned shared;
   int64_t scratch_bytes;  // Triton's global scratch for the whole grid (0: none)
   std::vector<Param> params;
+  std::vector<TensorMap> maps;  // a TENSOR_MAP parameter's value indexes these
 };
 
 struct Program {
@@ -119,6 +154,7 @@ struct Program {
   std::vector<Launch> backward;
   std::vector<at::Tensor> held;  // slots HELD, HELD + 1, ...
   std::vector<int64_t> zeroed;    // gradient slots the backward's kernels add into rather than store
+  int64_t dq_accumulator = 0;     // fp32 elements of DQ_ACC (0: none)
 };
 
 using Tensors = std::array<at::Tensor, HELD>;
@@ -142,19 +178,34 @@ void* stream_of(const at::Tensor& t) {
   return stream.native_handle();
 }
 
+const at::Tensor& tensor_of(int64_t slot, const Tensors& tensors, const Program& program) {
+  return slot < HELD ? tensors[slot] : program.held[slot - HELD];
+}
+
 void launch_all(const std::vector<Launch>& launches, const Tensors& tensors, const Program& program, void* stream) {
   const Driver& cuda = driver();
   ensure_context(tensors[Q].device().index());
   for (const Launch& launch : launches) {
     std::array<int64_t, MAX_PARAMS> values{};
     std::array<void*, MAX_PARAMS> pointers{};
+    std::array<EncodedMap, MAX_MAPS> maps;
     at::Tensor scratch;
     size_t i = 0;
     for (const Param& param : launch.params) {
+      if (param.kind == TENSOR_MAP) {
+        // Passed by value: the 128 bytes themselves are the parameter.
+        const TensorMap& map = launch.maps[param.value];
+        static constexpr std::array<uint32_t, MAX_RANK> element_strides{1, 1, 1, 1, 1};
+        check(cuda.encode_tiled(&maps[param.value], map.dtype, map.rank, tensor_of(map.slot, tensors, program).data_ptr(),
+                                map.dims.data(), map.strides.data(), map.box.data(), element_strides.data(),
+                                INTERLEAVE_NONE, map.swizzle, L2_PROMOTION_128B, map.fill),
+              "encoding a tensor map of", launch.name);
+        pointers[i++] = &maps[param.value];
+        continue;
+      }
       switch (param.kind) {
         case TENSOR: {
-          const at::Tensor& t = param.value < HELD ? tensors[param.value] : program.held[param.value - HELD];
-          values[i] = reinterpret_cast<int64_t>(t.data_ptr());
+          values[i] = reinterpret_cast<int64_t>(tensor_of(param.value, tensors, program).data_ptr());
           break;
         }
         case I32: {
@@ -228,6 +279,7 @@ struct FlashBackward : public Node {
     t[GRAD_K] = at::empty_like(t[K]);
     t[GRAD_V] = at::empty_like(t[V]);
     for (int64_t slot : program->zeroed) t[slot].zero_();
+    if (program->dq_accumulator > 0) t[DQ_ACC] = at::empty({program->dq_accumulator}, t[Q].options().dtype(at::kFloat));
     launch_all(program->backward, t, *program, stream_of(t[Q]));
     variable_list result{t[GRAD_Q], t[GRAD_K], t[GRAD_V]};
     if (at::GradMode::is_enabled()) {
@@ -338,9 +390,37 @@ std::vector<Launch> to_launches(const py::list& specs) {
     launch.threads = spec["threads"].cast<unsigned>();
     launch.shared = spec["shared"].cast<unsigned>();
     launch.scratch_bytes = spec["scratch_bytes"].cast<int64_t>();
+    if (spec.contains("maps")) {
+      for (const py::handle& entry : spec["maps"].cast<py::list>()) {
+        auto m = entry.cast<py::dict>();
+        TensorMap map;
+        map.slot = m["slot"].cast<int64_t>();
+        map.dtype = m["dtype"].cast<int>();
+        map.swizzle = m["swizzle"].cast<int>();
+        map.fill = m["fill"].cast<int>();
+        auto dims = m["dims"].cast<std::vector<uint64_t>>();
+        auto strides = m["strides"].cast<std::vector<uint64_t>>();
+        auto box = m["box"].cast<std::vector<uint32_t>>();
+        TORCH_CHECK(!dims.empty() && dims.size() <= MAX_RANK && strides.size() + 1 == dims.size() &&
+                        box.size() == dims.size(),
+                    "flash_autograd: ", launch.name, ": a tensor map of rank ", dims.size(), " with ",
+                    strides.size(), " strides and a box of rank ", box.size());
+        map.rank = static_cast<uint32_t>(dims.size());
+        std::copy(dims.begin(), dims.end(), map.dims.begin());
+        std::copy(strides.begin(), strides.end(), map.strides.begin());
+        std::copy(box.begin(), box.end(), map.box.begin());
+        launch.maps.push_back(map);
+      }
+      TORCH_CHECK(launch.maps.size() <= MAX_MAPS, "flash_autograd: ", launch.name, " has ", launch.maps.size(),
+                  " tensor maps, more than ", MAX_MAPS);
+      TORCH_CHECK(launch.maps.empty() || driver().encode_tiled != nullptr, "flash_autograd: ", launch.name,
+                  ": this driver has no cuTensorMapEncodeTiled (CUDA 12+)");
+    }
     for (const auto& p : spec["params"].cast<std::vector<std::pair<int64_t, int64_t>>>()) {
-      TORCH_CHECK(p.first >= TENSOR && p.first <= NULL_POINTER, "flash_autograd: ", launch.name,
+      TORCH_CHECK(p.first >= TENSOR && p.first <= TENSOR_MAP, "flash_autograd: ", launch.name,
                   ": unknown parameter kind ", p.first);
+      TORCH_CHECK(p.first != TENSOR_MAP || (p.second >= 0 && p.second < static_cast<int64_t>(launch.maps.size())),
+                  "flash_autograd: ", launch.name, ": tensor map ", p.second, " of ", launch.maps.size());
       launch.params.push_back(Param{p.first, p.second});
     }
     TORCH_CHECK(launch.params.size() <= MAX_PARAMS, "flash_autograd: ", launch.name, " takes ",
@@ -352,11 +432,14 @@ std::vector<Launch> to_launches(const py::list& specs) {
 
 // Registers the program for the geometry of (q, k, v, is_causal) on the current stream; `forward_specs`
 // None marks the geometry as the Python path's. A launch spec is a dict: name, function (CUfunction
-// address), grid (3 ints), threads, shared (bytes), scratch_bytes, params [(kind, value)]. `zeroed`: the
-// gradient slots the backward zeroes before its launches (kernels that split their loop add into them).
+// address), grid (3 ints), threads, shared (bytes), scratch_bytes, params [(kind, value)], and where a
+// TENSOR_MAP parameter indexes them, maps [{slot, dtype, dims, strides, box, swizzle, fill}]. `zeroed`: the
+// gradient slots the backward zeroes before its launches (kernels that split their loop add into them);
+// `dq_accumulator`: the fp32 elements of the backward's DQ_ACC slot (0: no such slot).
 void register_program(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
                       const py::object& forward_specs, const py::object& backward_specs,
-                      const std::vector<at::Tensor>& held, const std::vector<int64_t>& zeroed) {
+                      const std::vector<at::Tensor>& held, const std::vector<int64_t>& zeroed,
+                      int64_t dq_accumulator) {
   std::shared_ptr<const Program> program;
   if (!forward_specs.is_none()) {
     auto made = std::make_shared<Program>();
@@ -368,11 +451,18 @@ void register_program(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                   slot);
     }
     made->zeroed = zeroed;
+    TORCH_CHECK(dq_accumulator >= 0, "flash_autograd: a dQ accumulator of ", dq_accumulator, " elements");
+    made->dq_accumulator = dq_accumulator;
     for (const auto* launches : {&made->forward, &made->backward}) {
       for (const Launch& launch : *launches) {
+        auto in_range = [&](int64_t slot) { return slot >= 0 && slot < HELD + static_cast<int64_t>(held.size()); };
         for (const Param& p : launch.params) {
-          TORCH_CHECK(p.kind != TENSOR || (p.value >= 0 && p.value < HELD + static_cast<int64_t>(held.size())),
-                      "flash_autograd: ", launch.name, ": tensor slot ", p.value, " out of range");
+          TORCH_CHECK(p.kind != TENSOR || in_range(p.value), "flash_autograd: ", launch.name, ": tensor slot ",
+                      p.value, " out of range");
+        }
+        for (const TensorMap& map : launch.maps) {
+          TORCH_CHECK(in_range(map.slot), "flash_autograd: ", launch.name, ": tensor map of slot ", map.slot,
+                      " out of range");
         }
       }
     }
@@ -388,6 +478,15 @@ void register_program(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 void clear() {
   std::lock_guard<std::mutex> lock(registry_mutex);
   registry.clear();
+}
+
+// Whether the driver encodes TMA descriptors (the Gluon kernels' programs need it); false without a driver.
+bool tensor_maps_supported() {
+  try {
+    return driver().encode_tiled != nullptr;
+  } catch (const c10::Error&) {
+    return false;
+  }
 }
 
 size_t size() {
@@ -439,19 +538,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "O of (q, k, v, is_causal) by the registered program; None: none registered; "
         "False: the Python path's", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"));
   m.def("register_program", &register_program, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"),
-        py::arg("forward_specs"), py::arg("backward_specs"), py::arg("held"), py::arg("zeroed"));
+        py::arg("forward_specs"), py::arg("backward_specs"), py::arg("held"), py::arg("zeroed"),
+        py::arg("dq_accumulator") = 0);
   m.def("clear", &clear, "forget every program");
   m.def("size", &size, "the number of geometries registered");
+  m.def("tensor_maps_supported", &tensor_maps_supported, "whether the driver encodes TMA descriptors");
   m.attr("TENSOR") = static_cast<int64_t>(TENSOR);
   m.attr("I32") = static_cast<int64_t>(I32);
   m.attr("I64") = static_cast<int64_t>(I64);
   m.attr("I8") = static_cast<int64_t>(I8);
   m.attr("SCRATCH") = static_cast<int64_t>(SCRATCH);
   m.attr("NULL_POINTER") = static_cast<int64_t>(NULL_POINTER);
+  m.attr("TENSOR_MAP") = static_cast<int64_t>(TENSOR_MAP);
   py::dict slots;
   for (auto [name, slot] : {std::pair<const char*, int64_t>{"q", Q}, {"k", K}, {"v", V}, {"out", OUT}, {"lse", LSE},
                             {"grad_out", GRAD_OUT}, {"delta", DELTA}, {"grad_q", GRAD_Q}, {"grad_k", GRAD_K},
-                            {"grad_v", GRAD_V}, {"held", HELD}}) {
+                            {"grad_v", GRAD_V}, {"dq_acc", DQ_ACC}, {"held", HELD}}) {
     slots[name] = slot;
   }
   m.attr("SLOTS") = slots;
