@@ -94,7 +94,8 @@ def test_profile_text_reads_the_tables():
         dict(impl="sdpa_cudnn", position=2, phase="backward", role="attention", kernel="b", start_ms=1.5, ms=3.75),
     ], columns=lk.KERNEL_COLUMNS)
     text = lk.kernel_profile_text(kernels, lk.kernel_phase_summary(kernels), steps=5)
-    assert text.startswith("Medians of 5 profiled steps. The harness's kernels take 0.250 ms (triton), 0.250 ms (sdpa_cudnn).")
+    assert text.startswith("Medians of 5 profiled steps, each queued right behind 2 unprofiled steps (a busy GPU, as in "
+                           "the timed runs). The harness's kernels take 0.250 ms (triton), 0.250 ms (sdpa_cudnn).")
     assert "forward 1.00 ms against 1.25 ms (0.800×), backward 3.00 ms against 3.75 ms (0.800×)" in text
     assert "attention kernels together **0.800×**" in text and "4.25 ms against 5.25 ms (0.810×)" in text
     assert "counted in the backward: 0.125 ms (triton), none (sdpa_cudnn)." in text
@@ -104,34 +105,43 @@ def test_profile_text_reads_the_tables():
 
 
 def test_the_profiled_steps_take_turns_in_rotated_order_after_every_warm_up(monkeypatch):
-    """Warm-ups first, then one profiled step of each implementation per round in rotated order (the timed
-    rounds' `round_orders`); each implementation's kernels are the medians of its own steps. The step runs
-    on CPU tensors here, with the profiler replaced by a recorder."""
+    """Warm-ups first, one step of each implementation profiled alone (its kernels' names), then one profiled
+    step of each implementation per round in rotated order (the timed rounds' `round_orders`), each queued
+    behind `lead_steps` unprofiled steps of its implementation, only its own last kernels kept; each
+    implementation's kernels are the medians of its own rounds' steps. The step runs on CPU tensors here,
+    with the profiler replaced by a recorder."""
     from cs336_systems.experiments.flash_benchmark import Implementation
 
     config = lk.LeaderboardConfig(heads=2, seq_len=16, head_dim=8)
-    calls = []
+    calls, leads = [], []
 
     def make(name, compile):
         return Implementation(name, lambda q, k, v, causal: calls.append(name) or (q * 1.0))
 
-    def recorder(step):
-        step()
+    def recorder(step, lead_steps=0, kernels=None):
+        for _ in range(lead_steps + 1):
+            step()
+        leads.append((calls[-1], lead_steps, kernels))
         name, count = calls[-1], sum(c == calls[-1] for c in calls)
-        kernels = OURS if name == "triton" else CUDNN
-        return [(kernel, float(i), float(count)) for i, kernel in enumerate(kernels)]
+        names = OURS if name == "triton" else CUDNN
+        # a lead step's last kernel recorded ahead of the step's own, as on a busy GPU
+        events = ([("lead_kernel", -1.0, 9.0)] if lead_steps else []) + [(k, float(i), float(count)) for i, k in enumerate(names)]
+        return events[-kernels:] if kernels else events
 
     monkeypatch.setattr(lk, "leaderboard_inputs", lambda config, device: torch.randn(config.leaf_shape(), requires_grad=True))
     monkeypatch.setattr(lk, "leaderboard_implementation", make)
     monkeypatch.setattr(lk, "_profiled_step", recorder)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
-    kernels = lk.leaderboard_kernels(["triton", "sdpa_cudnn"], config, steps=3, warmup_steps=2)
-    assert calls == ["triton"] * 2 + ["sdpa_cudnn"] * 2 + ["triton", "sdpa_cudnn", "sdpa_cudnn", "triton", "triton",
-                                                           "sdpa_cudnn"]
+    kernels = lk.leaderboard_kernels(["triton", "sdpa_cudnn"], config, steps=3, warmup_steps=2, lead_steps=1)
+    t, c = "triton", "sdpa_cudnn"
+    assert calls == [t] * 2 + [c] * 2 + [t, c] + [t, t, c, c] + [c, c, t, t] + [t, t, c, c]
+    assert leads[:2] == [(t, 0, None), (c, 0, None)]
+    assert leads[2:] == [(t, 1, len(OURS)), (c, 1, len(CUDNN)), (c, 1, len(CUDNN)), (t, 1, len(OURS)),
+                         (t, 1, len(OURS)), (c, 1, len(CUDNN))]
     ours = kernels[kernels.impl == "triton"]
     assert ours.kernel.tolist() == [lk.short_kernel_name(k) for k in OURS]
-    assert (ours.ms == 4.0).all(), "the median of its profiled steps, the 3rd, 4th and 5th of its calls"
-    assert (kernels[kernels.impl == "sdpa_cudnn"].ms == 4.0).all()
+    assert (ours.ms == 7.0).all(), "the median of its rounds' steps: the 6th, 8th and 10th of its calls (3rd lead)"
+    assert (kernels[kernels.impl == "sdpa_cudnn"].ms == 7.0).all()
 
 
 def test_profiling_needs_cuda():

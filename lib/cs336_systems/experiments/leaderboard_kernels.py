@@ -42,6 +42,7 @@ HARNESS_AFTER_LOSS = {  # kernels the step makes after the loss whatever the imp
 }
 DENSE_COPY = re.compile(r"direct_copy_kernel")  # o.sum()'s gradient is a broadcast: an implementation may copy it
 KERNEL_COLUMNS = ["impl", "position", "phase", "role", "kernel", "start_ms", "ms"]
+LEAD_STEPS = 2  # unprofiled steps queued ahead of each profiled one (`_profiled_step`)
 
 
 def short_kernel_name(name: str, limit: int = 70) -> str:
@@ -84,15 +85,24 @@ def classify_kernels(names: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _profiled_step(step) -> list[tuple[str, float, float]]:
-    """(name, start, duration) in ms of each kernel and memset of one step, start relative to the first."""
+def _profiled_step(step, lead_steps: int = 0, kernels: int | None = None) -> list[tuple[str, float, float]]:
+    """(name, start, duration) in ms of each kernel and memset of one step, start relative to the first.
+
+    With `lead_steps`, the step is queued right behind that many unprofiled steps, which are not waited for:
+    the GPU goes from them into the profiled step without the idle gap that a step profiled alone starts
+    after (at its power cap, an idle GPU starts the next kernels at a higher clock). Their last kernels may
+    run, and be recorded, after the profiler starts: only the last `kernels` events are the step's."""
     from torch.profiler import ProfilerActivity, profile
 
+    for _ in range(lead_steps):
+        step()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0),
                     key=lambda e: e.time_range.start)
+    if kernels is not None:
+        events = events[-kernels:]
     if not events:
         raise RuntimeError("torch.profiler recorded no CUDA kernel for the step")
     t0 = events[0].time_range.start
@@ -107,14 +117,18 @@ def leaderboard_kernels(
     compile: bool = True,
     steps: int = 5,
     warmup_steps: int = 3,
+    lead_steps: int = LEAD_STEPS,
 ) -> pd.DataFrame:
     """One row per implementation and kernel of a leaderboard step (`KERNEL_COLUMNS`): its phase and
     role (`classify_kernels`), and its start and duration in ms, medians over `steps` profiled steps.
 
-    Every implementation is warmed up first; then the profiled steps are taken in rounds, one step of each
-    implementation per round in `round_orders`' rotated order, as the timed rounds are: on a GPU at its
-    power cap, steps profiled one implementation after another would give the later ones a GPU the
-    earlier ones had heated (tuning record, v20.1)."""
+    Every implementation is warmed up first, and one step of each profiled alone names its kernels; then the
+    profiled steps are taken in rounds, one step of each implementation per round in `round_orders`' rotated
+    order, as the timed rounds are: on a GPU at its power cap, steps profiled one implementation after
+    another would give the later ones a GPU the earlier ones had heated (tuning record, v20.1). Each runs
+    right behind `lead_steps` unprofiled steps of its implementation, on a busy GPU as in the timed runs
+    (`_profiled_step`; steps profiled alone, each started from an idle GPU, read shorter than the timed
+    steps, cuDNN's by more than ours: tuning record, v21)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"leaderboard_kernels profiles CUDA kernels; got device {device}")
@@ -134,14 +148,15 @@ def leaderboard_kernels(
         for _ in range(warmup_steps):
             step_fns[name]()
     torch.cuda.synchronize()
+    alone = {name: [kernel for kernel, _, _ in _profiled_step(step_fns[name])] for name in names}
     recorded: dict[str, list] = {name: [] for name in names}
     for order in round_orders(names, steps):
         for name in order:
-            recorded[name].append(_profiled_step(step_fns[name]))
+            recorded[name].append(_profiled_step(step_fns[name], lead_steps, len(alone[name])))
     rows = []
     for name in names:
-        kernels = [kernel for kernel, _, _ in recorded[name][0]]
-        if any([kernel for kernel, _, _ in r] != kernels for r in recorded[name][1:]):
+        kernels = alone[name]
+        if any([kernel for kernel, _, _ in r] != kernels for r in recorded[name]):
             raise RuntimeError(f"{name}: the profiled steps launched different kernels: "
                                f"{[[short_kernel_name(k_) for k_, _, _ in r] for r in recorded[name]]}")
         for position, (kernel, (phase, role)) in enumerate(zip(kernels, classify_kernels(kernels))):
@@ -170,14 +185,15 @@ def kernel_phase_summary(kernels: pd.DataFrame) -> pd.DataFrame:
                                        "gaps_ms"])
 
 
-def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int) -> str:
+def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int, lead_steps: int = LEAD_STEPS) -> str:
     """The report's reading of `leaderboard_kernels` and `kernel_phase_summary`: each implementation's harness
     kernels, ours against SDPA-cuDNN kernel by kernel where both were profiled, and the dense copies of the
     broadcast upstream gradient."""
     from cs336_systems.report.tables import fmt_ms
 
     by = phases.set_index("impl")
-    text = [f"Medians of {steps} profiled steps. The harness's kernels take "
+    behind = f", each queued right behind {lead_steps} unprofiled steps (a busy GPU, as in the timed runs)" if lead_steps else ""
+    text = [f"Medians of {steps} profiled steps{behind}. The harness's kernels take "
             + ", ".join(f"{fmt_ms(r.harness_ms)} ({r.Index})" for r in by.itertuples()) + "."]
     if {"triton", "sdpa_cudnn"} <= set(by.index):
         o, c = by.loc["triton"], by.loc["sdpa_cudnn"]
