@@ -199,7 +199,7 @@ for b in bars_2026[bars_2026.verdict.str.startswith("not measured")].itertuples(
 # the ones it backpropagates, the unbind backward that stacks dQ, dK and dV into the leaf's shape, and the
 # accumulation into the leaf's gradient (`cs336_systems.experiments.leaderboard_kernels`). The profiled
 # steps run after the timed rounds, on the GPU those heated, and take turns as the timed rounds do: one
-# step of each implementation per round, in rotated order.
+# step of each implementation per round, in rotated order, each queued behind unprofiled steps of its own.
 
 # %%
 from cs336_systems.experiments.leaderboard_kernels import kernel_phase_summary, kernel_profile_text, leaderboard_kernels
@@ -214,7 +214,8 @@ for row_name, row_config, row_table, prefix in (("2025 row", config, df, "leader
         ctx.save_table(kernels, f"{prefix}_kernels", precision=4)
         phases = kernel_phase_summary(kernels)
         ctx.save_table(phases, f"{prefix}_kernel_phases")
-        ctx.md(f"**{row_name}** ({row_config.describe()}). " + kernel_profile_text(kernels, phases, profiled_steps))
+        ctx.md(f"**{row_name}** ({row_config.describe()}). "
+               + kernel_profile_text(kernels, phases, profiled_steps, timed_ms=row_table.set_index("impl").fwd_bwd_ms))
     else:
         ctx.not_run(f"the kernel-by-kernel profile of the {row_name}'s step",
                     "needs CUDA kernels (torch.profiler's CUDA activity)" if ctx.device.type != "cuda"

@@ -99,6 +99,11 @@ def test_profile_text_reads_the_tables():
     assert "forward 1.00 ms against 1.25 ms (0.800×), backward 3.00 ms against 3.75 ms (0.800×)" in text
     assert "attention kernels together **0.800×**" in text and "4.25 ms against 5.25 ms (0.810×)" in text
     assert "counted in the backward: 0.125 ms (triton), none (sdpa_cudnn)." in text
+    assert "against the timed" not in text
+    timed = pd.Series({"triton": 4.0, "sdpa_cudnn": 5.5, "sdpa_flash": 9.0})
+    text = lk.kernel_profile_text(kernels, lk.kernel_phase_summary(kernels), steps=5, timed_ms=timed)
+    assert ("The profiled kernels' sum against the timed forward+backward: 4.25 ms against 4.00 ms (1.062×, triton), "
+            "5.25 ms against 5.50 ms (0.955×, sdpa_cudnn).") in text
     alone = kernels[kernels.impl == "sdpa_cudnn"]
     text = lk.kernel_profile_text(alone, lk.kernel_phase_summary(alone), steps=1)
     assert "Ours against" not in text and "counted in the backward: none (sdpa_cudnn)." in text

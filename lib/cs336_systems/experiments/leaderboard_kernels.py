@@ -185,10 +185,12 @@ def kernel_phase_summary(kernels: pd.DataFrame) -> pd.DataFrame:
                                        "gaps_ms"])
 
 
-def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int, lead_steps: int = LEAD_STEPS) -> str:
+def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int, lead_steps: int = LEAD_STEPS,
+                        timed_ms: pd.Series | None = None) -> str:
     """The report's reading of `leaderboard_kernels` and `kernel_phase_summary`: each implementation's harness
-    kernels, ours against SDPA-cuDNN kernel by kernel where both were profiled, and the dense copies of the
-    broadcast upstream gradient."""
+    kernels, ours against SDPA-cuDNN kernel by kernel where both were profiled, the dense copies of the
+    broadcast upstream gradient, and where given the timed forward+backward per implementation (`timed_ms`)
+    beside the profiled kernels' sum."""
     from cs336_systems.report.tables import fmt_ms
 
     by = phases.set_index("impl")
@@ -209,4 +211,11 @@ def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int,
                 "counted in the backward: " + ", ".join(per_impl) + ".")
     text.append("The spans in the second table include the gaps between kernels, where the GPU waited for the host; "
                 "the profiler adds its own host time per launch, so those gaps are not the timed runs'.")
+    if timed_ms is not None:
+        pairs = [(impl, by.loc[impl].kernels_ms, float(timed_ms[impl])) for impl in by.index if impl in timed_ms.index]
+        text.append("The profiled kernels' sum against the timed forward+backward: " + ", ".join(
+            f"{fmt_ms(k)} against {fmt_ms(t)} ({k / t:.3f}×, {impl})" for impl, k, t in pairs)
+            + ". A few profiled steps need not run at the clock of the timed rounds (the GPU's power cap sets it "
+              "from the work of the last moments), so the bars read the timed rounds and this profile says where "
+              "a step's time goes.")
     return " ".join(text)
