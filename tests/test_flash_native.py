@@ -360,24 +360,29 @@ def test_native_node_guards_its_saved_tensors(native):
 def test_native_node_reads_a_models_head_views_in_place(native, d):
     """A model's (1, h, N, d) views of its (1, N, h d) projections go through the node: O and the gradients
     equal the Python path's and float64's, and the gradients have the views' strides."""
-    from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, relative_errors
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_attention_triton
-
     gen = torch.Generator(device="cuda").manual_seed(d)
     q, k, v = (head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4)
                .requires_grad_() for _ in range(3))
     grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    out = flash_attention_triton(q, k, v, True)
-    assert out.grad_fn.name() == "FlashAttentionNativeBackward"
-    ours = _run(flash_attention_triton, q, k, v, True, grad_out)
-    raw = torch.autograd.grad(flash_attention_triton(q, k, v, True), (q, k, v), grad_out)  # as the node wrote them
+    _check_the_node(q, k, v, True, grad_out)
+
+
+def _check_the_node(q, k, v, is_causal, grad_out):
+    """The node serves the call; its gradients have the inputs' strides; O and the gradients equal the Python
+    path's, and float64's within the dtype's tolerance."""
+    from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, relative_errors
+    from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_attention_triton
+
+    assert flash_attention_triton(q, k, v, is_causal).grad_fn.name() == "FlashAttentionNativeBackward"
+    ours = _run(flash_attention_triton, q, k, v, is_causal, grad_out)
+    raw = torch.autograd.grad(flash_attention_triton(q, k, v, is_causal), (q, k, v), grad_out)  # as the node wrote them
     assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
-    python = _run(FlashAttentionTriton.python_apply, q, k, v, True, grad_out)
+    python = _run(FlashAttentionTriton.python_apply, q, k, v, is_causal, grad_out)
     for name, a, b in zip(("O", "dQ", "dK", "dV"), ours, python):
         torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
-    reference = reference_gradients(q, k, v, grad_out, True)
-    errors = relative_errors(implementation("triton"), q, k, v, grad_out, True, reference)
-    assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
+    reference = reference_gradients(q, k, v, grad_out, is_causal)
+    errors = relative_errors(implementation("triton"), q, k, v, grad_out, is_causal, reference)
+    assert max(errors.values()) < TOLERANCE[q.dtype], errors
 
 
 @gpu
@@ -442,7 +447,6 @@ def test_native_node_launches_the_gluon_kernels(native, gluon_limits, views, d, 
     and a model's head views, ragged N included."""
     from cs336_systems.attention.flash_gluon import gluon_backward_applies, gluon_forward_applies
     from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_attention_triton
-    from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, relative_errors
 
     gluon_limits(backward=gluon_backward)
     heads = 4
@@ -457,16 +461,7 @@ def test_native_node_launches_the_gluon_kernels(native, gluon_limits, views, d, 
     assert gluon_backward_applies(q, k, v, is_causal, False) is gluon_backward
     grad_out = torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     out = flash_attention_triton(q, k, v, is_causal)
-    assert out.grad_fn.name() == "FlashAttentionNativeBackward"
     python = FlashAttentionTriton.python_apply(q, k, v, is_causal)
     assert torch.equal(out, python)
     assert torch.equal(out.grad_fn.saved_tensors[0], python.grad_fn.saved_tensors[0])  # L
-    ours = _run(flash_attention_triton, q, k, v, is_causal, grad_out)
-    raw = torch.autograd.grad(flash_attention_triton(q, k, v, is_causal), (q, k, v), grad_out)  # as the node wrote them
-    assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
-    theirs = _run(FlashAttentionTriton.python_apply, q, k, v, is_causal, grad_out)
-    for name, a, b in zip(("O", "dQ", "dK", "dV"), ours, theirs):
-        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
-    reference = reference_gradients(q, k, v, grad_out, is_causal)
-    errors = relative_errors(implementation("triton"), q, k, v, grad_out, is_causal, reference)
-    assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
+    _check_the_node(q, k, v, is_causal, grad_out)
