@@ -7,10 +7,12 @@ kernels of one call replayed as a CUDA graph, `measure_device_ms`), in rounds wh
 each point's ratios to cuDNN and writes every timing as CSV rows.
 
     python tools/flash_d128_forward_shapes.py OUT.csv [--rounds 2] [--heads 1 4 16 64] [--seq-lens 4096 ...]
-        [--layouts projections heads] [--gluon-from N] [--gluon-min-ctas C]
+        [--layouts projections heads] [--gluon-from N] [--gluon-min-ctas C] [--gluon-min-batch B]
 
 `--gluon-from N` lets the Gluon forward run from N on at d = 128 (`flash_gluon.MIN_SEQ_LEN`), its other limits
-unchanged; `--gluon-min-ctas C` its floor of CTAs per SM at d = 128 (`flash_gluon.MIN_CTAS_PER_SM`).
+unchanged; `--gluon-min-ctas C` its floor of CTAs per SM at d = 128 (`flash_gluon.MIN_CTAS_PER_SM`), `--gluon-min-batch
+B` its floor of batch·heads at d = 128, causal or not (`flash_gluon.MIN_BATCH`; both at 0: the Gluon forward at any
+grid from `--gluon-from` on).
 
 Run on a GPU; the results go to the tuning record (docs/flash_attention_tuning.md).
 """
@@ -62,9 +64,12 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="*", default=["projections", "heads"])
     parser.add_argument("--gluon-from", type=int, default=None)
     parser.add_argument("--gluon-min-ctas", type=float, default=None)
+    parser.add_argument("--gluon-min-batch", type=int, default=None)
     args = parser.parse_args()
     if args.gluon_min_ctas is not None:
         flash_gluon.MIN_CTAS_PER_SM = {**flash_gluon.MIN_CTAS_PER_SM, 128: args.gluon_min_ctas}
+    if args.gluon_min_batch is not None:
+        flash_gluon.MIN_BATCH = {**flash_gluon.MIN_BATCH, 128: {True: args.gluon_min_batch, False: args.gluon_min_batch}}
     if args.gluon_from is not None:
         flash_gluon.MIN_SEQ_LEN = {**flash_gluon.MIN_SEQ_LEN, 128: args.gluon_from}
     rows = []
@@ -84,6 +89,7 @@ def main() -> None:
                                                  kind=kind, round=r, ms=statistics.median(times),
                                                  gluon_from=flash_gluon.MIN_SEQ_LEN[128],
                                                  gluon_min_ctas=flash_gluon.MIN_CTAS_PER_SM[128],
+                                                 gluon_min_batch=str(flash_gluon.MIN_BATCH[128]),
                                                  device=torch.cuda.get_device_name()))
                     del q, k, v, fns
                     torch.cuda.empty_cache()

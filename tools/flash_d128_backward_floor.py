@@ -1,0 +1,84 @@
+"""Where the fused Gluon backward starts to pay at head dimension 128: eager forward+backward and its device time
+at small grids, with the backward's route as shipped against the fused backward at any size (its limits
+`flash_gluon.D128_BWD_MIN_SEQ_LEN` and `D128_BWD_MIN_CTAS_PER_SM` lifted), SDPA-cuDNN beside, in rounds whose
+order rotates. Both of our routes are launched by the C++ autograd node eagerly; the device time is a CUDA
+graph's replay of one call (`measure_device_ms`). Writes every timing as CSV rows and prints the medians.
+
+    python tools/flash_d128_backward_floor.py OUT.csv [--heads 1 2 4 8 16] [--seq-lens 4096 8192] [--rounds 3]
+
+Run on a Hopper GPU; the results go to the tuning record (docs/flash_attention_tuning.md, v21).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cs336_systems.attention import flash_gluon
+from cs336_systems.attention.flash_configs import forget_answers
+from cs336_systems.attention.flash_layout import head_views
+from cs336_systems.attention.flash_triton import flash_attention_triton
+from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, measure_times_ms
+
+SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
+SHIPPED = (flash_gluon.D128_BWD_MIN_SEQ_LEN, flash_gluon.D128_BWD_MIN_CTAS_PER_SM)
+
+
+def use_limits(name: str) -> None:
+    """The fused backward's limits as shipped ("shipped") or lifted ("gluon_bwd"); the routes decided afresh."""
+    flash_gluon.D128_BWD_MIN_SEQ_LEN, flash_gluon.D128_BWD_MIN_CTAS_PER_SM = SHIPPED if name == "shipped" else (0, 0)
+    forget_answers()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--heads", type=int, nargs="*", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--seq-lens", type=int, nargs="*", default=[4096, 8192])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    device, rows = torch.device("cuda"), []
+    for heads in args.heads:
+        for n in args.seq_lens:
+            for causal in (True, False):
+                gen = torch.Generator(device="cuda").manual_seed(n + heads)
+                q, k, v = (head_views(torch.randn(1, n, heads * 128, device="cuda", dtype=torch.bfloat16, generator=gen),
+                                      heads).requires_grad_() for _ in range(3))
+                grad_out = torch.randn(1, heads, n, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+                def ours():
+                    flash_attention_triton(q, k, v, causal).backward(grad_out)
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad_out)
+
+                impls = [("shipped", ours), ("gluon_bwd", ours), ("cudnn", cudnn)]
+                for r in range(args.rounds):
+                    for name, fn in impls[r % len(impls):] + impls[:r % len(impls)]:
+                        use_limits(name)
+                        fused = flash_gluon.gluon_backward_applies(q, k, v, causal, False)
+                        for kind in ("eager", "device"):
+                            times = (measure_times_ms(fn, device, SETTINGS, (q, k, v)) if kind == "eager"
+                                     else measure_device_ms(fn, SETTINGS, (q, k, v)))
+                            rows.append(dict(heads=heads, n=n, causal=causal, impl=name, gluon_bwd=fused, kind=kind,
+                                             round=r, ms=statistics.median(times), device=torch.cuda.get_device_name()))
+                use_limits("shipped")
+                del q, k, v, grad_out
+                torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    df.to_csv(args.out, index=False)
+    med = df.groupby(["heads", "n", "causal", "kind", "impl"]).ms.median().unstack("impl")
+    med["shipped/cudnn"] = med["shipped"] / med["cudnn"]
+    med["gluon_bwd/cudnn"] = med["gluon_bwd"] / med["cudnn"]
+    with pd.option_context("display.max_rows", 500, "display.width", 200):
+        print(med.round(3).to_string())
+
+
+if __name__ == "__main__":
+    main()
