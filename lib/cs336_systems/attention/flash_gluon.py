@@ -12,8 +12,9 @@ up to 1.4× cuDNN's time at 16 to 64 heads and the Gluon kernel 0.95–1.02×, v
 and, below `ANY_GRID_SEQ_LEN`, with enough work: at d = 64 three CTAs per SM (`MIN_CTAS_PER_SM`); at d = 128
 enough batch·heads (`MIN_BATCH`): at N = 4,096 and 8,192 the Triton kernel's split-key grids were faster at one
 head, and at two heads with the causal mask; without it the Gluon kernel was from two heads on, with it from four
-(v21; before the C++ node launched this kernel its eager calls were host-bound there). From N = 16,384 on (`ANY_GRID_SEQ_LEN`) d = 128 runs it at any grid: at one and four heads
-it took 0.70–1.01× cuDNN's time there, the Triton kernel up to 2.4× (v18.2).
+(v21; before the C++ node launched this kernel its eager calls were host-bound there). From N = 16,384 on
+(`ANY_GRID_SEQ_LEN`) d = 128 runs it at any grid: at one and four heads it took 0.70–1.01× cuDNN's time there,
+the Triton kernel up to 2.4× (v18.2).
 
 The fused backward (`gluon_backward_applies`, `flash_backward_gluon`) has two kernels. At d = 64
 (`flash_gluon_backward`) it takes the forward's limits and causal attention only, where it beat the two
@@ -39,6 +40,7 @@ import triton
 
 from cs336_systems.attention.flash_configs import device_facts
 from cs336_systems.attention.flash_layout import INTERPRETED, as_rows, batch_stride, output_strides, tma_compatible
+from cs336_systems.attention.triton_launch import compiled_kernel
 
 # Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES), the best of a sweep on an H100
 # (docs/flash_attention_tuning.md, v7).
@@ -78,7 +80,8 @@ def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch
         return False
     if d in ANY_GRID_SEQ_LEN and n_q >= ANY_GRID_SEQ_LEN[d]:
         return True
-    return batch >= MIN_BATCH[d][bool(is_causal)] and triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch >= MIN_CTAS_PER_SM[d] * sm_count
+    ctas = triton.cdiv(n_q, 2 * GLUON_TILES[d][0]) * batch
+    return batch >= MIN_BATCH[d][bool(is_causal)] and ctas >= MIN_CTAS_PER_SM[d] * sm_count
 
 
 def _tma_readable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -176,11 +179,8 @@ class KernelLaunch(NamedTuple):
         self.kernel[self.grid](*self.args, **self.options)
 
     def compiled(self):
-        """The compiled kernel this launch runs, compiled where new (not launched), its function loaded on the
-        current device (`flash_native` launches it from C++)."""
-        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.options)
-        compiled._init_handles()
-        return compiled
+        """The compiled kernel this launch runs (`triton_launch.compiled_kernel`)."""
+        return compiled_kernel(self.kernel, self.grid, self.args, self.options)
 
 
 def forward_launch(q, k, v, out, lse, is_causal: bool) -> KernelLaunch:

@@ -120,11 +120,17 @@ class CachedLauncher:
         return bound.compiled
 
     def compiled(self, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple, meta: dict):
-        """The compiled kernel that `self(grid, tensors, scalars, meta)` runs, compiled where new (not launched),
-        its function loaded on the current device (`flash_native` launches it from C++)."""
-        compiled = self.kernel.warmup(*tensors, *scalars, grid=grid, **meta)
-        compiled._init_handles()
-        return compiled
+        """The compiled kernel that `self(grid, tensors, scalars, meta)` runs (`compiled_kernel`)."""
+        return compiled_kernel(self.kernel, grid, (*tensors, *scalars), meta)
+
+
+def compiled_kernel(kernel, grid: tuple[int, ...], args: tuple, options: dict):
+    """The compiled kernel that `kernel[grid](*args, **options)` runs (a Triton or Gluon JIT function),
+    compiled where new (not launched), its function loaded on the current device (`flash_native` launches
+    it from C++)."""
+    compiled = kernel.warmup(*args, grid=grid, **options)
+    compiled._init_handles()
+    return compiled
 
 
 def active_hook(hook):
