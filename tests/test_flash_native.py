@@ -217,12 +217,13 @@ def test_gluon_route_specs_follow_triton_launcher(gluon_route_specs):
         assert [params[i][1] for i in starts] == list(range(len(maps)))
         assert [[value for _, value in params[i + 1:i + 7]] for i in starts] == found["trailing"]
         assert spec["threads"] == found["threads"] and spec["shared"] == found["shared"]
-        assert spec["grid"] == [*found["grid"], 1]
+        assert spec["grid"] == [*found["grid"], 1, 1][:3]
     forward, _, backward, _ = (found["spec"] for found in gluon_route_specs)
     # head views: (batch, N, d) with batch stride d and row stride h·d, read in 64-column (128-byte) boxes
     assert forward["maps"][0]["dims"] == [128, 4100, 4] and forward["maps"][0]["strides"] == [4 * 128 * 2, 128 * 2]
     assert forward["maps"][0]["box"] == [64, 64, 1] and forward["maps"][1]["box"] == [64, 128, 1]
-    assert forward["threads"] == 384 and forward["grid"] == [-(-4100 // 128), 4, 1]
+    # (query block, head) in one dimension, heaviest first (flash_gluon_schedule)
+    assert forward["threads"] == 384 and forward["grid"] == [-(-4100 // 128) * 4, 1, 1]
     # the dQ accumulator as (batch·2, N, 64) fp32 planes, 32-column (128-byte) boxes
     assert backward["maps"][-1]["dims"] == [64, 4100, 8] and backward["maps"][-1]["strides"] == [64 * 4, 4100 * 64 * 4]
     assert backward["maps"][-1]["dtype"] == 7 and backward["maps"][-1]["box"][0] == 32  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32

@@ -84,8 +84,8 @@ def build(kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch
     dq_planes = torch.empty(batch * d // cols, n, cols)
     args = (descriptor(q, q_tile), descriptor(k, k_half), descriptor(v, k_half), descriptor(do, q_tile),
             descriptor(dk, k_half), descriptor(dv, k_half), descriptor(dq_planes, q_tile), lse, delta, n, 1, n)
-    compiled = kernel.warmup(*args, scale=d**-0.5, is_causal=causal, STAGES=stages, CONSUMER_REGS=regs[0],
-                             PRODUCER_REGS=regs[1], num_warps=4, grid=(1, 1))
+    compiled = kernel.warmup(*args, scale=d**-0.5, is_causal=causal, STAGES=stages, SECTION=1, CONSUMER_REGS=regs[0],
+                             PRODUCER_REGS=regs[1], num_warps=4, grid=(1,))
     return compiled.asm["ptx"]
 
 

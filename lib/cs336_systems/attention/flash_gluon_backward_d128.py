@@ -71,6 +71,7 @@ from cs336_systems.attention.flash_gluon_backward import (
     row_stats,
     store_dk_dv,
 )
+from cs336_systems.attention.flash_gluon_schedule import heaviest_first
 from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
 
 
@@ -235,6 +236,7 @@ def flash_bwd_gluon_d128_kernel(
     scale: gl.constexpr,
     is_causal: gl.constexpr,
     STAGES: gl.constexpr,
+    SECTION: gl.constexpr,  # heads per section of the CTAs' order (flash_gluon_schedule)
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -244,8 +246,10 @@ def flash_bwd_gluon_d128_kernel(
     D: gl.constexpr = q_desc.block_type.shape[2]
     COLS: gl.constexpr = dq_desc.block_type.shape[2]  # D // 2: one column half of dQ per warpgroup
     gl.static_assert(2 * COLS == D, "dQ's descriptor block holds half of its columns")
-    k_start = gl.program_id(0) * (2 * K_HALF)
-    batch = gl.program_id(1)
+    n_blocks = gl.cdiv(N_QUERIES, 2 * K_HALF)
+    # causal: key block 0 visits every query tile, so rank 0 (the heaviest, flash_gluon_schedule) is block 0
+    key_block, batch = heaviest_first(gl.program_id(0), n_blocks, gl.num_programs(0) // n_blocks, SECTION)
+    k_start = key_block * (2 * K_HALF)
     if is_causal:
         q_lo = (k_start // Q_TILE) * Q_TILE  # earlier query tiles see none of these keys
         n_tiles = gl.cdiv(N_QUERIES - q_lo, Q_TILE)  # >= 1: k_start < N_QUERIES

@@ -26,8 +26,8 @@ What Triton's `tl` cannot express on Hopper is the schedule:
   warpgroup's exponentials meet the other's matmuls.
 
 Causal CTAs visit key tiles up to the diagonal and mask the tiles that cross it (or pass N);
-query blocks run from the last (longest loop) to the first. L is stored per row; O goes through
-Q's shared-memory slot and a TMA store, which drops rows past N.
+the last query blocks (longest loops) start first, heads in sections (`flash_gluon_schedule`). L is
+stored per row; O goes through Q's shared-memory slot and a TMA store, which drops rows past N.
 
 Scope (`flash_gluon.gluon_forward_applies`): 16-bit inputs on compute capability 9.x, N_QUERIES
 == N_KEYS, d in {64, 128}, rows readable by tensor descriptors. Other inputs take the Triton kernel.
@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from cs336_systems.attention.flash_gluon_schedule import heaviest_first
 from cs336_systems.attention.flash_triton_forward import LN2, LOG2E  # gl.constexpr is tl.constexpr
 
 
@@ -191,6 +192,7 @@ def flash_fwd_gluon_kernel(
     scale: gl.constexpr,
     STAGES: gl.constexpr,
     is_causal: gl.constexpr,
+    SECTION: gl.constexpr,  # heads per section of the CTAs' order (flash_gluon_schedule)
     CONSUMER_REGS: gl.constexpr,  # registers per thread of a consumer warpgroup, and of the producer warp
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -198,10 +200,11 @@ def flash_fwd_gluon_kernel(
     Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
     K_TILE: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[2]
-    tile_index = gl.program_id(0)
+    n_blocks = gl.cdiv(N_QUERIES, 2 * Q_TILE)
+    rank, batch = heaviest_first(gl.program_id(0), n_blocks, gl.num_programs(0) // n_blocks, SECTION)
+    tile_index = rank
     if is_causal:
-        tile_index = gl.num_programs(0) - 1 - tile_index
-    batch = gl.program_id(1)
+        tile_index = n_blocks - 1 - rank  # the last query block visits the most key tiles
     q_start = tile_index * (2 * Q_TILE)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, Q_TILE, D], q_desc.layout)
