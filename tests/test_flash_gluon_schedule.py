@@ -33,20 +33,22 @@ def test_one_head_per_section_is_the_block_batch_grid_order():
         [(block, batch) for batch in range(n_batch) for block in range(n_blocks)]
 
 
-@pytest.mark.parametrize("head_bytes, batch, section", [
-    (2 << 20, 64, 4),  # N = 4,096, d = 128: a head's K and V are 2 MiB; 4 fit in SECTION_BYTES
-    (3 << 20, 64, 2),  # 2.7 fit: a power of two
-    (4 << 20, 16, 2),  # N = 8,192
-    (16 << 20, 32, 1),  # the 2026 shape's, N = 32,768: not even one, one head per section
-    (1 << 20, 3, 4),  # at most the power of two from the batch on
-    (1 << 20, 1, 1),
+@pytest.mark.parametrize("n, d, batch, section", [
+    (4096, 128, 64, 4),  # a head's K and V are 2 MiB: 4 fit in 8 MiB
+    (8192, 96, 64, 2),  # 3 MiB: 2.7 fit, a power of two
+    (8192, 128, 16, 2),  # 4 MiB, 64 blocks of 128 rows
+    (16384, 64, 16, 1),  # 128 blocks: one head after another (the 2025 leaderboard's shape)
+    (32768, 128, 32, 1),  # the 2026 shape's: 16 MiB, and 256 blocks
+    (4096, 64, 3, 4),  # at most the power of two from the batch on
+    (4096, 64, 1, 1),
 ])
-def test_heads_per_section_fit_in_section_bytes(monkeypatch, head_bytes, batch, section):
+def test_heads_per_section_fit_in_section_bytes(monkeypatch, n, d, batch, section):
     from cs336_systems.attention import flash_gluon
 
     monkeypatch.setattr(flash_gluon, "SECTION_BYTES", 8 << 20)
-    assert heads_per_section(head_bytes, batch, True) == section
-    assert heads_per_section(head_bytes, batch, False) == 1  # without the mask: one head after another
+    monkeypatch.setattr(flash_gluon, "SECTION_MAX_BLOCKS", 64)
+    assert heads_per_section(n, d, 2, batch, 128, True) == section
+    assert heads_per_section(n, d, 2, batch, 128, False) == 1  # without the mask: one head after another
 
 
 @pytest.mark.gpu
@@ -77,7 +79,7 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
                 launch = launch._replace(options={**launch.options, "SECTION": section})
             launch.run()
         found[section] = (out, lse, grad_k, grad_v, dq_acc)
-    assert flash_gluon.heads_per_section(2 * 1000 * d * 2, 6, is_causal) == (8 if is_causal else 1)  # the launch's
+    assert flash_gluon.heads_per_section(1000, d, 2, 6, 128, is_causal) == (8 if is_causal else 1)  # the launch's
     for section in (4, None):
         for name, x, y in zip(("O", "L", "dK", "dV"), found[1], found[section]):
             assert torch.equal(x, y), (section, name)

@@ -69,11 +69,14 @@ ANY_GRID_SEQ_LEN = {128: 16384}  # from here on without the CTA floor (module do
 D128_BWD_MIN_SEQ_LEN = 16384
 D128_BWD_MIN_CTAS_PER_SM = 0.75
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
-# The causal kernels' CTAs go heaviest first in sections of heads whose two whole-read tensors fit in this
-# many bytes (`heads_per_section`): on an H100, 8 MiB was as fast as or faster than 2 to 16 times as much, or
-# one head per section, at every shape measured (FlashAttention-3 sizes its sections to the whole L2, 50 MB
-# there, which lost up to 7% at 64 heads; docs/flash_attention_tuning.md, v22).
+# The causal kernels' CTAs go heaviest first in sections of heads (`heads_per_section`) whose two shared
+# tensors fit in SECTION_BYTES, where a head has at most SECTION_MAX_BLOCKS blocks. On an H100 8 MiB was as
+# fast as 2 to 16 times as much or faster at 4 to 64 heads and N = 4,096 and 8,192 (32 and 64 blocks), and
+# faster than one head per section; at 128 blocks (N = 16,384) sections gained nothing (d = 64, 16 heads) or
+# lost (d = 128, 8 heads). FlashAttention-3 sizes its sections to the whole L2 (50 MB), which lost up to 7%
+# at 64 heads (docs/flash_attention_tuning.md, v22).
 SECTION_BYTES = 8 << 20
+SECTION_MAX_BLOCKS = 64
 
 
 def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
@@ -171,15 +174,16 @@ def _descriptor(t: torch.Tensor, stride_b: int, rows: int, layout):
     return desc
 
 
-def heads_per_section(head_bytes: int, batch: int, is_causal: bool) -> int:
-    """SECTION of `flash_gluon_schedule`: under the causal mask the most heads, a power of two, whose
-    `head_bytes` (the two (N, d) tensors a head's CTAs all read: K and V in the forward, Q and dO in the
-    backward) fit in SECTION_BYTES together, at least 1 and at most the power of two from `batch` on (larger
-    ones order the CTAs alike, and each value compiles its own kernel). Without the mask every CTA has the
-    same work, and one head after another keeps the fewest heads' tensors in L2."""
-    if not is_causal:
+def heads_per_section(n: int, d: int, element_size: int, batch: int, block_rows: int, is_causal: bool) -> int:
+    """SECTION of `flash_gluon_schedule` for a kernel whose CTAs take `block_rows` rows of a head each: under
+    the causal mask, where a head has at most SECTION_MAX_BLOCKS blocks, the most heads, a power of two, whose
+    two (N, d) tensors that all of a head's CTAs read (K and V in the forward, Q and dO in the backward) fit in
+    SECTION_BYTES together; at least 1 and at most the power of two from `batch` on (larger ones order the CTAs
+    alike, and each value compiles its own kernel). Otherwise one head after another: without the mask every
+    CTA has the same work, and with more blocks per head a head's last blocks are short beside the whole."""
+    if not is_causal or triton.cdiv(n, block_rows) > SECTION_MAX_BLOCKS:
         return 1
-    fit = max(1, SECTION_BYTES // max(head_bytes, 1))
+    fit = max(1, SECTION_BYTES // (2 * n * d * element_size))
     return min(1 << (fit.bit_length() - 1), 1 << (max(batch, 1) - 1).bit_length())
 
 
@@ -214,7 +218,7 @@ def forward_launch(q, k, v, out, lse, is_causal: bool) -> KernelLaunch:
     batch = q.numel() // (n * d)
     args = (_descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_tile, kv_layout),
             _descriptor(v, v_b, k_tile, kv_layout), _descriptor(out, o_b, q_tile, q_layout), lse, l_b, l_n, n, n)
-    section = heads_per_section(2 * n * d * q.element_size(), batch, is_causal)  # K and V
+    section = heads_per_section(n, d, q.element_size(), batch, 2 * q_tile, is_causal)
     options = dict(scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal), SECTION=section,
                    CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
     return KernelLaunch(flash_fwd_gluon_kernel, (triton.cdiv(n, 2 * q_tile) * batch,), args, options)
@@ -252,7 +256,7 @@ def backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: 
             lse, delta, l_b, l_n, n)
     batch = q.numel() // (n * d)
     grid = (triton.cdiv(n, 2 * k_half) * batch,)
-    section = heads_per_section(2 * n * d * q.element_size(), batch, is_causal)  # Q and dO
+    section = heads_per_section(n, d, q.element_size(), batch, 2 * k_half, is_causal)
     options = dict(scale=d**-0.5, STAGES=stages, SECTION=section, CONSUMER_REGS=consumer_regs,
                    PRODUCER_REGS=producer_regs, num_warps=4)
     if d == 64:
