@@ -3,9 +3,11 @@ and the launches' choice of heads per section (`flash_gluon.heads_per_section`).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from cs336_systems.attention.flash_gluon import heads_per_section
+from cs336_systems.attention.flash_gluon import heads_per_section, schedule_grid
 from cs336_systems.attention.flash_gluon_schedule import heaviest_first
 
 order_of = heaviest_first.fn  # the @gluon.jit function's Python body: integer arithmetic only
@@ -31,6 +33,12 @@ def test_one_head_per_section_is_the_block_batch_grid_order():
     n_blocks, n_batch = 6, 3
     assert [order_of(pid, n_blocks, n_batch, 1) for pid in range(n_blocks * n_batch)] == \
         [(block, batch) for batch in range(n_batch) for block in range(n_blocks)]
+
+
+def test_one_head_per_section_keeps_the_block_batch_grid():
+    """Where the order is the old one, so is the launch geometry; sections launch one dimension."""
+    assert schedule_grid(33, 4, 1) == (33, 4)
+    assert schedule_grid(33, 4, 2) == (132,)
 
 
 @pytest.mark.parametrize("n, d, batch, section", [
@@ -76,7 +84,8 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
                     flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal)]
         for launch in launches:
             if section is not None and "SECTION" in launch.options:
-                launch = launch._replace(options={**launch.options, "SECTION": section})
+                grid = flash_gluon.schedule_grid(math.prod(launch.grid) // 6, 6, section)
+                launch = launch._replace(grid=grid, options={**launch.options, "SECTION": section})
             launch.run()
         found[section] = (out, lse, grad_k, grad_v, dq_acc)
     assert flash_gluon.heads_per_section(1000, d, 2, 6, 128, is_causal) == (8 if is_causal else 1)  # the launch's

@@ -190,7 +190,7 @@ def gluon_route_specs(request):
     result = subprocess.run([sys.executable, "-c", GLUON_SPEC_SCRIPT, str(root / "tools"), json.dumps(vars(KINDS)),
                              request.param], env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return dict(causal=request.param == "causal", launches=json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def test_gluon_route_specs_follow_triton_launcher(gluon_route_specs):
@@ -203,7 +203,7 @@ def test_gluon_route_specs_follow_triton_launcher(gluon_route_specs):
     slot = {name: i for i, name in enumerate(SLOT_NAMES)}
     expected_maps = [["q", "k", "v", "out"], [], ["q", "k", "v", "grad_out", "grad_k", "grad_v", "dq_acc"], []]
     expected_pointers = [["lse"], ["out", "grad_out", "delta", "dq_acc"], ["lse", "delta"], ["dq_acc", "grad_q"]]
-    for found, maps, pointers in zip(gluon_route_specs, expected_maps, expected_pointers):
+    for found, maps, pointers in zip(gluon_route_specs["launches"], expected_maps, expected_pointers):
         spec = found["spec"]
         assert [kind for kind, _ in spec["params"][:-2]] == [kind_of[ty] for ty in found["launcher"][:-2]], spec["name"]
         assert found["launcher"][-2:] == ["CUdeviceptr", "CUdeviceptr"]  # global and profile scratch
@@ -218,12 +218,16 @@ def test_gluon_route_specs_follow_triton_launcher(gluon_route_specs):
         assert [[value for _, value in params[i + 1:i + 7]] for i in starts] == found["trailing"]
         assert spec["threads"] == found["threads"] and spec["shared"] == found["shared"]
         assert spec["grid"] == [*found["grid"], 1, 1][:3]
-    forward, _, backward, _ = (found["spec"] for found in gluon_route_specs)
+    forward, _, backward, _ = (found["spec"] for found in gluon_route_specs["launches"])
     # head views: (batch, N, d) with batch stride d and row stride h·d, read in 64-column (128-byte) boxes
     assert forward["maps"][0]["dims"] == [128, 4100, 4] and forward["maps"][0]["strides"] == [4 * 128 * 2, 128 * 2]
     assert forward["maps"][0]["box"] == [64, 64, 1] and forward["maps"][1]["box"] == [64, 128, 1]
-    # (query block, head) in one dimension, heaviest first (flash_gluon_schedule)
-    assert forward["threads"] == 384 and forward["grid"] == [-(-4100 // 128) * 4, 1, 1]
+    # causal: two heads' 2 MiB of K and V per section, heaviest first in one dimension (flash_gluon_schedule);
+    # full: the (query block, head) grid
+    blocks = -(-4100 // 128)
+    assert forward["threads"] == 384
+    assert forward["grid"] == ([blocks * 4, 1, 1] if gluon_route_specs["causal"] else [blocks, 4, 1])
+    assert backward["grid"] == forward["grid"]  # 128 key rows per CTA, Q and dO as large as K and V
     # the dQ accumulator as (batch·2, N, 64) fp32 planes, 32-column (128-byte) boxes
     assert backward["maps"][-1]["dims"] == [64, 4100, 8] and backward["maps"][-1]["strides"] == [64 * 4, 4100 * 64 * 4]
     assert backward["maps"][-1]["dtype"] == 7 and backward["maps"][-1]["box"][0] == 32  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32

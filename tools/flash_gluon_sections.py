@@ -1,5 +1,5 @@
-"""The Gluon kernels' CTA order, A/B: each head's blocks one head after another (SECTION = 1, the order of the
-(block, batch) grids before v22) against heaviest first in sections of heads that fit in L2 (the SECTION
+"""The Gluon kernels' CTA order, A/B: each head's blocks one head after another (SECTION = 1, the (block, batch)
+grids of before v22) against heaviest first in sections of heads that fit in L2 (the SECTION
 `flash_gluon.heads_per_section` picks; `flash_gluon_schedule`), for the forward kernel and the fused
 backward kernel alone, in the model's layout. Checks first that both orders give the same O and L, dK and dV
 bit for bit and dQ to fp32 rounding (its parts are added in another order), then times each kernel's device
@@ -17,6 +17,7 @@ skipped). Run on a Hopper GPU; the results go to the tuning record (docs/flash_a
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 
 import pandas as pd
@@ -31,9 +32,12 @@ SHAPES = ["4x4096x128", "4x8192x128", "16x4096x128", "16x8192x128", "64x4096x128
           "32x32768x128", "16x16384x64"]
 
 
-def with_section(launch: flash_gluon.KernelLaunch, section: int | None) -> flash_gluon.KernelLaunch:
-    """The launch in the order of `section` heads per section (None: the library's choice)."""
-    return launch if section is None else launch._replace(options={**launch.options, "SECTION": section})
+def with_section(launch: flash_gluon.KernelLaunch, section: int | None, batch: int) -> flash_gluon.KernelLaunch:
+    """The launch of `batch` heads in the order of `section` heads per section (None: the library's choice)."""
+    if section is None:
+        return launch
+    grid = flash_gluon.schedule_grid(math.prod(launch.grid) // batch, batch, section)
+    return launch._replace(grid=grid, options={**launch.options, "SECTION": section})
 
 
 def problem(heads: int, n: int, d: int, causal: bool) -> dict:
@@ -49,13 +53,13 @@ def problem(heads: int, n: int, d: int, causal: bool) -> dict:
     preprocess = flash_gluon.preprocess_launch(out, do, delta, dq_acc)
     backward = flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, causal)
     return dict(forward=forward, preprocess=preprocess, backward=backward, out=out, lse=lse, dq_acc=dq_acc,
-                grad_k=grad_k, grad_v=grad_v)
+                grad_k=grad_k, grad_v=grad_v, heads=heads)
 
 
 def results(p: dict, section: int | None) -> list[torch.Tensor]:
-    with_section(p["forward"], section).run()
+    with_section(p["forward"], section, p["heads"]).run()
     p["preprocess"].run()
-    with_section(p["backward"], section).run()
+    with_section(p["backward"], section, p["heads"]).run()
     return [t.clone() for t in (p["out"], p["lse"], p["grad_k"], p["grad_v"], p["dq_acc"])]
 
 
@@ -87,7 +91,7 @@ def main() -> None:
             for kernel in ("forward", "backward"):
                 for r in range(args.rounds):
                     for name, section in orders[r % len(orders):] + orders[:r % len(orders)]:
-                        launch = with_section(p[kernel], section)
+                        launch = with_section(p[kernel], section, heads)
                         ms = statistics.median(measure_device_ms(launch.run, SETTINGS))
                         rows.append(dict(heads=heads, n=n, d=d, causal=causal, kernel=kernel, order=name,
                                          section=section or chosen[kernel], round=r, ms=ms,

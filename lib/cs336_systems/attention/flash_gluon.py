@@ -187,6 +187,13 @@ def heads_per_section(n: int, d: int, element_size: int, batch: int, block_rows:
     return min(1 << (fit.bit_length() - 1), 1 << (max(batch, 1) - 1).bit_length())
 
 
+def schedule_grid(n_blocks: int, batch: int, section: int) -> tuple[int, ...]:
+    """The grid of a Gluon kernel's n_blocks · batch CTAs in the order of `section` heads per section
+    (`flash_gluon_schedule.block_and_batch`): (n_blocks, batch) for one head after another, as before
+    sections existed; one dimension otherwise."""
+    return (n_blocks, batch) if section == 1 else (n_blocks * batch,)
+
+
 class KernelLaunch(NamedTuple):
     """One launch of the Gluon route, `kernel[grid](*args, **options)`: a Gluon kernel, whose tensor
     descriptors among `args` name their tensor by `base`, or a Triton kernel of the route's conversions."""
@@ -221,7 +228,8 @@ def forward_launch(q, k, v, out, lse, is_causal: bool) -> KernelLaunch:
     section = heads_per_section(n, d, q.element_size(), batch, 2 * q_tile, is_causal)
     options = dict(scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal), SECTION=section,
                    CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
-    return KernelLaunch(flash_fwd_gluon_kernel, (triton.cdiv(n, 2 * q_tile) * batch,), args, options)
+    grid = schedule_grid(triton.cdiv(n, 2 * q_tile), batch, section)
+    return KernelLaunch(flash_fwd_gluon_kernel, grid, args, options)
 
 
 def preprocess_launch(out, do, delta, dq_acc) -> KernelLaunch:
@@ -255,8 +263,8 @@ def backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: 
             _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout), dq_desc,
             lse, delta, l_b, l_n, n)
     batch = q.numel() // (n * d)
-    grid = (triton.cdiv(n, 2 * k_half) * batch,)
     section = heads_per_section(n, d, q.element_size(), batch, 2 * k_half, is_causal)
+    grid = schedule_grid(triton.cdiv(n, 2 * k_half), batch, section)
     options = dict(scale=d**-0.5, STAGES=stages, SECTION=section, CONSUMER_REGS=consumer_regs,
                    PRODUCER_REGS=producer_regs, num_warps=4)
     if d == 64:

@@ -72,7 +72,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_gluon_schedule import heaviest_first
+from cs336_systems.attention.flash_gluon_schedule import block_and_batch
 from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
 
 
@@ -360,9 +360,8 @@ def flash_bwd_gluon_kernel(
     Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
     K_HALF: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[2]
-    n_blocks = gl.cdiv(N_QUERIES, 2 * K_HALF)
     # causal: key block 0 visits every query tile, so rank 0 (the heaviest, flash_gluon_schedule) is block 0
-    key_block, batch = heaviest_first(gl.program_id(0), n_blocks, gl.num_programs(0) // n_blocks, SECTION)
+    key_block, batch, _ = block_and_batch(N_QUERIES, 2 * K_HALF, SECTION)
     k_start = key_block * (2 * K_HALF)
     q_lo = (k_start // Q_TILE) * Q_TILE  # causal: earlier query tiles see none of these keys
     n_tiles = gl.cdiv(N_QUERIES - q_lo, Q_TILE)

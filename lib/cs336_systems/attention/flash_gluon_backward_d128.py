@@ -71,7 +71,7 @@ from cs336_systems.attention.flash_gluon_backward import (
     row_stats,
     store_dk_dv,
 )
-from cs336_systems.attention.flash_gluon_schedule import heaviest_first
+from cs336_systems.attention.flash_gluon_schedule import block_and_batch
 from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
 
 
@@ -246,9 +246,8 @@ def flash_bwd_gluon_d128_kernel(
     D: gl.constexpr = q_desc.block_type.shape[2]
     COLS: gl.constexpr = dq_desc.block_type.shape[2]  # D // 2: one column half of dQ per warpgroup
     gl.static_assert(2 * COLS == D, "dQ's descriptor block holds half of its columns")
-    n_blocks = gl.cdiv(N_QUERIES, 2 * K_HALF)
     # causal: key block 0 visits every query tile, so rank 0 (the heaviest, flash_gluon_schedule) is block 0
-    key_block, batch = heaviest_first(gl.program_id(0), n_blocks, gl.num_programs(0) // n_blocks, SECTION)
+    key_block, batch, _ = block_and_batch(N_QUERIES, 2 * K_HALF, SECTION)
     k_start = key_block * (2 * K_HALF)
     if is_causal:
         q_lo = (k_start // Q_TILE) * Q_TILE  # earlier query tiles see none of these keys

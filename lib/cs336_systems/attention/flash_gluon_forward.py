@@ -45,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_gluon_schedule import heaviest_first
+from cs336_systems.attention.flash_gluon_schedule import block_and_batch
 from cs336_systems.attention.flash_triton_forward import LN2, LOG2E  # gl.constexpr is tl.constexpr
 
 
@@ -200,8 +200,7 @@ def flash_fwd_gluon_kernel(
     Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
     K_TILE: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[2]
-    n_blocks = gl.cdiv(N_QUERIES, 2 * Q_TILE)
-    rank, batch = heaviest_first(gl.program_id(0), n_blocks, gl.num_programs(0) // n_blocks, SECTION)
+    rank, batch, n_blocks = block_and_batch(N_QUERIES, 2 * Q_TILE, SECTION)
     tile_index = rank
     if is_causal:
         tile_index = n_blocks - 1 - rank  # the last query block visits the most key tiles

@@ -17,7 +17,8 @@ innermost:
     r = pid - s n_blocks SECTION:  rank = r // h_s  (0: the heaviest block),  batch = s SECTION + r mod h_s
 
 The last section holds the remaining heads when SECTION does not divide n_batch. SECTION = 1 is the
-(block, batch) grid's order.
+(block, batch) grid's order, and launches as that grid (`block_and_batch`): where the order does not change,
+neither does the launch geometry the kernels were measured with.
 """
 
 from __future__ import annotations
@@ -39,3 +40,18 @@ def heaviest_first(pid, n_blocks, n_batch, SECTION: gl.constexpr):
         heads = SECTION
     r = pid - section * per_section
     return r // heads, first + r % heads
+
+
+@gluon.jit
+def block_and_batch(N_ROWS, BLOCK_ROWS: gl.constexpr, SECTION: gl.constexpr):
+    """(rank, batch, n_blocks) of this CTA, for blocks of BLOCK_ROWS of N_ROWS rows: a (n_blocks, n_batch)
+    grid's own coordinates for SECTION = 1, else `heaviest_first` of a one-dimensional grid of
+    n_blocks · n_batch (`flash_gluon.schedule_grid`)."""
+    if SECTION == 1:
+        n_blocks = gl.num_programs(0)
+        rank = gl.program_id(0)
+        batch = gl.program_id(1)
+    else:
+        n_blocks = gl.cdiv(N_ROWS, BLOCK_ROWS)
+        rank, batch = heaviest_first(gl.program_id(0), n_blocks, gl.num_programs(0) // n_blocks, SECTION)
+    return rank, batch, n_blocks
