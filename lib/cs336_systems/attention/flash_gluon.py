@@ -26,6 +26,10 @@ kernels were faster (v21, both routes launched by the C++ autograd node `flash_n
 sequences off this route because its eager calls, then through the Python `autograd.Function`, were
 host-bound).
 
+Under the causal mask, where a head has at most `SECTION_MAX_BLOCKS` blocks, the kernels' CTAs launch
+heaviest first in sections of heads whose shared tensors fit in `SECTION_BYTES` (`heads_per_section`,
+`flash_gluon_schedule`); elsewhere one head after another, on the (block, batch) grid.
+
 Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
 `cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
 arguments.

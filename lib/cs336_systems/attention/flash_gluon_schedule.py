@@ -2,7 +2,7 @@
 heads whose shared tensors stay in L2 together (the idea of FlashAttention-3's longest-processing-time tile
 scheduler, `SingleTileLPTScheduler`).
 
-A kernel's grid is n_blocks · n_batch CTAs in one dimension. The GPU hands CTAs to SMs in launch order as
+A kernel's grid holds n_blocks · n_batch CTAs. The GPU hands CTAs to SMs in launch order as
 SMs come free, so the order is a list schedule, and longest items first keeps its makespan close to the
 least (Graham's LPT rule). Under the causal mask a CTA's work depends on its block: the forward's query
 block i visits i + 1 key tiles, the backward's key block j the query tiles from j's on. Launched as a
@@ -11,7 +11,7 @@ heads' heaviest ones started in the last waves and ran alone. All heads' heavies
 spread the running CTAs over every head, whose shared tensors (K and V for the forward, Q and dO for the
 backward) would no longer stay in L2 together. So the heads go in sections of SECTION (a power of two,
 `flash_gluon.heads_per_section`), and within a section the blocks go heaviest first, the section's heads
-innermost:
+innermost, CTA `pid` of a one-dimensional grid taking
 
     section s = pid // (n_blocks SECTION),  heads in it h_s = min(SECTION, n_batch - s SECTION)
     r = pid - s n_blocks SECTION:  rank = r // h_s  (0: the heaviest block),  batch = s SECTION + r mod h_s
