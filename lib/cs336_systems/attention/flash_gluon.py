@@ -74,11 +74,11 @@ D128_BWD_MIN_SEQ_LEN = 16384
 D128_BWD_MIN_CTAS_PER_SM = 0.75
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
 # The causal kernels' CTAs go heaviest first in sections of heads (`heads_per_section`) whose two shared
-# tensors fit in SECTION_BYTES, where a head has at most SECTION_MAX_BLOCKS blocks. On an H100 8 MiB was as
-# fast as 2 to 16 times as much or faster at 4 to 64 heads and N = 4,096 and 8,192 (32 and 64 blocks), and
-# faster than one head per section; at 128 blocks (N = 16,384) sections gained nothing (d = 64, 16 heads) or
-# lost (d = 128, 8 heads). FlashAttention-3 sizes its sections to the whole L2 (50 MB), which lost up to 7%
-# at 64 heads (docs/flash_attention_tuning.md, v22).
+# tensors fit in SECTION_BYTES, where a head has at most SECTION_MAX_BLOCKS blocks. On an H100, at 4 to 64
+# heads and N = 4,096 and 8,192 (32 and 64 blocks), 8 MiB came within 3% of the best of 2 to 16 heads per
+# section and was faster than one head per section; at 128 blocks (N = 16,384) sections gained nothing
+# (d = 64, 16 heads) or lost (d = 128, 8 heads). FlashAttention-3 sizes its sections to the whole L2 (50 MB),
+# which lost up to 7% at 64 heads (docs/flash_attention_tuning.md, v22).
 SECTION_BYTES = 8 << 20
 SECTION_MAX_BLOCKS = 64
 
