@@ -470,3 +470,13 @@ def test_the_tuning_record_parses(tmp_path):
     p.write_text("no table here\n")
     with pytest.raises(ValueError, match="no Markdown table"):
         lb.read_tuning_record(p)
+
+
+def test_median_table_writes_every_row_and_divides_the_medians(tmp_path, capsys):
+    rows = [dict(shape=s, impl=i, round=r, ms=ms) for s, i, r, ms in
+            [("a", "ours", 0, 1.0), ("a", "ours", 1, 3.0), ("a", "ours", 2, 2.0), ("a", "cudnn", 0, 4.0),
+             ("a", "cudnn", 1, 4.0), ("b", "ours", 0, 1.0), ("b", "cudnn", 0, 2.0)]]
+    med = fb.median_table(rows, str(tmp_path / "t.csv"), ["shape", "impl"], "impl", [("ours", "cudnn")])
+    assert len(pd.read_csv(tmp_path / "t.csv")) == len(rows)
+    assert med.loc["a", "ours"] == 2.0 and med.loc["a", "ours/cudnn"] == 0.5 and med.loc["b", "ours/cudnn"] == 0.5
+    assert "ours/cudnn" in capsys.readouterr().out

@@ -3,8 +3,6 @@ and the launches' choice of heads per section (`flash_gluon.heads_per_section`).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from cs336_systems.attention.flash_gluon import heads_per_section, schedule_grid
@@ -84,8 +82,7 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
                     flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal)]
         for launch in launches:
             if section is not None and "SECTION" in launch.options:
-                grid = flash_gluon.schedule_grid(math.prod(launch.grid) // 6, 6, section)
-                launch = launch._replace(grid=grid, options={**launch.options, "SECTION": section})
+                launch = flash_gluon.with_section(launch, section, 6)
             launch.run()
         found[section] = (out, lse, grad_k, grad_v, dq_acc)
     assert flash_gluon.heads_per_section(1000, d, 2, 6, 128, is_causal) == (8 if is_causal else 1)  # the launch's
@@ -95,3 +92,12 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
         torch.testing.assert_close(found[section][-1], found[1][-1], rtol=1e-5, atol=1e-5)
     for section in (1, 4, None):
         assert all(torch.isfinite(t).all() for t in found[section]), section
+
+
+def test_with_section_reorders_a_launch_of_either_grid():
+    from cs336_systems.attention.flash_gluon import KernelLaunch, with_section
+
+    launch = KernelLaunch(kernel=None, grid=(33, 4), args=(), options={"SECTION": 1, "STAGES": 2})
+    sections = with_section(launch, 2, 4)
+    assert sections.grid == (132,) and sections.options == {"SECTION": 2, "STAGES": 2}
+    assert with_section(sections, 1, 4).grid == (33, 4)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -23,7 +22,8 @@ from cs336_systems.attention import flash_gluon
 from cs336_systems.attention.flash_configs import forget_answers
 from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import flash_attention_triton
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, measure_times_ms
+from cs336_systems.experiments.flash_benchmark import (TimingSettings, measure_device_ms, measure_times_ms,
+                                                        median_table, round_orders)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
 SHIPPED = (flash_gluon.D128_BWD_MIN_SEQ_LEN, flash_gluon.D128_BWD_MIN_CTAS_PER_SM)
@@ -59,8 +59,8 @@ def main() -> None:
                         F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad_out)
 
                 impls = [("shipped", ours), ("gluon_bwd", ours), ("cudnn", cudnn)]
-                for r in range(args.rounds):
-                    for name, fn in impls[r % len(impls):] + impls[:r % len(impls)]:
+                for r, order in enumerate(round_orders(impls, args.rounds)):
+                    for name, fn in order:
                         use_limits(name)
                         fused = flash_gluon.gluon_backward_applies(q, k, v, causal, False)
                         for kind in ("eager", "device"):
@@ -71,13 +71,8 @@ def main() -> None:
                 use_limits("shipped")
                 del q, k, v, grad_out
                 torch.cuda.empty_cache()
-    df = pd.DataFrame(rows)
-    df.to_csv(args.out, index=False)
-    med = df.groupby(["heads", "n", "causal", "kind", "impl"]).ms.median().unstack("impl")
-    med["shipped/cudnn"] = med["shipped"] / med["cudnn"]
-    med["gluon_bwd/cudnn"] = med["gluon_bwd"] / med["cudnn"]
-    with pd.option_context("display.max_rows", 500, "display.width", 200):
-        print(med.round(3).to_string())
+    median_table(rows, args.out, ["heads", "n", "causal", "kind", "impl"], "impl",
+                 [("shipped", "cudnn"), ("gluon_bwd", "cudnn")])
 
 
 if __name__ == "__main__":

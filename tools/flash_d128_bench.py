@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from cs336_systems.attention import flash_gluon as G
 from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_backward_triton
-from cs336_systems.experiments.flash_benchmark import reference_gradients
+from cs336_systems.experiments.flash_benchmark import reference_gradients, round_orders
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -146,8 +146,7 @@ def main() -> None:
         do = torch.randn_like(q)
         fns = timers(q, k, v, do, causal, regs_list)
         names = list(fns)
-        for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+        for r, order in enumerate(round_orders(names, args.rounds)):
             for name in order:
                 fwd, bwd = fns[name]
                 for kind, fn in (("fwd", fwd), ("bwd", bwd)):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -30,7 +29,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from cs336_systems.attention import flash_gluon
 from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import flash_attention_triton
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, measure_times_ms
+from cs336_systems.experiments.flash_benchmark import (TimingSettings, measure_device_ms, measure_times_ms,
+                                                        median_table, round_orders)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
@@ -81,8 +81,8 @@ def main() -> None:
                     q, k, v = inputs(layout, heads, n)
                     fns = forwards(q, k, v, causal)
                     names = list(fns)
-                    for r in range(args.rounds):
-                        for name in names[r % len(names):] + names[:r % len(names)]:
+                    for r, order in enumerate(round_orders(names, args.rounds)):
+                        for name in order:
                             for kind, times in (("eager", measure_times_ms(fns[name], device, SETTINGS)),
                                                 ("device", measure_device_ms(fns[name], SETTINGS))):
                                 rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
@@ -93,13 +93,8 @@ def main() -> None:
                                                  device=torch.cuda.get_device_name()))
                     del q, k, v, fns
                     torch.cuda.empty_cache()
-    df = pd.DataFrame(rows)
-    df.to_csv(args.out, index=False)
-    med = df.groupby(["layout", "heads", "seq_len", "causal", "kind", "impl"])["ms"].median().unstack("impl")
-    med["ours/cudnn"] = med["ours"] / med["cudnn"]
-    med["ours/sdpa_flash"] = med["ours"] / med["sdpa_flash"]
-    with pd.option_context("display.max_rows", 500, "display.width", 200):
-        print(med.round(3).to_string())
+    median_table(rows, args.out, ["layout", "heads", "seq_len", "causal", "kind", "impl"], "impl",
+                 [("ours", "cudnn"), ("ours", "sdpa_flash")])
 
 
 if __name__ == "__main__":

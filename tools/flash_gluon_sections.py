@@ -17,7 +17,6 @@ skipped). Run on a Hopper GPU; the results go to the tuning record (docs/flash_a
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
 import pandas as pd
@@ -25,7 +24,7 @@ import torch
 
 from cs336_systems.attention import flash_gluon
 from cs336_systems.attention.flash_layout import head_views
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms
+from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, median_table, round_orders
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=100)
 SHAPES = ["4x4096x128", "4x8192x128", "16x4096x128", "16x8192x128", "64x4096x128", "64x8192x128",
@@ -34,10 +33,7 @@ SHAPES = ["4x4096x128", "4x8192x128", "16x4096x128", "16x8192x128", "64x4096x128
 
 def with_section(launch: flash_gluon.KernelLaunch, section: int | None, batch: int) -> flash_gluon.KernelLaunch:
     """The launch of `batch` heads in the order of `section` heads per section (None: the library's choice)."""
-    if section is None:
-        return launch
-    grid = flash_gluon.schedule_grid(math.prod(launch.grid) // batch, batch, section)
-    return launch._replace(grid=grid, options={**launch.options, "SECTION": section})
+    return launch if section is None else flash_gluon.with_section(launch, section, batch)
 
 
 def problem(heads: int, n: int, d: int, causal: bool) -> dict:
@@ -89,8 +85,8 @@ def main() -> None:
                 scale = first[-1].abs().max().item()
                 assert (first[-1] - other[-1]).abs().max().item() <= 1e-5 * scale, f"{shape}: dQ differs"
             for kernel in ("forward", "backward"):
-                for r in range(args.rounds):
-                    for name, section in orders[r % len(orders):] + orders[:r % len(orders)]:
+                for r, order in enumerate(round_orders(orders, args.rounds)):
+                    for name, section in order:
                         launch = with_section(p[kernel], section, heads)
                         ms = statistics.median(measure_device_ms(launch.run, SETTINGS))
                         rows.append(dict(heads=heads, n=n, d=d, causal=causal, kernel=kernel, order=name,
@@ -101,14 +97,10 @@ def main() -> None:
             df = pd.DataFrame(rows)
             print(df[(df.heads == heads) & (df.n == n) & (df.d == d) & (df.causal == causal)]
                   .groupby(["kernel", "order", "section"]).ms.median().round(4).to_string(), flush=True)
-    df = pd.DataFrame(rows)
-    df.to_csv(args.out, index=False)
-    med = df.groupby(["heads", "n", "d", "causal", "kernel", "order"]).ms.median().unstack("order")
     first = f"section_{args.sections[0]}" if args.sections[0] else "chosen"
-    for name in [c for c in med.columns if c != first]:
-        med[f"{name}/{first}"] = med[name] / med[first]
-    with pd.option_context("display.max_rows", 500, "display.width", 250):
-        print(med.round(4).to_string())
+    others = sorted({row["order"] for row in rows} - {first})
+    median_table(rows, args.out, ["heads", "n", "d", "causal", "kernel", "order"], "order",
+                 [(name, first) for name in others], digits=4)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 import triton.testing
 
 from cs336_systems.attention import flash_gluon as G
-from cs336_systems.experiments.flash_benchmark import implementation, reference_gradients
+from cs336_systems.experiments.flash_benchmark import implementation, reference_gradients, round_orders
 from cs336_systems.attention.flash_triton import FlashAttentionTriton
 
 
@@ -121,8 +121,8 @@ def main() -> None:
     q, k, v, do = (torch.randn(16, 16384, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device="cuda")
     G._launch(q, k, v, out, lse, True)
-    for r in range(args.rounds):
-        for name in variants[r % len(variants):] + variants[:r % len(variants)]:
+    for r, order in enumerate(round_orders(variants, args.rounds)):
+        for name in order:
             VARIANTS[name]()
             times = bench(lambda: G._backward(q, k, v, out, do, lse, True), args.kernel_ms)
             rows.append(dict(kind="backward", variant=name, d=64, round=r, ms=statistics.median(times),
@@ -146,8 +146,8 @@ def main() -> None:
 
     ours()
     names = [*variants, "sdpa_cudnn"]
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    for r, order in enumerate(round_orders(names, args.rounds)):
+        for name in order:
             if name != "sdpa_cudnn":
                 VARIANTS[name]()
             times = bench(cudnn if name == "sdpa_cudnn" else ours, args.step_ms)

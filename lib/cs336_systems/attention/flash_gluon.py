@@ -37,6 +37,7 @@ arguments.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -196,6 +197,13 @@ def schedule_grid(n_blocks: int, batch: int, section: int) -> tuple[int, ...]:
     (`flash_gluon_schedule.block_and_batch`): (n_blocks, batch) for one head after another, as before
     sections existed; one dimension otherwise."""
     return (n_blocks, batch) if section == 1 else (n_blocks * batch,)
+
+
+def with_section(launch: KernelLaunch, section: int, batch: int) -> KernelLaunch:
+    """A Gluon kernel's `launch` over `batch` heads, reordered to `section` heads per section (its grid and
+    SECTION; `heads_per_section` picks the shipped one)."""
+    grid = schedule_grid(math.prod(launch.grid) // batch, batch, section)
+    return launch._replace(grid=grid, options={**launch.options, "SECTION": section})
 
 
 class KernelLaunch(NamedTuple):

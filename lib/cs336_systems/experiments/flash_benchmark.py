@@ -440,6 +440,20 @@ def round_orders(names: Sequence, rounds: int) -> list[list]:
     return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)] if names else []
 
 
+def median_table(rows: Sequence[dict], out: str, keys: Sequence[str], column: str,
+                 ratios: Sequence[tuple[str, str]], digits: int = 3) -> pd.DataFrame:
+    """Writes the timing `rows` to the CSV file `out` and prints, and returns, their median "ms" per `keys`
+    with one column per value of `column`, and for each (a, b) in `ratios` the column "a/b"."""
+    df = pd.DataFrame(rows)
+    df.to_csv(out, index=False)
+    med = df.groupby(list(keys)).ms.median().unstack(column)
+    for a, b in ratios:
+        med[f"{a}/{b}"] = med[a] / med[b]
+    with pd.option_context("display.max_rows", 500, "display.width", 250):
+        print(med.round(digits).to_string())
+    return med
+
+
 def timed_in_rounds(
     impls: Sequence[Implementation], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
     is_causal: bool, settings: TimingSettings,
