@@ -5,15 +5,19 @@ The math and the pipeline are `flash_gluon_backward`'s (d = 64): a CTA owns 2 K_
 producer warp brings K, V once and Q_i, dO_i per query tile into a ring of slots, and consumer warpgroup
 h, owning key rows K^(j,h), V^(j,h), computes per tile (base 2, s = log2(e) scale)
 
-    S^T = K^(j,h) Q_i^T;   P^T = 2^(s S^T - log2(e) L_i);   dP^T = V^(j,h) dO_i^T;   dS^T = P^T * (dP^T - D_i)
-    dV^(j,h) += P^T dO_i;   dK^(j,h) += dS^T Q_i
+    S^T = K^(j,h) Q_i^T;   P^T = 2^(s S^T - log2(e) L_i);   dP^T = V^(j,h) dO_i^T
+    dS^T = P^T * (scale dP^T - scale D_i);   dV^(j,h) += P^T dO_i;   dK^(j,h) += dS^T Q_i
+
+Unlike d = 64's kernel, dS carries the softmax scale: with scale D_i formed once per tile, scaling costs
+one multiply-add per element in place of a subtraction, and neither dK nor dQ's parts need a multiply
+afterwards (docs/flash_attention_tuning.md, v24).
 
 What d = 128 changes is the register budget. dK and dV of 64 key rows are 128 fp32 registers per thread,
 S^T and dP^T of a 64 x 64 tile 64 more, so K and V cannot stay in registers as operands (they are read
 from shared memory), and a whole (Q_TILE, 128) fp32 dQ part, 64 registers, does not fit beside them.
 So the dQ part of tile i is split by columns instead of by keys: warpgroup h computes
 
-    dQ_i[:, c_h] += scale * (dS_{i,0} K^(j,0)[:, c_h] + dS_{i,1} K^(j,1)[:, c_h]),   c_h = [64 h, 64 h + 64)
+    dQ_i[:, c_h] += dS_{i,0} K^(j,0)[:, c_h] + dS_{i,1} K^(j,1)[:, c_h],   c_h = [64 h, 64 h + 64)
 
 from both warpgroups' dS in shared memory: 32 registers, and every warpgroup does the same work on
 every tile, so there is no owner to alternate (d = 64's kernel alternates one). Each part goes out by
@@ -89,11 +93,12 @@ def ds_free_phase(i):
 
 
 @gluon.jit
-def _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dv, lse2, delta, key_pos, query_pos, qk_scale,
-          s_zero, free_bar, free_phase, ready_bar, MASKED: gl.constexpr):
-    """One query tile up to its dS: S, P (to shared memory), dV's product issued, dP, dS stored once
-    `free_bar` says both warpgroups' products of two tiles ago have read the buffer, then announced on
-    `ready_bar`; returns dV's token. S and dP are (queries, keys), so L and D are per row of the accumulator."""
+def _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dv, lse2, scaled_delta, key_pos, query_pos, qk_scale,
+          scale, s_zero, free_bar, free_phase, ready_bar, MASKED: gl.constexpr):
+    """One query tile up to its dS (scaled: module docstring): S, P (to shared memory), dV's product issued,
+    dP, dS stored once `free_bar` says both warpgroups' products of two tiles ago have read the buffer, then
+    announced on `ready_bar`; returns dV's token. S and dP are (queries, keys), so L and scale D are per row of
+    the accumulator."""
     s_token = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     dp_token = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(1, deps=[s_token])
@@ -104,7 +109,7 @@ def _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dv, lse2, delta, key_p
     fence_async_shared()
     dv_token = warpgroup_mma(p_buf.permute((1, 0)), do_tile, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=[dp_token])
-    ds = (p * (dp - delta[:, None])).to(q_tile.dtype)
+    ds = (p * (dp * scale - scaled_delta[:, None])).to(q_tile.dtype)
     mbarrier.wait(free_bar, free_phase)
     ds_buf.store(ds)
     fence_async_shared()
@@ -144,14 +149,15 @@ def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr
         slot = i % STAGES
         q_start = q_last - i * Q_TILE
         lse2 = lse_next * LOG2E
-        delta = delta_next
+        scaled_delta = delta_next * scale
         lse_next, delta_next = row_stats(L_row, Delta_row, stride_lq, q_start - Q_TILE + rows, N_QUERIES)
         q_tile = q_smem.index(slot).reshape([Q_TILE, D])
         do_tile = do_smem.index(slot).reshape([Q_TILE, D])
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         ds_buf = ds_smem.index(2 * H + i % 2)
-        dv_token = _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dv, lse2, delta, key_pos, q_start + rows,
-                         qk_scale, s_zero, ds_free.index(i % 2), ds_free_phase(i), ds_ready.index(i % 2), MASKED)
+        dv_token = _step(k_tile, v_tile, q_tile, do_tile, p_buf, ds_buf, dv, lse2, scaled_delta, key_pos,
+                         q_start + rows, qk_scale, scale, s_zero, ds_free.index(i % 2), ds_free_phase(i),
+                         ds_ready.index(i % 2), MASKED)
         # the previous visit's dQ products before this one's dK product, so that dQ's reduce-add runs beside
         # dK's product; at i = 0 they run on whatever the buffers hold and are dropped (module docstring)
         dq = _dq_columns(ds_smem, k_smem, ds_ready, i - 1, dq_zero, H)
@@ -159,7 +165,7 @@ def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr
         dv, dq = warpgroup_mma_wait(1, deps=[dv_token, dq])
         if i > 0:
             mbarrier.arrive(ds_free.index((i - 1) % 2))
-            reduce_dq(dq, dq_buf, dq_desc, plane, q_start + Q_TILE, scale)
+            reduce_dq(dq, dq_buf, dq_desc, plane, q_start + Q_TILE, 1.0)  # dS carries the scale
         dk = warpgroup_mma_wait(0, deps=[dk_token])
         mbarrier.arrive(empty.index(slot))
     return dk, dv
@@ -210,11 +216,11 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     dq = _dq_columns(ds_smem, k_smem, ds_ready, i_last, dq_zero, h)
     dq = warpgroup_mma_wait(0, deps=[dq])
     mbarrier.arrive(ds_free.index(i_last % 2))
-    reduce_dq(dq, dq_smem.index(h), dq_desc, plane, q_lo, scale)
+    reduce_dq(dq, dq_smem.index(h), dq_desc, plane, q_lo, 1.0)
 
     # both warpgroups' last dQ products have read both halves of K: ds_free's completion for the last visit
     mbarrier.wait(ds_free.index(i_last % 2), ds_ready_phase(i_last))
-    store_dk_dv(dk, dv, scale, k_smem, v_smem, dk_desc, dv_desc, batch, my_k, h)
+    store_dk_dv(dk, dv, 1.0, k_smem, v_smem, dk_desc, dv_desc, batch, my_k, h)
 
 
 # Constexprs do not pass through warp_specialize's argument tuples: the half is fixed per function.
