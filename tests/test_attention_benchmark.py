@@ -1,6 +1,8 @@
 """The attention benchmark functions: rows and columns, OOM rows from a forced budget, the
 sweep's continuation until OOM, the memory accounting against what autograd really saves."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,9 +10,11 @@ import torch
 
 from cs336_systems.attention import FlashAttentionPytorch
 from cs336_systems.experiments.attention_benchmark import (
+    CudaMemoryCap,
     MiB,
     SavedForBackward,
     accuracy_table,
+    allocate_library_workspaces,
     attention_errors,
     attention_sweep,
     benchmark_attention,
@@ -214,8 +218,29 @@ def test_errors_need_a_saved_logsumexp():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_budget_gives_a_real_oom_row():
-    df = attention_sweep({"naive": naive_attention}, [16], [1024], batch=8, warmup=1, steps=2, device="cuda",
-                         memory_budget_bytes=64 * MiB, until_oom=False, progress=False)
+@pytest.mark.parametrize("isolate", [True, False], ids=["own-process", "in-process"])
+def test_gpu_budget_gives_a_real_oom_row(isolate):
+    # the inputs (1 MiB each) fit a 64 MiB budget, a (8, 2048, 2048) fp32 score matrix (128 MiB) does not
+    implementation = "naive" if isolate else naive_attention  # a process is handed a spec, not a callable
+    allocate_library_workspaces(torch.device("cuda"))  # what the sweep holds before its cap, held here too
+    before = torch.cuda.memory_allocated()
+    df = attention_sweep({"naive": implementation}, [16], [2048], batch=8, warmup=1, steps=2, device="cuda",
+                         memory_budget_bytes=64 * MiB, until_oom=False, isolate=isolate, progress=False)
     assert df.status.tolist() == ["OOM"]
-    assert torch.cuda.memory_allocated() < 64 * MiB
+    assert df.oom_phase.tolist() == ["forward"]  # the budget is the configuration's, beside the workspaces
+    assert torch.cuda.memory_allocated() - before < MiB  # in process: the OOM's tensors were released
+
+
+def test_cuda_memory_cap_adds_the_budget_to_what_the_process_holds(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=1000 * MiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 100 * MiB)  # workspaces and cached blocks
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: calls.append(fraction))
+    with CudaMemoryCap(torch.device("cuda", 0), 64 * MiB):
+        assert calls == [pytest.approx(0.164)]
+    assert calls[-1] == 1.0  # lifted
+    with CudaMemoryCap(torch.device("cuda", 0), 2000 * MiB):
+        assert calls[-1] == 1.0  # a budget past the device is the whole device
+    with CudaMemoryCap(torch.device("cpu"), 64 * MiB), CudaMemoryCap(torch.device("cuda", 0), None):
+        pass
+    assert len(calls) == 4  # neither the CPU nor a None budget touches the allocator

@@ -303,13 +303,16 @@ def test_device_passes_capture_a_backward_recorded_on_the_default_stream_on_gpu(
 
 
 @pytest.mark.gpu
-def test_a_failed_capture_leaves_the_callers_stream_current_on_gpu():
+def test_a_failed_capture_leaves_the_callers_stream_current_and_random_draws_working_on_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     before = torch.cuda.current_stream()
     with pytest.raises(RuntimeError):
         fb.measure_device_ms(lambda: torch.cuda.synchronize(), fb.TimingSettings(warmup_ms=1, rep_ms=5))
     assert torch.cuda.current_stream() == before
+    # the default generator is not left marked as capturing ("Offset increment outside graph capture"): a
+    # sweep that records a failed capture goes on drawing its inputs
+    assert torch.randn(4, device="cuda").isfinite().all()
 
 
 # --- leaderboard ------------------------------------------------------------------------------------

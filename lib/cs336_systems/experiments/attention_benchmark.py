@@ -213,7 +213,10 @@ def benchmark_attention(
 
 
 class CudaMemoryCap:
-    """Caps this process's share of CUDA memory while active (then restores it); a no-op elsewhere."""
+    """While active, caps the CUDA memory this process may reserve at what it holds on entry plus
+    `budget_bytes` (then lifts the cap); a no-op elsewhere. What it holds on entry (cuBLAS's workspaces from
+    `allocate_library_workspaces`, cached blocks) is not the configurations' to spend, so the budget is
+    theirs alone, as the CPU's simulated one is (`SavedForBackward`)."""
 
     def __init__(self, device: torch.device, budget_bytes: int | None):
         self.device, self.budget_bytes = device, budget_bytes
@@ -221,7 +224,8 @@ class CudaMemoryCap:
     def __enter__(self):
         if self.device.type == "cuda" and self.budget_bytes is not None:
             total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.budget_bytes / total), self.device)
+            held = torch.cuda.memory_reserved(self.device)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, (held + self.budget_bytes) / total), self.device)
 
     def __exit__(self, *exc):
         if self.device.type == "cuda" and self.budget_bytes is not None:

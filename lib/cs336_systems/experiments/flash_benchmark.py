@@ -171,11 +171,20 @@ def measure_device_ms(
     graph = torch.cuda.CUDAGraph()
     reset_grads()
     torch.cuda.empty_cache()  # the warm-up's freed blocks, so that the graph's own pool finds the memory
+    generator = torch.cuda.default_generators[side.device.index]  # the one a capture takes over
+    before_capture = generator.clone_state()
     try:
         # Captured on the warm-up's stream, whose cuBLAS workspace then exists already; "thread_local": only
         # this thread's calls can invalidate the capture (not, say, a notebook's IO threads).
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-            fn()
+        try:
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                fn()
+        except BaseException:
+            # A capture that fails stops before handing the device's default generator back: it stays marked
+            # as capturing, and every later random draw on the device raises "Offset increment outside graph
+            # capture encountered unexpectedly". Its state from before the capture takes its place.
+            generator.graphsafe_set_state(before_capture)
+            raise
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
