@@ -310,8 +310,8 @@ def test_a_failed_capture_leaves_the_callers_stream_current_and_random_draws_wor
     with pytest.raises(RuntimeError):
         fb.measure_device_ms(lambda: torch.cuda.synchronize(), fb.TimingSettings(warmup_ms=1, rep_ms=5))
     assert torch.cuda.current_stream() == before
-    # the default generator is not left marked as capturing ("Offset increment outside graph capture"): a
-    # sweep that records a failed capture goes on drawing its inputs
+    # the default generator is not left marked as capturing ("Offset increment outside graph capture"): after
+    # a sweep records a failed capture, the process's later draws on the device (a model's dropout) still work
     assert torch.randn(4, device="cuda").isfinite().all()
 
 
