@@ -1,6 +1,11 @@
 """The attention benchmark functions: rows and columns, OOM rows from a forced budget, the
 sweep's continuation until OOM, the memory accounting against what autograd really saves."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -29,6 +34,7 @@ from cs336_systems.experiments.attention_benchmark import (
 from cs336_systems.attention.naive import naive_attention
 
 TIMING_COLUMNS = ["forward_ms", "forward_std_ms", "backward_ms", "backward_std_ms", "first_call_ms"]
+LIB = Path(__file__).resolve().parents[1] / "lib"
 MEMORY_COLUMNS = ["memory_before_backward_mib", "saved_for_backward_mib"]
 
 
@@ -216,27 +222,55 @@ def test_errors_need_a_saved_logsumexp():
     assert saved_logsumexp(flash_pytorch(q, q, q), q).shape == (1, 16)
 
 
+OOM_ROW_IN_A_FRESH_PROCESS = """
+import json, sys, torch
+from cs336_systems.attention.naive import naive_attention
+from cs336_systems.experiments.attention_benchmark import MiB, allocate_library_workspaces, attention_sweep
+isolate = sys.argv[1] == "isolate"
+implementation = "naive" if isolate else naive_attention  # a process is handed a spec, not a callable
+allocate_library_workspaces(torch.device("cuda"))  # what the sweep holds before its cap, held here too
+before = torch.cuda.memory_allocated()
+df = attention_sweep({"naive": implementation}, [16], [2048], batch=8, warmup=1, steps=2, device="cuda",
+                     memory_budget_bytes=64 * MiB, until_oom=False, isolate=isolate, progress=False)
+print(json.dumps(dict(status=df.status.tolist(), oom_phase=df.oom_phase.tolist(),
+                      kept=torch.cuda.memory_allocated() - before)))
+"""
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("isolate", [True, False], ids=["own-process", "in-process"])
 def test_gpu_budget_gives_a_real_oom_row(isolate):
-    # the inputs (1 MiB each) fit a 64 MiB budget, a (8, 2048, 2048) fp32 score matrix (128 MiB) does not
-    implementation = "naive" if isolate else naive_attention  # a process is handed a spec, not a callable
-    allocate_library_workspaces(torch.device("cuda"))  # what the sweep holds before its cap, held here too
-    before = torch.cuda.memory_allocated()
-    df = attention_sweep({"naive": implementation}, [16], [2048], batch=8, warmup=1, steps=2, device="cuda",
-                         memory_budget_bytes=64 * MiB, until_oom=False, isolate=isolate, progress=False)
-    assert df.status.tolist() == ["OOM"]
-    assert df.oom_phase.tolist() == ["forward"]  # the budget is the configuration's, beside the workspaces
-    assert torch.cuda.memory_allocated() - before < MiB  # in process: the OOM's tensors were released
+    # the inputs (1 MiB each) fit a 64 MiB budget, a (8, 2048, 2048) fp32 score matrix (128 MiB) does not.
+    # Run from a fresh process: after earlier GPU tests this one holds segments with free room inside
+    # that no cap can take back (CudaMemoryCap's docstring), and the in-process cap would not bind
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(LIB), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", OOM_ROW_IN_A_FRESH_PROCESS, "isolate" if isolate else "in-process"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == ["OOM"]
+    assert result["oom_phase"] == ["forward"]  # the budget is the configuration's, beside the workspaces
+    assert result["kept"] < MiB  # in process: the OOM's tensors were released
 
 
 def test_cuda_memory_cap_adds_the_budget_to_what_the_process_holds(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=1000 * MiB))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 100 * MiB)  # workspaces and cached blocks
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: calls.append(fraction))
-    with CudaMemoryCap(torch.device("cuda", 0), 64 * MiB):
+    cache = {"released": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: cache.update(released=True))
+    # the live workspaces, and before the cache is released 4 GiB of free blocks from earlier work
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: (100 if cache["released"] else 4196) * MiB)
+
+    def set_fraction(fraction, device):
+        if not isinstance(device, int) and torch.device(device).index is None:  # PyTorch's refuses it too
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append(fraction)
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with CudaMemoryCap(torch.device("cuda"), 64 * MiB):  # the name the sweeps give the device
         assert calls == [pytest.approx(0.164)]
     assert calls[-1] == 1.0  # lifted
     with CudaMemoryCap(torch.device("cuda", 0), 2000 * MiB):

@@ -213,23 +213,33 @@ def benchmark_attention(
 
 
 class CudaMemoryCap:
-    """While active, caps the CUDA memory this process may reserve at what it holds on entry plus
-    `budget_bytes` (then lifts the cap); a no-op elsewhere. What it holds on entry (cuBLAS's workspaces from
-    `allocate_library_workspaces`, cached blocks) is not the configurations' to spend, so the budget is
-    theirs alone, as the CPU's simulated one is (`SavedForBackward`)."""
+    """While active, caps the CUDA memory this process may reserve at what its live tensors hold on entry
+    plus `budget_bytes` (then lifts the cap); a no-op elsewhere. What is live on entry (cuBLAS's workspaces
+    from `allocate_library_workspaces`, the caller's tensors) is not the configurations' to spend, so the
+    budget is theirs alone, as the CPU's simulated one is (`SavedForBackward`). The allocator cannot hand
+    back a segment that still holds a live block, and the free room inside such segments is room a
+    configuration may use beyond its budget: exact in a fresh process (an isolated sweep, the default),
+    looser in one that ran earlier work."""
 
     def __init__(self, device: torch.device, budget_bytes: int | None):
-        self.device, self.budget_bytes = device, budget_bytes
+        self.device, self.budget_bytes = torch.device(device), budget_bytes
+        self.capped = self.device.type == "cuda" and budget_bytes is not None
 
     def __enter__(self):
-        if self.device.type == "cuda" and self.budget_bytes is not None:
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            held = torch.cuda.memory_reserved(self.device)
-            torch.cuda.set_per_process_memory_fraction(min(1.0, (held + self.budget_bytes) / total), self.device)
+        if self.capped:
+            # set_per_process_memory_fraction needs a device index, and the sweeps name the device "cuda"
+            self.index = torch.cuda.current_device() if self.device.index is None else self.device.index
+            # cached free blocks count as reserved, and a configuration reuses them without asking the
+            # allocator for more; garbage (a dropped CUDA graph's private pool) would be freed mid-sweep.
+            # Both released first, or a process that ran earlier work has a looser cap than its budget
+            free_device_memory()
+            total = torch.cuda.get_device_properties(self.index).total_memory
+            held = torch.cuda.memory_reserved(self.index)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, (held + self.budget_bytes) / total), self.index)
 
     def __exit__(self, *exc):
-        if self.device.type == "cuda" and self.budget_bytes is not None:
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        if self.capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.index)
 
 
 def allocate_library_workspaces(device: torch.device) -> None:
