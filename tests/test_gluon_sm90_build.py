@@ -1,6 +1,7 @@
 """tools/gluon_sm90_build.py builds the fused d = 128 Gluon backward for Hopper without a GPU: the shipped
-kernel compiles for sm_90a with its wgmma asynchronous (ptxas does not serialise them), and the tool
-reports the loops over query tiles. Runs in a subprocess: the test session sets TRITON_INTERPRET, under
+kernel compiles for sm_90a with its wgmma asynchronous (ptxas does not serialise them), as the library's
+launch builds it (one head after another at the 2026 shape, heads in sections at shorter causal ones), and
+the tool reports the loops over query tiles. Runs in a subprocess: the test session sets TRITON_INTERPRET, under
 which nothing is compiled."""
 
 import os
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from cs336_systems.attention import flash_gluon
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,10 +27,15 @@ def build(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="triton's bundled ptxas is missing (not a Linux wheel)")
-@pytest.mark.parametrize("causal", [True, False])
-def test_the_shipped_d128_backward_builds_for_hopper_with_asynchronous_wgmma(causal):
-    result = build(*([] if causal else ["--no-causal"]))
+@pytest.mark.parametrize("causal, shape", [(True, []), (False, []), (True, ["--heads", "16", "--seq-len", "4096"])],
+                         ids=["causal", "full", "causal-in-sections"])
+def test_the_shipped_d128_backward_builds_for_hopper_with_asynchronous_wgmma(causal, shape):
+    result = build(*([] if causal else ["--no-causal"]), *shape)
     assert result.returncode == 0, result.stdout + result.stderr
+    heads, n = (16, 4096) if shape else (32, 32768)
+    section = flash_gluon.heads_per_section(n, 128, 2, heads, 128, causal)
+    assert section == (4 if shape else 1)  # the library's order, which the build follows
+    assert f"SECTION={section}" in result.stdout
     assert "SERIALISED" not in result.stdout
     visit_loops = [line for line in result.stdout.splitlines() if line.strip().startswith("loop ")]
     # one loop over unmasked visits per consumer warpgroup, and under the mask one more each

@@ -5,7 +5,10 @@ warpgroup barriers. How the tuning record's candidates were vetted before any GP
 (docs/flash_attention_tuning.md, v17-v20).
 
     python tools/gluon_sm90_build.py [--variant PATH] [--no-causal] [--stages 2] [--regs 240,24]
-        [--dtype bfloat16] [--keep DIR]
+        [--dtype bfloat16] [--heads 32] [--seq-len 32768] [--keep DIR]
+
+The kernel is built as `flash_gluon.backward_launch` would launch it on (heads, N, 128) inputs, by default the
+2026 leaderboard's attention shape (the shape sets the constexpr SECTION, `flash_gluon.heads_per_section`).
 
 A variant is a module defining `flash_bwd_gluon_d128_kernel` with the shipped kernel's signature, as for
 tools/flash_d128_bench.py. Exits 1 where ptxas serialised the kernel's wgmma. Triton compiles through a
@@ -27,7 +30,6 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.driver import CudaDriver, CudaLauncher
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from cs336_systems.attention import flash_gluon
 
@@ -67,26 +69,19 @@ class HopperStandIn(CudaDriver):
         return True
 
 
-def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """(batch, N, d) blocks of (1, rows, d) in the library's swizzled layout (`flash_gluon.shared_layout`)."""
-    d = t.shape[-1]
-    layout = flash_gluon.shared_layout(t.dtype, d, rows)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, d], layout)
-
-
-def build(kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch.dtype) -> str:
-    """The kernel's PTX for a (2, 4096, 128) problem (the shapes only set the descriptors' types)."""
-    batch, n, d = 2, 4096, 128
+def build(kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch.dtype, heads: int,
+          n: int) -> tuple[int, str]:
+    """SECTION and the kernel's PTX, as `flash_gluon.backward_launch` would launch it on (heads, n, 128)
+    tensors: its arguments, descriptors and constexprs (SECTION included, which follows the shape) are the
+    library's. The tensors are CPU ones that are never touched: only their types, strides and alignment
+    matter."""
+    d = 128
+    q, k, v, do, dk, dv = (torch.empty(heads, n, d, dtype=dtype) for _ in range(6))
+    lse, delta, dq_acc = torch.empty(heads, n), torch.empty(heads, n), torch.empty(heads, n, d)
     q_tile, k_half, _ = flash_gluon.GLUON_BWD_TILES[d]
-    cols = flash_gluon.DQ_PLANE_COLS
-    q, k, v, do, dk, dv = (torch.empty(batch, n, d, dtype=dtype) for _ in range(6))
-    lse, delta = torch.empty(batch, n), torch.empty(batch, n)
-    dq_planes = torch.empty(batch * d // cols, n, cols)
-    args = (descriptor(q, q_tile), descriptor(k, k_half), descriptor(v, k_half), descriptor(do, q_tile),
-            descriptor(dk, k_half), descriptor(dv, k_half), descriptor(dq_planes, q_tile), lse, delta, n, 1, n)
-    compiled = kernel.warmup(*args, scale=d**-0.5, is_causal=causal, STAGES=stages, SECTION=1, CONSUMER_REGS=regs[0],
-                             PRODUCER_REGS=regs[1], num_warps=4, grid=(1,))
-    return compiled.asm["ptx"]
+    launch = flash_gluon.backward_launch(q, k, v, do, lse, delta, dk, dv, dq_acc, causal,
+                                         tiles=(q_tile, k_half, stages), regs=regs, kernel=kernel)
+    return launch.options["SECTION"], launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.options).asm["ptx"]
 
 
 def loops(sass: str) -> list[dict]:
@@ -119,6 +114,8 @@ def main() -> int:
     parser.add_argument("--stages", type=int, default=flash_gluon.GLUON_BWD_TILES[128][2])
     parser.add_argument("--regs", default=",".join(map(str, flash_gluon.GLUON_BWD_REGS[128])))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--heads", type=int, default=32, help="batch·heads (default: the 2026 leaderboard's)")
+    parser.add_argument("--seq-len", type=int, default=32768)
     parser.add_argument("--keep", help="a folder for the PTX, cubin and SASS")
     parser.add_argument("--all-loops", action="store_true", help="every backward branch, not only the visit loops")
     args = parser.parse_args()
@@ -130,7 +127,8 @@ def main() -> int:
         from cs336_systems.attention import flash_gluon_backward_d128 as module
     triton.runtime.driver.set_active(HopperStandIn())
     regs = tuple(int(x) for x in args.regs.split(","))
-    ptx = build(module.flash_bwd_gluon_d128_kernel, not args.no_causal, args.stages, regs, getattr(torch, args.dtype))
+    section, ptx = build(module.flash_bwd_gluon_d128_kernel, not args.no_causal, args.stages, regs,
+                         getattr(torch, args.dtype), args.heads, args.seq_len)
 
     out = Path(args.keep or tempfile.mkdtemp(prefix="gluon_sm90_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +141,8 @@ def main() -> int:
     registers = re.search(r"Used (\d+) registers", ptxas)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
     serialised = [line.split(": ", 1)[-1] for line in ptxas.splitlines() if "C7515" in line]
-    print(f"{args.variant or 'shipped'}: causal={not args.no_causal} stages={args.stages} regs={regs} {args.dtype}")
+    print(f"{args.variant or 'shipped'}: causal={not args.no_causal} stages={args.stages} regs={regs} {args.dtype} "
+          f"heads={args.heads} N={args.seq_len} SECTION={section}")
     print(f"  ptxas: {registers.group(1)} registers at launch; spills {spills.group(1)} bytes stored, "
           f"{spills.group(2)} loaded")
     for loop in (x for x in loops(sass) if args.all_loops or x["wgmma"] == VISIT_WGMMA):
