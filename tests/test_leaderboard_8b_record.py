@@ -3,6 +3,8 @@ committed CSV's columns, the per-rank memory plan, the kernel categories and a f
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 import torch
@@ -107,3 +109,51 @@ def test_compiled_blocks_are_reset_when_the_partitioner_budget_changes(tiny, mon
             for r in rows]
     df = rec.run_record(model, x, y, rows, compile_blocks=True)
     assert (df.status == "ok").all() and len(resets) == 3
+
+
+def _two_gpus_tool():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "leaderboard_8b_two_gpus.py"
+    spec = importlib.util.spec_from_file_location("leaderboard_8b_two_gpus", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_two_gpu_command_rows_compare_within_a_world_size():
+    """tools/leaderboard_8b_two_gpus.py: each step against the torch-native step of its own world size; a
+    failed run is a row with its reason and no ratio."""
+    tool = _two_gpus_tool()
+    results = [dict(variant="ours", world_size=2, batch=1, ms=4_800.0, status="ok", note="", wall_s=120.0),
+               dict(variant="ours", world_size=1, batch=1, ms=4_700.0, status="ok", note="", wall_s=100.0),
+               dict(variant="torch_native", world_size=2, batch=1, ms=6_000.0, status="ok", note="", wall_s=90.0),
+               dict(variant="torch_native", world_size=1, status="failed", note="out of memory", wall_s=30.0)]
+    rows = tool.command_rows(results, 30_000, 10_000, "abc1234").set_index(["variant", "world_size"])
+    assert list(rows.columns) == [c for c in tool.COMMAND_COLUMNS if c not in ("variant", "world_size")]
+    assert rows.loc[("ours", 2), "vs_torch_native"] == pytest.approx(0.8)
+    assert pd.isna(rows.loc[("ours", 1), "vs_torch_native"])  # no one-GPU baseline ran
+    assert rows.loc[("ours", 2), "command"].startswith("torchrun --nproc-per-node 2 -m cs336_systems.training")
+    assert rows.loc[("ours", 1), "command"].startswith("python -m cs336_systems.training.leaderboard_8b")
+    assert "rep 30000, warmup 10000" in rows.loc[("ours", 2), "command"] and "abc1234" in rows.loc[("ours", 2), "command"]
+    assert rows.loc[("torch_native", 1), "note"] == "out of memory"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path without a GPU")
+def test_two_gpu_tool_records_each_failed_run_and_goes_on(tmp_path):
+    """Without a GPU every command refuses: the tool still writes all three rows, each with its reason."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root / "lib"))
+    proc = subprocess.run([sys.executable, str(root / "tools" / "leaderboard_8b_two_gpus.py"), "--out", str(tmp_path),
+                           "--layers", "1", "--context", "16", "--rep", "1", "--warmup", "1", "--timeout", "120"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv")
+    assert list(zip(rows.variant, rows.world_size)) == [("ours", 2), ("ours", 1), ("torch_native", 2)]
+    assert (rows.status == "failed").all() and rows.note.str.contains("CUDA").all()
+    assert not (tmp_path / "leaderboard_8b_two_gpus_streams.csv").exists()  # no trace, no stream tables

@@ -302,10 +302,13 @@ def loss_curves(make_model, x: torch.Tensor, y: torch.Tensor, steps: int = 50, l
 
 
 def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms: int, warmup_ms: int,
-                  compile_blocks: bool, state_dtype: str = "bf16", timeout_s: float = 900.0) -> dict:
+                  compile_blocks: bool, state_dtype: str = "bf16", timeout_s: float = 900.0,
+                  trace: str | None = None, cold_cache: bool = False) -> dict:
     """`torchrun --nproc-per-node nproc -m cs336_systems.training.leaderboard_8b` (the handout's command
     on `nproc` GPUs, batch 1 per GPU) in a subprocess: rank 0's result, with `status` "ok", or "failed"
-    and the end of its output as `note`."""
+    and the end of its output as `note`, and the command's wall seconds (`wall_s`). `trace`: the command's
+    `--trace` (one more step profiled, rank 0's Chrome trace there); `cold_cache`: empty Triton and
+    Inductor caches of the command's own, as on a fresh machine (the handout times from an empty cache)."""
     import json
     import os
     import subprocess
@@ -321,19 +324,25 @@ def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms
                "cs336_systems.training.leaderboard_8b", "--variant", variant, "--layers", str(layers),
                "--context", str(context), "--rep", str(rep_ms), "--warmup", str(warmup_ms),
                "--state-dtype", state_dtype, "--json", str(out)] + (["--compile-blocks"] if compile_blocks else [])
+        cmd += ["--trace", str(trace)] if trace else []
         lib = str(Path(cs336_systems.__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [lib, os.environ.get("PYTHONPATH")])))
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as in notebook 20: no stranded GiBs
+        if cold_cache:
+            env.update(TRITON_CACHE_DIR=str(Path(tmp) / "triton"), TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
+        start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
-            return dict(variant=variant, world_size=nproc, status="failed", note=f"timed out after {timeout_s:.0f} s")
+            return dict(variant=variant, world_size=nproc, status="failed", note=f"timed out after {timeout_s:.0f} s",
+                        wall_s=timeout_s)
+        wall_s = time.perf_counter() - start
         if proc.returncode or not out.exists():
             lines = (proc.stdout + "\n" + proc.stderr).strip().splitlines()
             # the command's own refusal or the first exception line says why; torchrun's summary does not
             why = [ln for ln in lines if ln.startswith("leaderboard_8b:") or "Error:" in ln][:2] or lines[-4:]
-            return dict(variant=variant, world_size=nproc, status="failed", note=" | ".join(why)[-600:])
-        return dict(json.loads(out.read_text()), status="ok", note="")
+            return dict(variant=variant, world_size=nproc, status="failed", note=" | ".join(why)[-600:], wall_s=wall_s)
+        return dict(json.loads(out.read_text()), status="ok", note="", wall_s=wall_s)
 
 
 def kept_blocks_table(model: TransformerLM, terms: MemoryTerms, batch: int, seq: int, budget_bytes: int | None,

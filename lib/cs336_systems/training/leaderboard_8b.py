@@ -4,6 +4,7 @@ default (`--batch`).
 
     python -m cs336_systems.training.leaderboard_8b [--layers N] [--context T] [--rep MS] [--warmup MS]
                                                     [--variant ours|torch_native] [--state-dtype fp32|bf16] [--batch B]
+                                                    [--trace PATH.json.gz]
 
 prints what the handout's test measures, `triton.testing.do_bench(step, rep=30_000, warmup=10_000)`
 (its mean, in ms), the peak CUDA memory, the useful TFLOP/s (`useful_flops`), and the time from process
@@ -17,7 +18,11 @@ allocator can strand several GiB in fragments and run out of memory. `--state-dt
 the states the record chose. CUDA only: it exits with a clear message elsewhere. Under `torchrun --nproc-per-node N` the same
 command runs the step data parallel (`TrainStep`: gradients and AdamW states sharded over the ranks,
 each bucket of gradients reduced to its owner overlapping the backward), batch `--batch` per GPU, each rank its own
-random tokens; the handout's test is batch 2 on two GPUs: `--batch 1` on 2 ranks.
+random tokens; the handout's test is batch 2 on two GPUs: `--batch 1` on 2 ranks. There every rank
+times the step with do_bench's algorithm and the same number of calls (`do_bench_agreed`: each rank's own
+estimate could round to one call more, and that rank would wait in a collective until the timeout).
+`--trace PATH` profiles one more step after the timing (torch.profiler, CPU and CUDA) and writes rank 0's
+Chrome trace there (gzipped for a `.gz` name): the compute and communication streams of one step.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import time
 
 import torch
 
+from cs336_systems.benchmarking.agreed_bench import do_bench_agreed
 from cs336_systems.model import TransformerLM
 from cs336_systems.training.train_step import StepConfig, build_train_step, torch_native_step
 
@@ -79,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"ours, compiled: the partitioner's budget (default {ACTIVATION_MEMORY_BUDGET}; 1 saves all)")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     p.add_argument("--json", default=None, help="also write rank 0's result to this JSON file")
+    p.add_argument("--trace", default=None, help="profile one more step; rank 0's Chrome trace to this path")
     return p.parse_args(argv)
 
 
@@ -96,6 +103,21 @@ def main(argv=None) -> dict | None:
             sys.exit(f"leaderboard_8b: WORLD_SIZE={world} but this machine has {torch.cuda.device_count()} GPU(s)")
         return launch_from_env(timed_step, (args,), backend="nccl")
     return timed_step(None, args)
+
+
+def trace_step(step_obj, x: torch.Tensor, y: torch.Tensor, path: str | None) -> None:
+    """One step under torch.profiler (CPU and CUDA activity); its Chrome trace written to `path` (every rank
+    steps, since the step's collectives need them all; only a rank with a path profiles)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if path is None:
+        step_obj.step(x, y)
+        torch.cuda.synchronize()
+        return
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step_obj.step(x, y)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
 
 
 def timed_step(ctx, args: argparse.Namespace) -> dict:
@@ -135,8 +157,13 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         step_obj.step(x, y)
 
     torch.cuda.reset_peak_memory_stats()
-    ms = triton.testing.do_bench(train_step, rep=args.rep, warmup=args.warmup)
+    if world > 1:
+        ms = do_bench_agreed(train_step, warmup=args.warmup, rep=args.rep)
+    else:
+        ms = triton.testing.do_bench(train_step, rep=args.rep, warmup=args.warmup)
     peak = torch.cuda.max_memory_allocated()
+    if args.trace:
+        trace_step(step_obj, x, y, args.trace if rank == 0 else None)
     # do_bench calls fn once, 5 times to estimate, n_warmup times, then n_repeat timed times with
     # n_warmup : n_repeat = warmup : rep (up to rounding): the first timed call is about this one.
     extra = len(calls) - 6

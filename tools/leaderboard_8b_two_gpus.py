@@ -1,0 +1,96 @@
+"""The spring-2026 leaderboard's own setting: the 8B step on two GPUs, batch 2 (one sequence per GPU), timed
+by the handout's command, beside the one-GPU batch-1 step of the same code on the same host and the
+torch-native step on the same two GPUs; then one two-GPU step profiled (compute and communication streams).
+
+    PYTHONPATH=lib python tools/leaderboard_8b_two_gpus.py --out DIR [--layers 34] [--rep 30000] [--warmup 10000]
+                                                          [--commit SHA]
+
+Each command runs from empty Triton and Inductor caches (`torchrun_step(cold_cache=True)`), in this order:
+ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two. DIR receives
+`leaderboard_8b_two_gpus_command.csv` (the schema of `reports/gpu/results/leaderboard_8b_command.csv`
+plus `wall_s`, `status` and `note`), and from the trace `leaderboard_8b_two_gpus_streams.csv`
+(`stream_summary`), `leaderboard_8b_two_gpus_overlap.csv` (`communication_overlap`), a timeline figure
+and the gzipped trace itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from cs336_systems.experiments.leaderboard_8b_record import torchrun_step
+from cs336_systems.training.leaderboard_8b import LAYERS
+
+RUNS = (("ours", 2), ("ours", 1), ("torch_native", 2))  # the bar's two steps first, the baseline last
+COMMAND_COLUMNS = ["command", "variant", "batch", "world_size", "layers", "context", "params", "ms", "peak_gib",
+                   "useful_tflops", "seconds_to_first_timed_step", "attention_kept", "device", "vs_torch_native",
+                   "wall_s", "status", "note"]
+
+
+def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.DataFrame:
+    """The runs as rows of the command table: the command each was, and its time against the torch-native
+    step of the same world size (NaN where that one did not run)."""
+    df = pd.DataFrame(results)
+    for column in COMMAND_COLUMNS:
+        if column not in df:
+            df[column] = None
+    launcher = df.world_size.map(lambda n: f"torchrun --nproc-per-node {int(n)} -m" if n > 1 else "python -m")
+    df["command"] = [f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v} (rep {rep}, warmup "
+                     f"{warmup}, empty caches, expandable segments, commit {commit})"
+                     for lf, v in zip(launcher, df.variant)]
+    native = df[(df.variant == "torch_native") & (df.status == "ok")].set_index("world_size").ms
+    df["vs_torch_native"] = [ms / native[n] if n in native.index and status == "ok" else float("nan")
+                             for ms, n, status in zip(df.ms, df.world_size, df.status)]
+    return df[COMMAND_COLUMNS]
+
+
+def stream_tables(trace: Path, out: Path) -> None:
+    """The traced step's per-stream summary, its communication overlap and its timeline, into `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from cs336_systems.profiling.streams import communication_overlap, stream_summary
+    from cs336_systems.profiling.timeline import plot_timeline
+    from cs336_systems.profiling.trace import load_trace
+
+    events = load_trace(trace)
+    stream_summary(events).to_csv(out / "leaderboard_8b_two_gpus_streams.csv", index=False)
+    communication_overlap(events).to_csv(out / "leaderboard_8b_two_gpus_overlap.csv", index=False)
+    fig = plot_timeline(events, ranges=["forward", "loss", "backward", "optimizer"],
+                        title="8B step, rank 0 of 2 GPUs: compute and communication streams")
+    fig.savefig(out / "leaderboard_8b_two_gpus_timeline.png", dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--layers", type=int, default=LAYERS)
+    p.add_argument("--context", type=int, default=32_768)
+    p.add_argument("--rep", type=int, default=30_000)
+    p.add_argument("--warmup", type=int, default=10_000)
+    p.add_argument("--timeout", type=float, default=420.0, help="seconds per command")
+    p.add_argument("--commit", default=None, help="the commit named in the rows (default: git's HEAD)")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip() or "unknown"
+    trace = args.out / "leaderboard_8b_two_gpus_trace.json.gz"
+    results = []
+    for variant, nproc in RUNS:
+        row = torchrun_step(variant, nproc, layers=args.layers, context=args.context, rep_ms=args.rep,
+                            warmup_ms=args.warmup, compile_blocks=True, timeout_s=args.timeout, cold_cache=True,
+                            trace=trace if (variant, nproc) == ("ours", 2) else None)
+        results.append(dict(row, variant=variant, world_size=nproc))
+        print(f"{variant} on {nproc} GPU(s): {row['status']}, {row.get('ms', float('nan')):.1f} ms, "
+              f"{row['wall_s']:.0f} s {row['note']}", flush=True)
+        command_rows(results, args.rep, args.warmup, commit).to_csv(
+            args.out / "leaderboard_8b_two_gpus_command.csv", index=False)  # after each run: a later failure keeps it
+    if trace.exists():
+        stream_tables(trace, args.out)
+
+
+if __name__ == "__main__":
+    main()
