@@ -263,8 +263,10 @@ ctx.md(f"After {curve_steps} steps the plain reference's loss is {plain:.4f}; "
 # backward completes them (`DDPShardedGradients`), and the owner keeps their AdamW states, updates
 # them and broadcasts them (ZeRO stage 2). Per rank, sharding halves the gradients and the states,
 # which leaves room for more kept blocks (the plan above, `leaderboard_8b_sharded_plan`). Where this machine has two GPUs the
-# handout's command runs under `torchrun --nproc-per-node 2` for both steps; elsewhere the data-parallel
-# step runs on two CPU processes (gloo) at the scaled-down size, to show it runs and agrees.
+# handout's command runs under `torchrun --nproc-per-node 2` for both steps, and one more step of ours is
+# profiled on rank 0 (`--trace`): the time each stream was busy and how much of the communication ran while
+# compute kernels did (`profiling.streams`); elsewhere the data-parallel step runs on two CPU processes (gloo)
+# at the scaled-down size, to show it runs and agrees.
 
 # %%
 from cs336_systems.experiments.leaderboard_8b_record import data_parallel_check, scaled_down_model, torchrun_step
@@ -275,8 +277,10 @@ ctx.md("Per rank: " + "; ".join(
     f"{'does not fit' if pd.isna(r.blocks_keeping_activations) else f'{int(r.blocks_keeping_activations)} of {layers} blocks keep theirs'}"
     for r in sharded.itertuples()) + ".")
 if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
+    trace = ctx.path("leaderboard_8b_two_gpus_trace.json.gz")  # ours: one more step profiled on rank 0
     two = pd.DataFrame([torchrun_step(v, 2, layers=layers, context=context, rep_ms=rep_ms, warmup_ms=warmup_ms,
-                                      compile_blocks=compile_blocks) for v in ("torch_native", "ours")])
+                                      compile_blocks=compile_blocks, trace=trace if v == "ours" else None)
+                        for v in ("torch_native", "ours")])
     ctx.save_table(two, "leaderboard_8b_two_gpus")
     both = ctx.save_table(leaderboard_rows(record, ceiling, 1, device_name, torchrun_results=two), "leaderboard_8b")
     two_gpu = both[both.world_size == 2].set_index("variant")
@@ -287,6 +291,19 @@ if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
         ctx.headline("8B step on 2 GPUs / 1 GPU, ours" + ("" if full else " (scaled-down)"), round(ratio, 3))
     for r in two[two.status != "ok"].itertuples():
         ctx.md(f"Two-GPU run **{r.variant}** failed: {r.note}")
+    if trace.exists():
+        from cs336_systems.profiling.streams import communication_overlap, stream_summary
+        from cs336_systems.profiling.timeline import plot_timeline
+        from cs336_systems.profiling.trace import load_trace
+
+        events = load_trace(trace)
+        ctx.save_table(stream_summary(events), "leaderboard_8b_two_gpus_streams")
+        hidden = ctx.save_table(communication_overlap(events), "leaderboard_8b_two_gpus_overlap").iloc[0]
+        ctx.save_figure(plot_timeline(events, title="ours, rank 0 of 2 GPUs: compute and communication streams"),
+                        "leaderboard_8b_two_gpus_timeline")
+        ctx.md(f"One two-GPU step of ours profiled on rank 0: {hidden.communication_ms:.0f} ms of communication "
+               f"kernels, {hidden.hidden_fraction:.0%} of it while compute kernels ran, "
+               f"**{hidden.exposed_ms:.0f} ms exposed** of a {hidden.span_ms:,.0f} ms step.")
 else:
     ctx.not_run("the two-GPU step", f"this machine has {ctx.num_gpus} GPU(s)")
     if ctx.device.type == "cpu":

@@ -126,9 +126,12 @@ def test_two_gpu_command_rows_compare_within_a_world_size():
     """tools/leaderboard_8b_two_gpus.py: each step against the torch-native step of its own world size; a
     failed run is a row with its reason and no ratio."""
     tool = _two_gpus_tool()
-    results = [dict(variant="ours", world_size=2, batch=1, ms=4_800.0, status="ok", note="", wall_s=120.0),
-               dict(variant="ours", world_size=1, batch=1, ms=4_700.0, status="ok", note="", wall_s=100.0),
-               dict(variant="torch_native", world_size=2, batch=1, ms=6_000.0, status="ok", note="", wall_s=90.0),
+    results = [dict(variant="ours", world_size=2, batch=1, ms=4_800.0, status="ok", note="", wall_s=120.0,
+                    plan=[True, False, False]),
+               dict(variant="ours", world_size=1, batch=1, ms=4_700.0, status="ok", note="", wall_s=100.0,
+                    plan=[True, True, False]),
+               dict(variant="torch_native", world_size=2, batch=1, ms=6_000.0, status="ok", note="", wall_s=90.0,
+                    plan=None),
                dict(variant="torch_native", world_size=1, status="failed", note="out of memory", wall_s=30.0)]
     rows = tool.command_rows(results, 30_000, 10_000, "abc1234").set_index(["variant", "world_size"])
     assert list(rows.columns) == [c for c in tool.COMMAND_COLUMNS if c not in ("variant", "world_size")]
@@ -136,8 +139,11 @@ def test_two_gpu_command_rows_compare_within_a_world_size():
     assert pd.isna(rows.loc[("ours", 1), "vs_torch_native"])  # no one-GPU baseline ran
     assert rows.loc[("ours", 2), "command"].startswith("torchrun --nproc-per-node 2 -m cs336_systems.training")
     assert rows.loc[("ours", 1), "command"].startswith("python -m cs336_systems.training.leaderboard_8b")
-    assert "rep 30000, warmup 10000" in rows.loc[("ours", 2), "command"] and "abc1234" in rows.loc[("ours", 2), "command"]
+    command = rows.loc[("ours", 2), "command"]
+    assert "rep 30000, warmup 10000" in command and "abc1234" in command
     assert rows.loc[("torch_native", 1), "note"] == "out of memory"
+    assert rows.loc[("ours", 2), "blocks_recomputed"] == 1 and rows.loc[("ours", 1), "blocks_recomputed"] == 2
+    assert pd.isna(rows.loc[("torch_native", 2), "blocks_recomputed"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path without a GPU")
