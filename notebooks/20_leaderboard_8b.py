@@ -278,6 +278,7 @@ ctx.md("Per rank: " + "; ".join(
     for r in sharded.itertuples()) + ".")
 if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
     trace = ctx.path("leaderboard_8b_two_gpus_trace.json.gz")  # ours: one more step profiled on rank 0
+    trace.unlink(missing_ok=True)  # an earlier run's, which a failed run would leave in its place
     two = pd.DataFrame([torchrun_step(v, 2, layers=layers, context=context, rep_ms=rep_ms, warmup_ms=warmup_ms,
                                       compile_blocks=compile_blocks, trace=trace if v == "ours" else None)
                         for v in ("torch_native", "ours")])
