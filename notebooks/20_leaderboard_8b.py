@@ -269,7 +269,8 @@ ctx.md(f"After {curve_steps} steps the plain reference's loss is {plain:.4f}; "
 # at the scaled-down size, to show it runs and agrees.
 
 # %%
-from cs336_systems.experiments.leaderboard_8b_record import data_parallel_check, scaled_down_model, torchrun_step
+from cs336_systems.experiments.leaderboard_8b_record import (data_parallel_check, scaled_down_model, torchrun_step,
+                                                             two_gpu_profile)
 from cs336_systems.training import StepConfig
 
 ctx.md("Per rank: " + "; ".join(
@@ -293,15 +294,10 @@ if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
     for r in two[two.status != "ok"].itertuples():
         ctx.md(f"Two-GPU run **{r.variant}** failed: {r.note}")
     if trace.exists():
-        from cs336_systems.profiling.streams import communication_overlap, stream_summary
-        from cs336_systems.profiling.timeline import plot_timeline
-        from cs336_systems.profiling.trace import load_trace
-
-        events = load_trace(trace)
-        ctx.save_table(stream_summary(events), "leaderboard_8b_two_gpus_streams")
-        hidden = ctx.save_table(communication_overlap(events), "leaderboard_8b_two_gpus_overlap").iloc[0]
-        ctx.save_figure(plot_timeline(events, title="ours, rank 0 of 2 GPUs: compute and communication streams"),
-                        "leaderboard_8b_two_gpus_timeline")
+        streams, overlap, fig = two_gpu_profile(trace)
+        ctx.save_table(streams, "leaderboard_8b_two_gpus_streams")
+        hidden = ctx.save_table(overlap, "leaderboard_8b_two_gpus_overlap").iloc[0]
+        ctx.save_figure(fig, "leaderboard_8b_two_gpus_timeline")
         ctx.md(f"One two-GPU step of ours profiled on rank 0: {hidden.communication_ms:.0f} ms of communication "
                f"kernels, {hidden.hidden_fraction:.0%} of it while compute kernels ran, "
                f"**{hidden.exposed_ms:.0f} ms exposed** of a {hidden.span_ms:,.0f} ms step.")

@@ -57,3 +57,21 @@ def test_a_trace_without_gpu_events_is_refused():
     cpu_only = {"traceEvents": [dict(ph="X", cat="cpu_op", name="aten::mm", pid=1, tid=1, ts=0, dur=5)]}
     with pytest.raises(ValueError, match="no GPU kernels"):
         stream_summary(load_trace(cpu_only))
+
+
+def test_two_gpu_profile_of_a_trace_file(tmp_path):
+    """What notebook 20 and tools/leaderboard_8b_two_gpus.py show of a traced step, from a gzipped trace file."""
+    import gzip
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from cs336_systems.experiments.leaderboard_8b_record import two_gpu_profile
+
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(TRACE, f)
+    streams, overlap, fig = two_gpu_profile(path)
+    assert len(streams) == 3 and overlap.set_index("device").loc[0].exposed_ms == pytest.approx(0.020)
+    assert fig.axes[0].get_title().startswith("8B step")

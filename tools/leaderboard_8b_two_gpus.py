@@ -9,7 +9,7 @@ Each command runs from empty Triton and Inductor caches (`torchrun_step(cold_cac
 ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two. DIR receives
 `leaderboard_8b_two_gpus_command.csv` (the schema of `reports/gpu/results/leaderboard_8b_command.csv`
 plus `blocks_recomputed`, `wall_s`, `status` and `note`), and from the trace `leaderboard_8b_two_gpus_streams.csv`
-(`stream_summary`), `leaderboard_8b_two_gpus_overlap.csv` (`communication_overlap`), a timeline figure
+(`two_gpu_profile`: `stream_summary`), `leaderboard_8b_two_gpus_overlap.csv` (`communication_overlap`), a timeline figure
 and the gzipped trace itself. `--from-trace TRACE` rebuilds only those from a trace (no GPU needed).
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336_systems.experiments.leaderboard_8b_record import torchrun_step
+from cs336_systems.experiments.leaderboard_8b_record import torchrun_step, two_gpu_profile
 from cs336_systems.training.leaderboard_8b import LAYERS
 
 RUNS = (("ours", 2), ("ours", 1), ("torch_native", 2))  # the bar's two steps first, the baseline last
@@ -54,16 +54,9 @@ def stream_tables(trace: Path, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from cs336_systems.profiling.streams import communication_overlap, stream_summary
-    from cs336_systems.profiling.timeline import plot_timeline
-    from cs336_systems.profiling.trace import load_trace
-
-    events = load_trace(trace)
-    stream_summary(events).to_csv(out / "leaderboard_8b_two_gpus_streams.csv", index=False)
-    communication_overlap(events).to_csv(out / "leaderboard_8b_two_gpus_overlap.csv", index=False)
-    # no phase rows: the step's CPU-side ranges run ahead of the GPU, and autograd's thread leaves the GPU-side
-    # copy of "backward" empty; the kernels' categories show the phases
-    fig = plot_timeline(events, title="8B step, rank 0 of 2 GPUs: compute and communication streams")
+    streams, overlap, fig = two_gpu_profile(trace)
+    streams.to_csv(out / "leaderboard_8b_two_gpus_streams.csv", index=False)
+    overlap.to_csv(out / "leaderboard_8b_two_gpus_overlap.csv", index=False)
     fig.savefig(out / "leaderboard_8b_two_gpus_timeline.png", dpi=110)
 
 

@@ -345,6 +345,20 @@ def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms
         return dict(json.loads(out.read_text()), status="ok", note="", wall_s=wall_s)
 
 
+def two_gpu_profile(trace) -> tuple[pd.DataFrame, pd.DataFrame, object]:
+    """A traced two-GPU step (the command's `--trace`): the per-stream summary (`profiling.streams.stream_summary`),
+    the communication hidden behind compute (`communication_overlap`) and the streams' timeline figure. The
+    figure has no phase rows: the step's CPU-side ranges run ahead of the GPU, and autograd's thread leaves the
+    GPU-side copy of "backward" empty; the kernels' categories show the phases."""
+    from cs336_systems.profiling.streams import communication_overlap, stream_summary
+    from cs336_systems.profiling.timeline import plot_timeline
+    from cs336_systems.profiling.trace import load_trace
+
+    events = load_trace(trace)
+    fig = plot_timeline(events, title="8B step, rank 0 of 2 GPUs: compute and communication streams")
+    return stream_summary(events), communication_overlap(events), fig
+
+
 def kept_blocks_table(model: TransformerLM, terms: MemoryTerms, batch: int, seq: int, budget_bytes: int | None,
                       world_sizes=(1,), state_dtypes=(torch.bfloat16,)) -> pd.DataFrame:
     """Per rank, for each world size and AdamW state dtype: the fixed memory (parameters and gradients
