@@ -5,6 +5,7 @@ the tool reports the loops over query tiles. Runs in a subprocess: the test sess
 which nothing is compiled."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,27 @@ def test_the_shipped_d128_backward_builds_for_hopper_with_asynchronous_wgmma(cau
     visit_loops = [line for line in result.stdout.splitlines() if line.strip().startswith("loop ")]
     # one loop over unmasked visits per consumer warpgroup, and under the mask one more each
     assert len(visit_loops) == (4 if causal else 2), result.stdout
+
+
+def visit_counts(stdout: str) -> list[dict[str, int]]:
+    """The tool's per-loop counts, in the SASS's order."""
+    pattern = re.compile(r"loop \S+: (\d+) instructions, (\d+) wgmma, (\d+) spill stores, (\d+) reloads")
+    return [dict(zip(("instructions", "wgmma", "spill_stores", "reloads"), map(int, m.groups())))
+            for m in pattern.finditer(stdout)]
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="triton's bundled ptxas is missing (not a Linux wheel)")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_the_d128_backwards_unmasked_visits_spill_nothing(causal):
+    """v26: P^T and dS^T as register operands and L, D read from the slot where used leave the loops that run
+    nearly every visit without spill stores (and, under the mask, without reloads); the layout before spilled
+    in them (docs/flash_attention_tuning.md, v18-v26)."""
+    result = build(*([] if causal else ["--no-causal"]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    loops = visit_counts(result.stdout)
+    # each consumer's unmasked loop comes first in the SASS, its masked loop (causal only) after it
+    unmasked = loops[0::2] if causal else loops
+    assert len(unmasked) == 2 and all(loop["wgmma"] == 32 for loop in unmasked), result.stdout
+    assert all(loop["spill_stores"] == 0 for loop in unmasked), result.stdout
+    if causal:
+        assert all(loop["reloads"] == 0 for loop in unmasked), result.stdout

@@ -85,6 +85,16 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
+def load_key_block(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, k_start):
+    """Both halves of the CTA's K and V rows by TMA, half h announced on kv_ready[h]."""
+    K_HALF: gl.constexpr = k_desc.block_type.shape[1]
+    for h in gl.static_range(2):
+        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [batch, k_start + h * K_HALF, 0], kv_ready.index(h), k_smem.index(h))
+        tma.async_copy_global_to_shared(v_desc, [batch, k_start + h * K_HALF, 0], kv_ready.index(h), v_smem.index(h))
+
+
+@gluon.jit
 def load_key_block_then_query_tiles(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_first,
                                     q_step, n_tiles):
     """Both halves of K and V, then Q_i and dO_i of the t-th query tile visited, rows from q_first + t q_step,
@@ -92,12 +102,7 @@ def load_key_block_then_query_tiles(q_desc, k_desc, v_desc, do_desc, buffers, ba
     q_smem, do_smem, k_smem, v_smem = buffers[0], buffers[1], buffers[2], buffers[3]
     kv_ready, ready, empty = barriers[0], barriers[1], barriers[2]
     STAGES: gl.constexpr = q_smem.shape[0]
-    Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
-    K_HALF: gl.constexpr = k_desc.block_type.shape[1]
-    for h in gl.static_range(2):
-        mbarrier.expect(kv_ready.index(h), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [batch, k_start + h * K_HALF, 0], kv_ready.index(h), k_smem.index(h))
-        tma.async_copy_global_to_shared(v_desc, [batch, k_start + h * K_HALF, 0], kv_ready.index(h), v_smem.index(h))
+    load_key_block(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, k_start)
     for t in range(n_tiles):
         slot = t % STAGES
         mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)
