@@ -81,6 +81,29 @@ def test_table_store_merges_and_lookup_falls_back_to_nearest_length(tmp_path):
     assert reread.lookup("GPU C", ProblemKey("forward", 64, "bfloat16", True, 16384)) is None
 
 
+def test_a_gpu_with_another_gpus_sms_takes_its_entries_where_its_own_table_has_none(tmp_path):
+    """The H200 (the H100's chip with more memory) untuned takes the shipped H100 entries, not the default;
+    an entry of its own for the same problem wins; a GPU not in SAME_SMS takes nothing from another's table."""
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    assert flash_configs.SAME_SMS[h200] == h100
+    shipped = ConfigTable([flash_configs.SHIPPED_TABLE])
+    small = ProblemKey.of("forward", 128, torch.bfloat16, True, 8192, 8192, small_grid=True)
+    assert shipped.lookup(h100, small) is not None
+    assert shipped.lookup(h200, small) == shipped.lookup(h100, small)
+    assert shipped.lookup("NVIDIA A100-SXM4-80GB", small) is None
+
+    path = tmp_path / "table.json"
+    table = ConfigTable([path])
+    theirs, own = KernelConfig(64, 128, 4, 3), KernelConfig(128, 64, 8, 2)
+    table.store(h100, ProblemKey("forward", 128, "bfloat16", True, 8192), theirs, path)
+    table.store(h100, ProblemKey("dq", 128, "bfloat16", True, 8192), theirs, path)
+    table.store(h200, ProblemKey("forward", 128, "bfloat16", True, 16384), own, path)
+    # its own entry at the nearest length for a problem it has tuned; the H100's for one it has not
+    assert table.lookup(h200, ProblemKey("forward", 128, "bfloat16", True, 8192)) == own
+    assert table.lookup(h200, ProblemKey("dq", 128, "bfloat16", True, 8192)) == theirs
+    assert table.lookup(h100, ProblemKey("forward", 128, "bfloat16", True, 16384)) == theirs
+
+
 def test_small_grid_keys_round_trip_and_are_preferred_in_their_class(tmp_path):
     """A latency-bound (small-grid) launch takes the small-grid entries, at the nearest length among
     them; a full grid never takes them while full-grid entries exist; either class falls back to

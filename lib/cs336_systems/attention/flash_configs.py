@@ -11,7 +11,8 @@ latency, and the tiles that fill the GPU best lose (docs/flash_small_grid_h100.c
 1. the user's cache (`$CS336_FLASH_CONFIGS`, default ~/.cache/cs336_systems/flash_configs.json),
    written by `cs336_systems.attention.flash_tuning.tune_flash_attention`;
 2. the table shipped with the package (flash_configs.json beside this file): the results of that
-   same tuning on the GPUs this project was measured on;
+   same tuning on the GPUs this project was measured on; a GPU with another's SMs (`SAME_SMS`: the
+   H200 the H100's) takes that GPU's entries for the problems its own table lacks;
 3. `default_config`, which runs everywhere (v0 of the tuning record).
 
 A key missing from a table falls back to the same problem at the nearest tuned sequence length,
@@ -30,6 +31,11 @@ import torch
 
 KERNELS = ("forward", "dkdv", "dq")
 SHIPPED_TABLE = Path(__file__).with_name("flash_configs.json")
+# Devices whose SMs are another device's: a problem the device's own table lacks takes that device's entry.
+# The H200 is the H100 SXM's chip (GH100, 132 SMs, the same shared memory and registers) with more and faster
+# memory; untuned, its Triton kernels took `default_config`, which at one head and N <= 8,192 ran 1.5-2.2x
+# SDPA-flash's forward where the H100's small-grid entries do not (notebook 10 on an H200, commit acb3c23).
+SAME_SMS = {"NVIDIA H200": "NVIDIA H100 80GB HBM3"}
 
 
 def check_kernel(kernel: str) -> None:
@@ -242,7 +248,15 @@ class ConfigTable:
                     )
 
     def lookup(self, device: str, key: ProblemKey) -> KernelConfig | None:
-        table = self.entries.get(device, {})
+        """The device's entry for `key` (or for its nearest tuned length), else that of the device with the same
+        SMs (`SAME_SMS`), else None."""
+        found = self._lookup_in(self.entries.get(device, {}), key)
+        if found is None and device in SAME_SMS:
+            found = self._lookup_in(self.entries.get(SAME_SMS[device], {}), key)
+        return found
+
+    @staticmethod
+    def _lookup_in(table: dict[ProblemKey, KernelConfig], key: ProblemKey) -> KernelConfig | None:
         if key in table:
             return table[key]
         same = [k for k in table if (k.kernel, k.head_dim_tile, k.dtype, k.is_causal)

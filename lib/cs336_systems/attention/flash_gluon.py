@@ -53,7 +53,7 @@ GLUON_TILES = {64: (64, 128, 3), 128: (64, 128, 2)}
 # Per head dimension: (Q_TILE, K_HALF key rows per consumer warpgroup, STAGES) of the fused backward:
 # 64-row tiles are what the registers allow; at d = 64, 2 stages and 232/40 registers were the best of 2-3
 # stages and two register splits at the same shape (docs/flash_attention_tuning.md, v8); d = 128 has shared
-# memory for 2 stages only.
+# memory for 3 stages since P stays in registers, and 2 measured faster (v26).
 GLUON_BWD_TILES = {64: (64, 64, 2), 128: (64, 64, 2)}
 # Where the fused backward beat the two Triton kernels: causal only at d = 64 (v8), both at d = 128 (v17).
 GLUON_BWD_CAUSALITY = {64: (True,), 128: (True, False)}
