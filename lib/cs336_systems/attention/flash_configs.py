@@ -33,7 +33,7 @@ KERNELS = ("forward", "dkdv", "dq")
 SHIPPED_TABLE = Path(__file__).with_name("flash_configs.json")
 # Devices whose SMs are another device's: a problem the device's own table lacks takes that device's entry.
 # The H200 is the H100 SXM's chip (GH100, 132 SMs, the same shared memory and registers) with more and faster
-# memory; untuned, its Triton kernels took `default_config`, which at one head and N <= 8,192 ran 1.5-2.2x
+# memory; untuned, its Triton kernels took `default_config`, which at one head and N <= 8,192 ran 1.4-2.2x
 # SDPA-flash's forward where the H100's small-grid entries do not (notebook 10 on an H200, commit acb3c23).
 SAME_SMS = {"NVIDIA H200": "NVIDIA H100 80GB HBM3"}
 

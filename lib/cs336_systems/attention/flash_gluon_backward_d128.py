@@ -178,7 +178,7 @@ def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr
     STAGES: gl.constexpr = q_smem.shape[0]
     Q_TILE: gl.constexpr = q_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
-    rows = gl.arange(0, Q_TILE, layout=gl.SliceLayout(0, s_zero.type.layout))
+    queries = gl.arange(0, Q_TILE, layout=gl.SliceLayout(0, s_zero.type.layout))  # the accumulator's columns
     for i in range(i_lo, i_hi):
         slot = i % STAGES
         q_start = q_last - i * Q_TILE
@@ -186,10 +186,10 @@ def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr
         do_tile = do_smem.index(slot).reshape([Q_TILE, D])
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         # L and D per column of the accumulator (16 registers each), read from the slot where used
-        lse2 = stats_smem.index(2 * slot).load(rows.type.layout) * LOG2E
+        lse2 = stats_smem.index(2 * slot).load(queries.type.layout) * LOG2E
         ds_buf = ds_smem.index(2 * H + i % 2)
         dv_token, ds_op = _step(k_tile, v_tile, q_tile, do_tile, ds_buf, dv, dk, lse2, stats_smem.index(2 * slot + 1),
-                                key_pos, q_start + rows, qk_scale, scale, s_zero, ds_free.index(i % 2),
+                                key_pos, q_start + queries, qk_scale, scale, s_zero, ds_free.index(i % 2),
                                 ds_free_phase(i), ds_ready.index(i % 2), MASKED)
         # the previous visit's dQ products before this one's dK product, so that dQ's reduce-add runs beside
         # dK's product; at i = 0 they run on whatever the buffers hold and are dropped (module docstring)
