@@ -12,9 +12,10 @@ OUT       ?=
 VENV      ?= .venv
 PYTHON    ?= $(VENV)/bin/python
 # Without a GPU the CPU wheel of a tested torch release (and the Triton the GPU nodes run, for the
-# interpreter tests); with one, any torch >= 2.11 with its own Triton.
+# interpreter tests); with one, the torch the GPU nodes run, with its own Triton (pyproject.toml's
+# range allows no other CUDA wheel). No '<' or '>': the spec reaches the shell unquoted.
 HAVE_GPU  := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
-TORCH_SPEC ?= $(if $(HAVE_GPU),torch>=2.11,torch==2.13.0 triton==3.6.0)
+TORCH_SPEC ?= $(if $(HAVE_GPU),torch~=2.11.0,torch==2.13.0 triton==3.6.0)
 WHEELHOUSE ?= wheelhouse
 OFFLINE_PACKAGES := papermill nbconvert nbformat ipykernel jupytext transformers ninja
 
@@ -31,11 +32,13 @@ endif
 setup: $(SETUP)
 
 $(VENV)/.installed: pyproject.toml
+	@echo "make: setting up $(VENV) (first time: torch, triton and the report's packages, a few minutes) ..."
 	python3 -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
 	$(VENV)/bin/python -m pip install --quiet -e ".[dev,report,lab,llama]"
 	touch $@
+	@echo "make: $(VENV) is ready"
 
 report: $(SETUP)
 	$(PYTHON) -m cs336_systems.report.run --profile $(PROFILE) $(if $(NOTEBOOKS),--notebooks $(NOTEBOOKS)) $(if $(OUT),--out $(OUT)); \
@@ -53,10 +56,11 @@ test-fast: $(SETUP)
 
 # jupytext's server extension (installed with jupytext) reads notebooks/jupytext.toml: saving a notebook
 # in JupyterLab writes its NN_*.py too; opening one reads the cells from the .py (and refuses, showing
-# the diff, when the .ipynb is newer and holds other cells).
+# the diff, when the .ipynb is newer and holds other cells). Jupyter refuses to start as root (the usual
+# user in a GPU container) unless told --allow-root.
 lab: $(SETUP)
 	$(PYTHON) -m ipykernel install --sys-prefix --name cs336-systems --display-name "CS336 systems"
-	cd notebooks && $(abspath $(PYTHON)) -m jupyter lab
+	cd notebooks && $(if $(findstring /,$(PYTHON)),$(abspath $(PYTHON)),$(PYTHON)) -m jupyter lab$(if $(filter 0,$(shell id -u)), --allow-root)
 
 # After editing notebooks/NN_*.py outside JupyterLab: rewrite each NN_*.ipynb from its script, keeping
 # the cell ids and metadata (a new NN_name.py gets its NN_name.ipynb). One direction on purpose:

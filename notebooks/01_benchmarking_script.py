@@ -46,7 +46,8 @@ import pandas as pd
 import seaborn as sns
 
 from cs336_systems.benchmarking import BenchmarkConfig, grid, run_isolated, sweep
-from cs336_systems.report.tables import fmt_ms, timing_pivot
+from cs336_systems.experiments.answers import give
+from cs336_systems.report.tables import timing_pivot
 
 # %% [markdown]
 # ## (b) Forward and backward time per model size
@@ -60,19 +61,10 @@ table = timing_pivot(by_size, index="size", order=sizes)
 ctx.save_table(table, "by_size");
 
 # %%
+give(ctx, "benchmarking_script.a", "benchmarking_script.a.2026", "benchmarking_script.b")
 ok = table.dropna(subset=["forward_mean_ms", "backward_ms"])
-cv = (by_size.query("status == 'ok'").eval("std_ms / mean_ms")).max()
 if len(ok):
-    first, last = ok.iloc[0], ok.iloc[-1]
-    ctx.md(
-        f"At context {context_length}, a forward pass takes {fmt_ms(first.forward_mean_ms)} for **{first['size']}** "
-        f"and {fmt_ms(last.forward_mean_ms)} for **{last['size']}**; the backward pass takes "
-        f"{fmt_ms(first.backward_ms)} and {fmt_ms(last.backward_ms)}, "
-        f"{(ok.backward_ms / ok.forward_mean_ms).min():.1f}–{(ok.backward_ms / ok.forward_mean_ms).max():.1f}× the forward "
-        f"(the backward computes two matmuls for every one of the forward). The standard deviation is "
-        f"{'small' if cv < 0.05 else 'not small'}: at most {100 * cv:.1f}% of the mean over {steps} measured steps"
-        + ("." if cv < 0.05 else "; the medians in the raw table are the steadier statistic for the noisiest rows.")
-    )
+    last = ok.iloc[-1]
     ctx.headline(f"{last['size']} forward, ctx {context_length}", round(last.forward_mean_ms, 2), "ms")
     ctx.headline(f"{last['size']} forward+backward, ctx {context_length}", round(last["forward-backward_mean_ms"], 2), "ms")
 oom = table[table.isna().any(axis=1)]["size"].tolist()
@@ -103,6 +95,7 @@ n_oom = int((ctx_sweep.status == "OOM").sum())
 ctx.md(f"{n_oom} of {len(ctx_sweep)} configurations ran out of memory" + (
     ": " + ", ".join(f"{r['size']}@{r['context_length']} ({r['mode']})" for _, r in ctx_sweep.query("status == 'OOM'").iterrows())
     if n_oom else "."))
+give(ctx, "benchmarking_script.b.2026")
 
 # %% [markdown]
 # ## (c) Warm-up steps
@@ -125,26 +118,17 @@ fig, ax = plt.subplots(figsize=(7, 4))
 sns.lineplot(data=per_step, x="step", y="ms", hue="warmup", marker="o", ax=ax, palette="viridis")
 ax.set(yscale="log", xlabel="step index (warm-up steps first)", ylabel="step time (ms)",
        title=f"{warmup_size}: every step, by number of warm-up steps")
+ctx.save_table(per_step, "warmup_steps", show=False)
 ctx.save_figure(fig, "warmup_steps")
 
 # %%
-w0, w_last = warm.iloc[0], warm.iloc[-1]
-first_step = warm_rows[0]["step_times_ms"][0]
-steady = w_last["median_ms"]
-mid = warm[warm.warmup.isin([1, 2])]
-ctx.md(
-    f"Without warm-up the mean over {steps} steps is {fmt_ms(w0.mean_ms)} ± {fmt_ms(w0.std_ms)}, against "
-    f"{fmt_ms(w_last.mean_ms)} ± {fmt_ms(w_last.std_ms)} after {int(w_last.warmup)} warm-up steps "
-    f"({w0.mean_ms / w_last.mean_ms:.1f}× the mean, {w0.std_ms / max(w_last.std_ms, 1e-9):.0f}× the spread): the very first step "
-    f"alone takes {fmt_ms(first_step)}, {first_step / steady:.0f}× a steady step. "
-    + (f"With 1 or 2 warm-up steps the means are {', '.join(fmt_ms(m) for m in mid.mean_ms)}, "
-       f"{'still above' if mid.mean_ms.max() > 1.05 * w_last.mean_ms else 'within 5% of'} the 5-step value. " if len(mid) else "")
-)
+give(ctx, "benchmarking_script.c", "benchmarking_script.c.2026")
 
 # %% [markdown]
-# **Why.** The first step pays one-time costs that are not part of the model's steady-state work:
-# creating the CUDA context and library handles, loading and selecting kernels (cuBLAS heuristics,
-# autotuning), and the caching allocator requesting memory from the driver. A step or two absorbs most
-# of it, but not all: the allocator may still be growing (the backward and the optimizer allocate new
-# buffers on their first call), clocks ramp up under sustained load, and on the CPU side the first
-# calls populate Python and dispatcher caches. Hence the handout's habit of several warm-up steps.
+# **Why.** The first step of a process pays one-time costs that are not part of the model's
+# steady-state work: creating the CUDA context and library handles, loading and selecting kernels
+# (cuBLAS heuristics, autotuning), and the caching allocator requesting memory from the driver. Some
+# of it can come later than the first step: the allocator grows again when the backward and the
+# optimizer allocate new buffers on their first call, clocks ramp up under sustained load, and on the
+# CPU side the first calls populate Python and dispatcher caches. This is why one or two warm-up steps
+# may leave the mean different from a run with more, and why the handout asks for several.

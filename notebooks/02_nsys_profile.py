@@ -54,13 +54,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep
-from cs336_systems.model import MODEL_SIZES
+from cs336_systems.experiments.answers import give
 from cs336_systems.profiling.profile_sweep import matmul_shares, profile_sweep, top_kernels
 from cs336_systems.profiling.timeline import CATEGORY_COLORS, plot_timeline, range_span
 from cs336_systems.profiling.trace import load_trace, range_instances
-from cs336_systems.report.tables import fmt_ms
-
-span = lambda values, f: f.format(values.min()) if f.format(values.min()) == f.format(values.max()) else f"{f.format(values.min())}–{f.format(values.max())}"  # noqa: E731
 
 # %% [markdown]
 # ## How the profile is taken
@@ -114,24 +111,11 @@ compare["profiled_over_harness"] = compare[device_col] / compare["harness_ms"]
 ctx.save_table(compare, "forward_time_vs_harness");
 
 # %%
+give(ctx, "nsys_profile.a", "nsys_profile.a.2026")
 both = compare.dropna(subset=["harness_ms", device_col])
 if len(both):
-    lo, hi = both.profiled_over_harness.min(), both.profiled_over_harness.max()
     detail = both[(both["size"] == timeline_size) & (both.context_length == timeline_context)]
     d = detail.iloc[0] if len(detail) else both.iloc[0]
-    ctx.md(
-        f"For **{d['size']}** at context {d.context_length}, the forward pass takes {fmt_ms(d[device_col])} of "
-        f"{'GPU time (first to last kernel)' if gpu else 'CPU operator time'} in the profile and "
-        f"{fmt_ms(d.harness_ms)} ± {fmt_ms(d.harness_std_ms)} by the Python timer; the profiled measured step "
-        f"(with its synchronize, under the profiler) takes {fmt_ms(d.profiled_step_ms)}. Over all {len(both)} "
-        f"configurations the profiled forward time is {lo:.2f}–{hi:.2f}× the harness time: "
-        + ("they match within 10%." if lo > 0.9 and hi < 1.1 else
-           "the profile counts only the time of the operators themselves, while the Python timer also includes the "
-           "interpreter and dispatch time between them (and, on a shared CPU, time spent waiting for a core)."
-           if hi < 1.0 else
-           "the profiler's own overhead (recording every operator and launch) and, for short passes, the time the "
-           "CPU needs to launch the kernels, which the device-side span does not include, account for the difference.")
-    )
     ctx.headline(f"{d['size']} ctx {d.context_length} forward, profiled", round(float(d[device_col]), 3), "ms")
 
 # %% [markdown]
@@ -149,21 +133,10 @@ top_table = top[["size", "context_length", "kernel", "share", "instances_per_ran
 ctx.save_table(top_table.rename(columns={"instances_per_range": "calls_per_forward"}), "top_kernels");
 
 # %%
+give(ctx, "nsys_profile.b", "nsys_profile.b.2026")
 if len(top):
     row = top[(top["size"] == timeline_size) & (top.context_length == timeline_context)]
     r = row.iloc[0] if len(row) else top.iloc[0]
-    layers = MODEL_SIZES[r["size"]]["num_layers"]
-    n_same = int(top.same_kernel.sum())
-    ctx.md(
-        f"For **{r['size']}** at context {r.context_length}, the {unit} with the most time in the forward pass is "
-        f"`{r.kernel}` ({100 * r.share:.1f}% of the forward pass's {unit} time), called "
-        f"{r.instances_per_range:.0f} times per forward pass (with {layers} layer{'s' if layers > 1 else ''}, the model "
-        f"makes {7 * layers + 1} weight matmuls per forward pass — q, k, v, output, W1, W2, W3 per layer, plus the "
-        f"LM head — and {2 * layers} attention matmuls). In forward+backward the top {unit} is `{r.kernel_fwd_bwd}` "
-        f"({100 * r.share_fwd_bwd:.1f}%): {'the same' if r.same_kernel else 'a different one'}. "
-        f"Across the {len(top)} configurations the forward and forward+backward leaders coincide in {n_same}; "
-        f"the forward leaders are {', '.join(f'`{k}`' for k in top.kernel.unique())}."
-    )
     ctx.headline(f"{r['size']} ctx {r.context_length}: top forward {unit} share", round(100 * float(r.share), 1), "%")
 
 # %% [markdown]
@@ -175,21 +148,14 @@ if len(top):
 k = profiled.kernels
 detail_k = k[(k.scope == "forward") & (k["size"] == timeline_size) & (k.context_length == timeline_context)]
 non_matmul = detail_k[(detail_k.category != "matmul") & (detail_k.share >= share_threshold)]
-ctx.save_table(non_matmul[["kernel", "category", "total_ms", "instances", "avg_us", "share"]], "non_matmul_forward");
+ctx.save_table(non_matmul[["size", "context_length", "kernel", "category", "total_ms", "instances", "avg_us", "share"]],
+               "non_matmul_forward");
 shares = matmul_shares(profiled)
 fwd_cat = shares.pivot_table(index=["size", "context_length"], columns="category", values="forward").reset_index()
 ctx.save_table(fwd_cat, "forward_category_shares");
 
 # %%
-if len(non_matmul):
-    by_cat = non_matmul.groupby("category").share.sum().sort_values(ascending=False)
-    ctx.md(
-        f"In the forward pass of **{timeline_size}** at context {timeline_context}, {len(non_matmul)} non-matmul "
-        f"{unit}{'s each take' if len(non_matmul) > 1 else ' takes'} at least {100 * share_threshold:.0f}% of the time, together "
-        f"{100 * non_matmul.share.sum():.1f}%: "
-        + ", ".join(f"`{r.kernel}` ({r.category}, {100 * r.share:.1f}%)" for r in non_matmul.head(6).itertuples())
-        + ". By category: " + ", ".join(f"{c} {100 * v:.1f}%" for c, v in by_cat.items()) + "."
-    )
+give(ctx, "nsys_profile.c", "nsys_profile.c.2026")
 
 # %% [markdown]
 # ## (d) Matmul share: inference against a full training step
@@ -209,21 +175,9 @@ axes[-1].legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize=8)
 ctx.save_figure(fig, "category_shares")
 
 # %%
+give(ctx, "nsys_profile.d", "nsys_profile.d.2026")
 mm = shares[shares.category == "matmul"]
 if len(mm):
-    moves = shares.groupby("category")[["forward", "training step"]].median()
-    moves["change"] = moves["training step"] - moves["forward"]
-    up, down = moves.change.idxmax(), moves.change.idxmin()
-    ctx.md(
-        f"The matmul share of {unit} time is {100 * mm.forward.median():.1f}% in inference (median over "
-        f"{mm.forward.count()} configurations, range {100 * mm.forward.min():.1f}–{100 * mm.forward.max():.1f}%) and "
-        f"{100 * mm['training step'].median():.1f}% in a full training step (median over the "
-        f"{mm['training step'].count()} that fit in memory, range "
-        f"{100 * mm['training step'].min():.1f}–{100 * mm['training step'].max():.1f}%). The category that gains "
-        f"the most is {up} ({100 * moves.loc[up, 'forward']:.1f}% → {100 * moves.loc[up, 'training step']:.1f}%), "
-        f"the one that loses the most {down} ({100 * moves.loc[down, 'forward']:.1f}% → "
-        f"{100 * moves.loc[down, 'training step']:.1f}%)."
-    )
     ctx.headline("matmul share, inference → training step (median)",
                  f"{100 * mm.forward.median():.0f}% → {100 * mm['training step'].median():.0f}%")
 
@@ -246,16 +200,11 @@ if len(att):
     }).reset_index()
     attention_table["time_ratio_over_flop_ratio"] = attention_table.softmax_over_matmuls_time / attention_table.softmax_over_matmuls_flops
     ctx.save_table(attention_table, "softmax_vs_matmuls")
-    a = attention_table
-    ctx.md(
-        f"The softmax takes {span(a.softmax_over_matmuls_time, '{:.2f}')}× the time of "
-        f"the two matmuls together (median {a.softmax_over_matmuls_time.median():.2f}×) while doing only "
-        f"{span(100 * a.softmax_over_matmuls_flops, '{:.2f}')}% of their FLOPs: "
-        f"per FLOP it is {span(a.time_ratio_over_flop_ratio, '{:.0f}')}× slower."
-    )
-    ctx.headline("softmax time / attention matmul time (median)", round(float(a.softmax_over_matmuls_time.median()), 2), "×")
+    ctx.headline("softmax time / attention matmul time (median)",
+                 round(float(attention_table.softmax_over_matmuls_time.median()), 2), "×")
 else:
     ctx.not_run("(e) softmax against the matmuls", "the attention is not the naive one, so the three attention ranges are absent")
+give(ctx, "nsys_profile.e", "nsys_profile.e.2026")
 
 # %% [markdown]
 # ## Timeline of one training step
@@ -292,15 +241,18 @@ else:
 # the warm-up out.
 #
 # ## Why the numbers look like this
-# - **Non-matmul kernels take real time** although almost all FLOPs are in matmuls: each
-#   elementwise or reduction kernel (RMSNorm's square, mean, rsqrt and scaling; RoPE's products;
-#   the residual additions; SiLU; the softmax's max, subtract, exp, sum, divide; copies for
-#   reshapes) reads and writes whole activation tensors while doing one or two FLOPs per element,
-#   so its time is set by memory bandwidth, not by the tensor cores.
-# - **In a training step the matmul share drops**: the backward adds more elementwise work
-#   (every elementwise op has a gradient kernel, and gradients accumulate), and AdamW is a
-#   dozen elementwise passes over every parameter, gradient and moment, with no matmul at all.
-# - **Softmax versus matmuls**: the two matmuls do 4·d_h FLOPs per score for every 5 of the softmax,
-#   but the matmuls run on tensor cores at hundreds of TFLOP/s while the softmax's five kernels each
-#   stream the B·H·S² score tensor through memory, so the softmax's time is far out of proportion to
-#   its FLOPs — the motivation for fusing attention (FlashAttention, notebook 09).
+# - **Non-matmul kernels**: each elementwise or reduction kernel (RMSNorm's square, mean, rsqrt and
+#   scaling; RoPE's products; the residual additions; SiLU; the softmax's max, subtract, exp, sum,
+#   divide; copies for reshapes) reads and writes whole activation tensors while doing one or two
+#   FLOPs per element, so its time is set by memory bandwidth rather than arithmetic, and every
+#   kernel, however short, also costs a launch.
+# - **A training step against a forward pass**: the backward adds elementwise work (every
+#   elementwise op has a gradient kernel, and gradients accumulate) next to its two matmuls per
+#   forward matmul, and AdamW is a dozen elementwise passes over every parameter, gradient and
+#   moment, with no matmul at all; the answer to (d) gives the resulting shares.
+# - **Softmax versus matmuls**: the two matmuls do 4·d_h FLOPs per score for every 5 of the softmax.
+#   A matmul reuses each element it loads from memory across a whole tile of products (in this fp32
+#   run, on the CUDA cores rather than tensor cores: see the kernel names in (b)), while each of the
+#   softmax's kernels streams the B·H·S² score tensor through memory at about one FLOP per element.
+#   This is how a softmax can take a time out of proportion to its FLOPs, and the motivation for
+#   fusing attention (FlashAttention, notebook 09).

@@ -33,11 +33,18 @@ import inspect
 
 import torch
 
+from cs336_systems.experiments.answers import give
 from cs336_systems.mixed_precision import accumulate, accumulation_table, spacing
 
 print(inspect.getsource(accumulate))
 table = accumulation_table(n=n, value=value)
 ctx.save_table(table, "accumulation", precision=6);
+
+# %%
+give(ctx, "mixed_precision_accumulation")
+
+# %% [markdown]
+# Each case in detail, the bf16 variants included:
 
 # %%
 exact = n * value

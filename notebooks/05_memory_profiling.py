@@ -14,17 +14,19 @@
 
 # %% [markdown]
 # # Problem `memory_profiling` — where the memory of a step goes
-# Spring 2025 handout §1.1.6 (spring 2026 §2.1.6 asks the same of the xl model): profile the
-# memory of the 2.7B model at context 128, 256 and 512 — (a) the active-memory timelines of an
-# inference forward pass and of a full training step, (b) the peak memory of each, (c) the same
-# with bf16 mixed precision, (d) the size of one residual-stream activation, (e) the largest
-# allocations and the code that makes them. Every measured peak is set next to the analytic
-# model of `cs336_systems.accounting.memory`.
+# Spring 2025 handout §1.1.6: profile the memory of the 2.7B model at contexts 128, 256 and 512 —
+# (a) the active-memory timelines of an inference forward pass and of a full training step, (b)
+# the peak memory of each, (c) the same with bf16 mixed precision, (d) the size of one
+# residual-stream activation, (e) the largest allocations and the code that makes them. Spring 2026
+# §2.1.6 asks (a)–(e) of its xl model, which has the 2.7B's dimensions (d_model 2560, d_ff 10240,
+# 32 layers, 32 heads), at contexts 128 and 2048, and adds (f): what one TransformerBlock saves for
+# its backward, and the gradients its backward makes. Every measured peak is set next to the
+# analytic model of `cs336_systems.accounting.memory`.
 
 # %% tags=["parameters"]
 profile = None            # "cpu" | "gpu"; None picks gpu when CUDA is available
 size = None               # model size; None means 2.7B on gpu
-context_lengths = None    # None means 128, 256, 512 on gpu
+context_lengths = None    # None means 128, 256, 512 (2025) and 2048 (2026) on gpu
 batch_size = 4
 warmup = 1                # steps before measuring, so AdamW's state exists as in steady training
 snapshot_context = None   # context of the recorded timelines (a) and (e); None means 256 on gpu
@@ -35,10 +37,13 @@ from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("05_memory_profiling", profile=profile)
 size = ctx.pick(size, cpu="tiny", gpu="2.7B")
-context_lengths = ctx.pick(context_lengths, cpu=[32, 64], gpu=[128, 256, 512])
+context_lengths = ctx.pick(context_lengths, cpu=[32, 64], gpu=[128, 256, 512, 2048])
 snapshot_context = ctx.pick(snapshot_context, cpu=context_lengths[-1], gpu=256)
 
 # %%
+import linecache
+
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from cs336_systems.accounting.memory import describe_size, memory_estimate, residual_stream_bytes
@@ -48,6 +53,8 @@ from cs336_systems.profiling.memory import (
     largest_allocations, load_snapshot, phase_peaks, plot_active_memory, record_step_snapshot, snapshot_allocations,
 )
 from cs336_systems.profiling.peak_memory import measure_peak_memory
+from cs336_systems.profiling.saved_tensors import block_memory
+from cs336_systems.experiments.answers import give
 from cs336_systems.report.environment import repo_root
 
 MIB, GIB = 2**20, 2**30
@@ -56,6 +63,9 @@ u = unit.lower()
 base = BenchmarkConfig(size=size, batch_size=batch_size, warmup=warmup, steps=1)
 model_config = base.model_config()
 autocast_device = ctx.device.type  # CUDA and CPU autocast keep different ops in fp32
+ctx.save_table(pd.DataFrame([dict(size=size, d_model=model_config.d_model, d_ff=model_config.d_ff,
+                                  num_layers=model_config.num_layers, num_heads=model_config.num_heads,
+                                  batch=batch_size, snapshot_context=snapshot_context)]), "memory_model");
 
 # %% [markdown]
 # ## (a) Active memory over one step
@@ -65,6 +75,14 @@ autocast_device = ctx.device.type  # CUDA and CPU autocast keep different ops in
 # from the pickle: active memory after each allocation or free, the source lines with the largest
 # allocations in colour (first frame in our code, not in torch), memory allocated before recording
 # (parameters, optimizer state) in light grey.
+#
+# **Reading the timelines.** In a forward pass without gradients, each layer's intermediates are
+# freed as soon as the next layer has consumed them, so memory rises and falls once per layer above
+# the constant block of parameters, and there is neither a backward nor optimizer state. In a
+# training step autograd keeps every tensor a backward formula needs, so the forward is a ramp; the
+# backward releases them layer by layer while parameter gradients (as large as the parameters)
+# accumulate; AdamW then updates in place with one temporary per parameter, and the gradients are
+# released at its end.
 
 # %%
 snapshots = {}
@@ -98,18 +116,14 @@ for col in ("start_bytes", "peak_bytes", "end_bytes"):
 ctx.save_table(phase_table, "phase_memory");
 
 # %%
-for mode, g in phase_table.groupby("run", sort=False):
-    p = g.set_index("phase")
-    text = f"**{titles[mode]}**: " + "; ".join(
-        f"{phase} starts at {r[f'start_{u}']:.2f} {unit}, peaks at {r[f'peak_{u}']:.2f} {unit} and ends at {r[f'end_{u}']:.2f} {unit}"
-        for phase, r in p.iterrows())
-    if {"forward", "backward"} <= set(p.index):
-        text += (f". The forward pass adds {p.loc['forward', f'end_{u}'] - p.loc['forward', f'start_{u}']:.2f} {unit} of "
-                 f"activations saved for the backward; the backward then frees them while gradients appear, ending "
-                 f"{p.loc['backward', f'end_{u}'] - p.loc['backward', f'start_{u}']:+.2f} {unit} from where it started")
-    ctx.md(text + ". The phases can be told apart by the shape: a ramp while the forward saves activations, "
-           "the highest point at the turn into the backward, a descent through the backward, and a flat band "
-           "with small spikes (one temporary per parameter) in the optimizer step.")
+if {"forward", "train-step"} <= set(snapshots):  # both timelines in one figure, for the writeup
+    fig, axes = plt.subplots(2, 1, figsize=(12, 10))
+    for ax, mode in zip(axes, ("forward", "train-step")):
+        ax.imshow(plt.imread(ctx.figures_dir / f"active_memory_{mode}.png"))
+        ax.axis("off")
+    fig.tight_layout()
+    ctx.save_figure(fig, "active_memory_timelines", show=False)
+give(ctx, "memory_profiling.a", "memory_profiling.a.2026")
 
 # %% [markdown]
 # ## (b) and (c) Peak memory, full and mixed precision, measured and predicted
@@ -136,8 +150,14 @@ ctx.save_table(peaks, "peak_memory");
 two = peaks.pivot_table(index="context_length", columns=["precision", "mode"], values=f"measured_{u}")
 two.columns = [f"{m} {p} ({unit})" for p, m in two.columns]
 ctx.save_table(two.reset_index(), "peak_memory_two_numbers");
+give(ctx, "memory_profiling.b", "memory_profiling.b.2026")
 
 # %%
+def _peak_words(measured: pd.Series, context: int, mode: str) -> str:
+    value = measured.get((context, mode))
+    return f"{value:.2f} {unit}" if value is not None else "out of memory"
+
+
 ok = peaks[peaks.status == "ok"]
 fp32 = ok[ok.precision == "fp32"].set_index(["context_length", "mode"])[f"measured_{u}"]
 bf16 = ok[ok.precision == "bf16"].set_index(["context_length", "mode"])[f"measured_{u}"]
@@ -146,14 +166,16 @@ within = train[train.error.abs() <= 0.10]
 if len(fp32):
     ctx.md(
         "Peak memory (b): " + "; ".join(
-            f"context {c}: forward {fp32.get((c, 'forward'), float('nan')):.2f} {unit}, training step {fp32.get((c, 'train-step'), float('nan')):.2f} {unit}"
+            f"context {c}: forward {_peak_words(fp32, c, 'forward')}, training step {_peak_words(fp32, c, 'train-step')}"
             for c in context_lengths) + ". "
         + (f"Out of memory: {', '.join(f'{r.mode} {r.precision} at {r.context_length}' for r in peaks[peaks.status != 'ok'].itertuples())}. "
            if (peaks.status != "ok").any() else "")
         + f"The analytic model is within 10% of the measured peak for {len(within)} of {len(train)} training-step rows"
         + (f" (largest error {100 * train.error.abs().max():.1f}%)." if len(train) else ".")
     )
-    ctx.headline(f"{size} peak, training step fp32, ctx {context_lengths[-1]}", round(float(fp32.get((context_lengths[-1], "train-step"), float("nan"))), 2), unit)
+    trained = [c for c in context_lengths if (c, "train-step") in fp32.index]  # the longest that fitted
+    if trained:
+        ctx.headline(f"{size} peak, training step fp32, ctx {trained[-1]}", round(float(fp32[(trained[-1], "train-step")]), 2), unit)
     ctx.headline(f"{size} analytic peak error, training steps (max)", round(100 * float(train.error.abs().max()), 1), "%")
     off = train[train.error.abs() > 0.10]
     for r in off.itertuples():
@@ -162,22 +184,14 @@ if len(fp32):
                f"{r.peak_at}, with {getattr(r, f'activations_{u}'):.2f} {unit} of saved activations, so the difference is "
                f"memory that its list of saved tensors and temporaries does not contain.")
 
+# %% [markdown]
+# ### (c) Mixed precision
+# Autocast runs the matmuls in bf16 but keeps the fp32 master weights, their fp32 gradients and the
+# fp32 AdamW state; only the tensors saved for the backward change: bf16 halves each activation,
+# and each weight's bf16 copy, which its matmul saves, is added.
+
 # %%
-if len(bf16):
-    delta = (bf16 - fp32).dropna()
-    fwd_d, train_d = delta.xs("forward", level="mode"), delta.xs("train-step", level="mode")
-    act = train.pivot_table(index="context_length", columns="precision", values=f"activations_{u}", aggfunc="first")
-    params = ok[f"parameters_{u}"].iloc[0]
-    ctx.md(
-        f"With bf16 autocast (c) the forward peak changes by {fwd_d.min():+.2f} to {fwd_d.max():+.2f} {unit} and the training-step "
-        f"peak by {train_d.min():+.2f} to {train_d.max():+.2f} {unit}. Mixed precision keeps fp32 master weights "
-        f"({params:.2f} {unit}), fp32 gradients (as much again) and fp32 AdamW state (twice that), so only activations change"
-        + (f": the analytic saved activations go from {act['fp32'].min():.2f}–{act['fp32'].max():.2f} {unit} in fp32 to "
-           f"{act['bf16'].min():.2f}–{act['bf16'].max():.2f} {unit} in bf16, which also keep a bf16 copy of every weight for the backward."
-           if act is not None and {"fp32", "bf16"} <= set(act.columns) else ".")
-        + " Mixed precision is therefore " + ("not a significant memory saving here." if train_d.abs().max() < 0.1 * fp32.max()
-                                              else "a noticeable memory change here.")
-    )
+give(ctx, "memory_profiling.c", "memory_profiling.c.2026")
 
 # %% [markdown]
 # ## (d) One residual-stream activation
@@ -192,11 +206,20 @@ ctx.save_table(residual, "residual_stream_size");
 ctx.md("; ".join(f"context {r.context_length}: {batch_size} × {r.context_length} × {d_model} × 4 bytes = "
                  f"{r.elements * 4:,} bytes = **{r.mib:.2f} MiB**" for r in residual.itertuples()) + ".")
 ctx.headline(f"{size} residual stream, ctx {context_lengths[-1]}", round(float(residual.mib.iloc[-1]), 2), "MiB")
+give(ctx, "memory_profiling.d", "memory_profiling.d.2026")
 
 # %% [markdown]
 # ## (e) The largest allocations of the forward pass, and where they come from
 
 # %%
+def _source_line(label: str) -> str:
+    """The source text an allocation's label ('model.py:131 forward') points to, if the file is ours and unique."""
+    name, _, rest = label.partition(":")
+    line = rest.split(" ")[0]
+    matches = list((repo_root() / "lib" / "cs336_systems").rglob(name)) if name.endswith(".py") and line.isdigit() else []
+    return linecache.getline(str(matches[0]), int(line)).strip() if len(matches) == 1 else ""
+
+
 mode = "forward" if "forward" in snapshots else next(iter(snapshots), None)
 if mode is None:
     ctx.not_run("(e) largest allocations", "no snapshot could be recorded (out of memory)")
@@ -204,23 +227,26 @@ else:
     allocations = snapshot_allocations(snapshots[mode][0])
     largest = largest_allocations(allocations[allocations.start >= 0], top=10)
     largest["looks_like"] = [describe_size(int(s * MIB), model_config, batch_size, snapshot_context) for s in largest.size_mib]
+    largest["code"] = [_source_line(label) for label in largest.label]
     ctx.save_table(largest, f"largest_allocations_{mode}")
-    top = largest.iloc[0]
-    ctx.md(
-        ("**Example snapshot, not a measurement.** " if mode == "example" else "")
-        + f"The largest allocations made during the {'recorded step' if mode == 'example' else titles[mode]} are "
-        f"{top.size_mib:,.1f} MiB ({top['count']} of them), "
-        f"made at `{top.label}`" + (f" — the size of a {top.looks_like} tensor" if top.looks_like else "")
-        + ". Next: " + "; ".join(f"{r.size_mib:,.1f} MiB ×{r.count} at `{r.label}`" + (f" ({r.looks_like})" if r.looks_like else "")
-                                 for r in largest.iloc[1:4].itertuples()) + "."
-    )
+give(ctx, "memory_profiling.e", "memory_profiling.e.2026")
 
 # %% [markdown]
-# **Reading the timelines.** In the forward pass without gradients, each layer's intermediates are
-# freed as soon as the next layer has consumed them, so memory rises and falls per layer around the
-# constant block of parameters; the largest spikes are the attention's B×H×S×S score and probability
-# tensors (naive attention materialises several at once inside the softmax) and the B×S×V logits. In
-# a training step autograd keeps every tensor a backward formula needs, so the forward is a ramp;
-# the backward releases them layer by layer while parameter gradients (as large as the parameters)
-# accumulate; AdamW then updates in place with one temporary per parameter. The peak sits at the
-# start of the backward when activations dominate (long contexts) and at its end when gradients do.
+# ## (f) What one TransformerBlock saves for its backward, and the gradients it makes
+# `cs336_systems.profiling.saved_tensors.block_memory` runs one fp32 block of this model on a
+# (batch, context, d_model) input under `torch.autograd.graph.saved_tensors_hooks`, naming each
+# saved tensor by the operation that made it (the submodule and torch function running, as an
+# NVTX range around each operation would in a memory trace), then runs its backward and reads the
+# change of allocated memory over it (the allocator's counters on a GPU, the profiler's memory
+# events on a CPU). The backward frees the saved tensors while it creates the gradients, so the
+# gradients take the change plus the saved bytes freed.
+
+# %%
+block_rows, block_ops = [], []
+for c in context_lengths:
+    ops, summary = block_memory(model_config, batch_size, c, ctx.device)
+    block_rows.append(summary)
+    block_ops.append(ops.assign(context=c))
+ctx.save_table(pd.DataFrame(block_rows), "block_memory");
+ctx.save_table(pd.concat(block_ops, ignore_index=True), "block_saved_by_operation", show=False);
+give(ctx, "memory_profiling.f")

@@ -19,7 +19,8 @@
 # its asymptotic memory and compute — confirmed by running it on a small stack. (b) For the xl
 # model at batch 4 and context 2048 with a single level of recomputation (no nesting): predict the
 # best checkpoint block size, then measure the peak memory of it and of the next smaller and larger
-# sizes.
+# sizes. The 2026 handout's xl (d_model 2560, d_ff 10240, 32 layers, 32 heads) is the size the
+# library calls "2.7B" (its "xl" is the 2025 handout's, d_model 1600 with 48 layers).
 
 # %% tags=["parameters"]
 profile = None            # "cpu" | "gpu"; None picks gpu when CUDA is available
@@ -27,7 +28,7 @@ depths = None             # (a) stack depths N; None means the profile's default
 stack_d_model = None      # (a) width of the blocks of the small stack
 stack_context = None      # (a) sequence length through the small stack
 stack_batch = 2
-size = None               # (b) model size; None means xl on gpu
+size = None               # (b) model size; None means the 2026 xl (the library's "2.7B") on gpu
 model_overrides = None    # (b) hyperparameter overrides of that size (the cpu profile shrinks it)
 batch_size = None         # (b) None means 4 on gpu
 context_length = None     # (b) None means 2048 on gpu
@@ -41,7 +42,7 @@ ctx = setup_notebook("06_gradient_checkpointing", profile=profile)
 depths = ctx.pick(depths, cpu=[2, 4, 8, 16], gpu=[2, 4, 8, 16, 32])
 stack_d_model = ctx.pick(stack_d_model, cpu=64, gpu=1024)
 stack_context = ctx.pick(stack_context, cpu=64, gpu=1024)
-size = ctx.pick(size, cpu="tiny", gpu="xl")
+size = ctx.pick(size, cpu="tiny", gpu="2.7B")
 model_overrides = ctx.pick(model_overrides, cpu={"num_layers": 8, "vocab_size": 500}, gpu={})
 batch_size = ctx.pick(batch_size, cpu=2, gpu=4)
 context_length = ctx.pick(context_length, cpu=128, gpu=2048)
@@ -57,6 +58,7 @@ import seaborn as sns
 from cs336_systems.accounting.memory import block_saved_tensors, memory_estimate, residual_stream_bytes
 from cs336_systems.benchmarking import BenchmarkConfig
 from cs336_systems.checkpointing import CheckpointedLM, strategy_costs
+from cs336_systems.experiments.answers import give
 from cs336_systems.profiling.peak_memory import measure_peak_memory
 
 MIB, GIB = 2**20, 2**30
@@ -114,6 +116,7 @@ for ax in axes:
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
 ctx.save_figure(fig, "strategies")
+give(ctx, "gradient_checkpointing.a")
 
 # %%
 lo, hi = min(depths), max(depths)
@@ -150,8 +153,11 @@ best_at = memory_estimate(config, batch_size, context_length, mode, checkpoint_e
 half = memory_estimate(config, batch_size, context_length, mode, checkpoint_sublayers=1)["peak"] / scale
 none = memory_estimate(config, batch_size, context_length, mode)["peak"] / scale
 half_vs_best = half / predicted.predicted.min() - 1
+ctx.save_table(pd.DataFrame([dict(size=size, d_model=config.d_model, d_ff=config.d_ff, num_layers=N, num_heads=config.num_heads,
+                                  batch=batch_size, context=context_length, mode=mode, block_saved_mib=a / MIB,
+                                  checkpoint_mib=c / MIB, predicted_best_k=best_k)]), "checkpoint_model");
 ctx.md(
-    f"{size}: N = {N} blocks; one block saves a = {a / MIB:,.1f} MiB for the backward, one checkpoint is "
+    f"{size} (d_model {config.d_model}, d_ff {config.d_ff}, {N} layers, {config.num_heads} heads): N = {N} blocks; one block saves a = {a / MIB:,.1f} MiB for the backward, one checkpoint is "
     f"c = {batch_size} × {context_length} × {config.d_model} × 4 bytes = {c / MIB:,.1f} MiB. The first-order trade-off "
     f"(N/k)·c + k·a is smallest at k = √(N·c/a) = {math.sqrt(N * c / a):.2f}: a block's activations are "
     f"{a / c:.0f}× a checkpoint, so " + ("the balance tips all the way to **the smallest groups**. " if math.sqrt(N * c / a) < 1.5
@@ -177,6 +183,7 @@ for label, k, sublayers in candidates:
 result = pd.DataFrame(rows).rename(columns={"measured": f"measured_{unit}", "predicted": f"predicted_{unit}"})
 result["error"] = result[f"predicted_{unit}"] / result[f"measured_{unit}"] - 1
 ctx.save_table(result, "checkpoint_block_sizes");
+give(ctx, "gradient_checkpointing.b")
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))

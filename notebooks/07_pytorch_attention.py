@@ -49,6 +49,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 
+from cs336_systems.experiments.answers import give
 from cs336_systems.experiments.attention_benchmark import MiB, attention_sweep, naive_attention_memory, quadratic_fit, seq_len_axis
 from cs336_systems.report.tables import fmt_ms
 
@@ -165,6 +166,13 @@ if len(ok):
     )
 else:
     ctx.md("No configuration ran out of memory, so there is no failing configuration to account for.")
+
+# %% [markdown]
+# ### The answer to (a)
+# The timings table, where the memory runs out, the accounting and the remedy, from the tables above.
+
+# %%
+give(ctx, "pytorch_attention.a")
 
 # %% [markdown]
 # ## How the memory saved for the backward grows with the sequence length

@@ -61,6 +61,9 @@ memory_budget_mib = ctx.pick(memory_budget_mib, cpu=4, gpu=None)
 import matplotlib.pyplot as plt
 import seaborn as sns
 
+from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.answers.attention import ratio
+from cs336_systems.experiments.answers.attention import span as ratio_span
 from cs336_systems.experiments.attention_benchmark import MiB, attention_sweep, merge_compiled, seq_len_axis
 from cs336_systems.report.tables import fmt_ms
 
@@ -92,24 +95,25 @@ columns = ["d_model", "seq_len", "status_eager", "status_compiled", "forward_ms_
 ctx.save_table(wide[columns], "compiled_vs_eager");
 
 # %%
+give(ctx, "torch_compile.a")
+
+# %%
 both = wide[(wide.status_eager == "ok") & (wide.status_compiled == "ok")]
 if len(both):
     best = both.loc[both.forward_speedup.idxmax()]
-    saved_ratio = (both.saved_for_backward_mib_compiled / both.saved_for_backward_mib_eager).median()
+    saved_ratio = both.saved_for_backward_mib_compiled / both.saved_for_backward_mib_eager
     first_calls = both.first_call_ms_compiled
     ctx.md(
         f"Over the {len(both)} configurations where both ran, the compiled attention's forward is "
-        f"{both.forward_speedup.min():.2f}–{both.forward_speedup.max():.2f}× as fast as the eager one "
-        f"(median {both.forward_speedup.median():.2f}×) and its backward {both.backward_speedup.min():.2f}–"
-        f"{both.backward_speedup.max():.2f}× (median {both.backward_speedup.median():.2f}×). The largest forward gain, "
-        f"{best.forward_speedup:.2f}×, is at d = {best.d_model}, sequence length {best.seq_len:,} "
+        f"{ratio_span(both.forward_speedup)} as fast as the eager one and its backward {ratio_span(both.backward_speedup)}. "
+        f"The largest forward gain, {ratio(best.forward_speedup)}, is at d = {best.d_model}, sequence length {best.seq_len:,} "
         f"({fmt_ms(best.forward_ms_eager)} → {fmt_ms(best.forward_ms_compiled)}). The compiled version saves "
-        f"{saved_ratio:.2f}× the eager one's memory for the backward (median). Its first call per configuration takes "
-        f"{fmt_ms(first_calls.min())}–{fmt_ms(first_calls.max())} (median {fmt_ms(first_calls.median())}): the slowest "
-        f"are the first in a process, which compile the dynamic-shape graph; later shapes reuse it."
+        f"{ratio_span(saved_ratio)} the eager one's memory for the backward. Its first call per configuration takes "
+        f"{fmt_ms(first_calls.min())}–{fmt_ms(first_calls.max())}; the first call in a process compiles the "
+        f"dynamic-shape graph, which later shapes reuse."
     )
-    ctx.headline("compiled attention forward speed-up (median)", round(both.forward_speedup.median(), 2), "×")
-    ctx.headline("compiled attention backward speed-up (median)", round(both.backward_speedup.median(), 2), "×")
+    ctx.headline("compiled attention forward speed-up (range over configurations)", ratio_span(both.forward_speedup))
+    ctx.headline("compiled attention backward speed-up (range over configurations)", ratio_span(both.backward_speedup))
 first_oom = df[df.status == "OOM"].groupby("implementation").seq_len.min()
 if len(first_oom):
     ctx.md("First out-of-memory sequence length: " + "; ".join(f"{name}: {n:,}" for name, n in first_oom.items()) + ".")
@@ -128,11 +132,10 @@ ctx.save_figure(fig, "compiled_attention_speedup")
 # **Why.** The eager attention runs each elementwise step of the softmax as its own kernel, each
 # reading and writing a B×N×N tensor from memory; those steps are memory bound, so their time is
 # the traffic. Compiling fuses them into a few kernels that read the scores once and write the
-# probabilities once, which removes most of that traffic; the two matmuls are unchanged (both
-# versions call the same GEMM), so the gain is largest where the softmax dominates (small d, long
-# sequences) and small where the matmuls do. Fusion also means fewer intermediates exist, hence
-# less memory saved for the backward. The N² terms themselves remain: compiling does not change
-# the algorithm, only how it is scheduled.
+# probabilities once; the two matmuls are unchanged (both versions call the same GEMM), so what
+# compiling can save is the softmax's share of the time. Fusion also leaves fewer intermediates for
+# autograd to keep for the backward (the saved-memory columns above measure how many fewer). The N²
+# terms themselves remain: compiling does not change the algorithm, only how it is scheduled.
 
 # %% [markdown]
 # ## Part (b): the compiled model
@@ -188,6 +191,9 @@ if whole_model_sizes:
 ctx.save_table(vanilla_vs_compiled, "compiled_model");
 
 # %%
+give(ctx, "torch_compile.b", "torch_compile.b.2026")
+
+# %%
 both = vanilla_vs_compiled[(vanilla_vs_compiled.status == "ok") & (vanilla_vs_compiled.scope == compile_scope)]
 if len(both):
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -195,16 +201,17 @@ if len(both):
     ax.axhline(1.0, color="grey", lw=1, ls="--")
     ax.set(ylabel="vanilla time / compiled time", title=f"torch.compile ({compile_scope}) on the model, context {compile_context}")
     ctx.save_figure(fig, "compiled_model_speedup")
-    by_mode = both.groupby("mode", sort=False).speedup.agg(["min", "max", "median"])
+    by_mode = both.groupby("mode", sort=False).speedup
     ctx.md(
         f"Speed-up of the compiled (scope `{compile_scope}`) over the vanilla model (vanilla time / compiled time): "
-        + "; ".join(f"{m} {r['median']:.2f}×" + (f" (median; {r['min']:.2f}–{r['max']:.2f}× over sizes)" if len(compile_sizes) > 1 else "")
-                    for m, r in by_mode.iterrows())
+        + "; ".join(f"{m} {ratio_span(g)}" + (f" over the {g.size} sizes" if g.size > 1 else "") for m, g in by_mode)
         + f". For **{both.iloc[-1]['size']}**: " + ", ".join(
             f"{r['mode']} {fmt_ms(r.vanilla_ms)} → {fmt_ms(r.compiled_ms)}" for _, r in both[both["size"] == both.iloc[-1]["size"]].iterrows())
         + "."
     )
-    ctx.headline(f"compiled model ({compile_scope}), median forward speed-up", round(float(by_mode["median"].iloc[0]), 2), "×")
+    first_mode = both["mode"].iloc[0]
+    ctx.headline(f"compiled model ({compile_scope}), {first_mode} speed-up (range over sizes)",
+                 ratio_span(both[both["mode"] == first_mode].speedup))
 scopes = vanilla_vs_compiled[(vanilla_vs_compiled.status == "ok") & vanilla_vs_compiled["size"].isin(whole_model_sizes)]
 if len(whole_model_sizes) and scopes.scope.nunique() == 2:
     text = ("Whole model against block by block (the whole-model compilations ran after the block-by-block sweep, so Inductor's "
@@ -259,8 +266,8 @@ text = f"Measured bf16 matmul ceiling: {ceiling:,.3g} TFLOP/s; both models stepp
 for _, r in versus.iterrows():
     text += f"**{r['size']}, context {r.context_length}**: ours ({r.best_attention}, bf16, {compiled_note}) {fmt_ms(r.ours_ms)}"
     if r.llama_status == "ok":
-        text += (f", Llama {fmt_ms(r.llama_ms)}: ratio {r.ratio:.2f} — **{'pass' if r.passes else 'fail'}** against the "
-                 f"{llama_bar}× bar; MFU {100 * r.ours_mfu:.1f}% against {100 * r.llama_mfu:.1f}%")
+        text += (f", Llama {fmt_ms(r.llama_ms)}: ours / Llama {r.ratio:.2f}; MFU {100 * r.ours_mfu:.1f}% against "
+                 f"{100 * r.llama_mfu:.1f}%")
         if "llama_compiled_ms" in r and r.llama_compiled_ms == r.llama_compiled_ms:  # compiled there, and it ran
             text += f"; Llama compiled {fmt_ms(r.llama_compiled_ms)}, ours / compiled Llama {r.ratio_vs_compiled:.2f}"
         text += ". "
@@ -274,8 +281,7 @@ if len(failed):
 ctx.md(text)
 judged = versus.dropna(subset=["ratio"])
 if len(judged):
-    ctx.headline(f"best step / Llama step (worst of {len(judged)})", round(float(judged.ratio.max()), 2), "×",
-                 note=f"bar {llama_bar}×: {'pass' if judged.passes.all() else 'fail'}")
+    ctx.headline(f"best step / Llama step (largest of {len(judged)})", round(float(judged.ratio.max()), 2), "×")
 
 # %% [markdown]
 # **Where each step's time goes.** One more profiled step of each model as it was timed: per phase,
@@ -323,7 +329,6 @@ ctx.md(f"{llama_sizes[0]}, context {llama_contexts[0]}, bf16, {best_attention}: 
 # **Why compiling helps, and where it cannot.** Most of a step's FLOPs are in matmuls that are
 # already cuBLAS calls in the vanilla model, so compilation cannot speed them up; what it removes is
 # the memory traffic and launch overhead of the many small elementwise and reduction kernels between
-# them, which it fuses. That share of the time is largest for small models and short contexts, and in
-# the backward pass (more elementwise work per matmul), so the speed-up shrinks as models grow. The
-# Llama reference pays that elementwise cost eagerly, which is the margin a compiled, fused
-# implementation can win.
+# them, which it fuses. So what compiling can save is the share of the step spent outside the
+# matmuls, which the speed-ups above measure per size and pass. The Llama reference pays the
+# elementwise cost eagerly, which is the margin a compiled, fused implementation can win.

@@ -59,6 +59,7 @@ from cs336_systems.attention.flash_triton import flash_attention_triton
 from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
 from cs336_systems.attention.naive import naive_attention
+from cs336_systems.experiments.answers import give
 
 FlashAttentionTriton.tiles = triton_tiles
 FlashAttentionPytorch.compile_backward = compile_backward
@@ -85,8 +86,9 @@ def show_source(obj) -> None:
 # Whenever the running maximum grows, the factor $e^{m^{(j-1)} - m^{(j)}} \le 1$ rescales what was
 # accumulated under the old maximum, so the result equals softmax(S) V exactly, without ever holding
 # a full row of S. Only L, Q, K, V and O are saved: memory linear in the sequence length.
-# With the causal flag, query r sits at position r + N_k − N_q and −10⁶ is added to the scores of
-# later keys; key tiles entirely after a query tile are skipped.
+# With the causal flag, query i sees keys j ≤ i (the upper-left aligned mask of
+# `scaled_dot_product_attention(is_causal=True)`) and −10⁶ is added to the scores of later keys;
+# key tiles entirely after a query tile are skipped.
 #
 # The PyTorch version (the two loops of the algorithm; each tile op is batched over batch·heads):
 
@@ -133,13 +135,14 @@ show_source(flash_bwd_dq_kernel)
 # Each case draws Q, K, V (and an upstream gradient dO) in the given dtype, runs forward and
 # backward, and compares O, the saved L, dQ, dK and dV with softmax attention computed in float64
 # by torch's own `softmax` and `logsumexp` from the same (rounded) inputs. The error is
-# norm-wise, ‖x − ref‖ / ‖ref‖ (with the largest absolute error beside it); the bar is 10⁻³ in fp32
-# and 10⁻² in fp16/bf16. Shapes cover lengths that are not multiples of the tile (nor, for one, of
+# norm-wise, ‖x − ref‖ / ‖ref‖ (with the largest absolute error beside it); the tolerance is 10⁻³ in
+# fp32 and 10⁻² in fp16/bf16. Shapes cover lengths that are not multiples of the tile (nor, for one, of
 # 16) and fewer queries than keys; on a GPU they share one head dimension, so the Triton kernels
 # compile once per dtype, causal flag and length alignment rather than per shape. The PyTorch
 # backward runs uncompiled here (the same equations; compiling it for every dtype and causal flag
-# would cost more than the whole table); the compiled one is checked by the tests and timed in
-# notebook 10. Each case prints a progress line.
+# would cost more than the whole table); the compiled one is checked by the tests
+# (`test_pytorch_compiled_backward_matches_float64`) and, on a GPU, runs in the memory sweep below.
+# Each case prints a progress line.
 
 # %%
 # (shape of q, shape of k and v, causal flags); the cpu profile keeps the interpreter's work small
@@ -170,12 +173,19 @@ wide.reset_index().style.format("{:.1e}", subset=["O", "L", "dQ", "dK", "dV", "m
 worst = acc.groupby(["implementation", "dtype"]).relative_error.max().unstack()
 n_pass = int(wide.passes.sum())
 ctx.md(
-    f"{n_pass} of {len(wide)} cases pass the bar on every tensor. Largest norm-wise error per implementation and dtype: "
+    f"{n_pass} of {len(wide)} cases are within the tolerance on every tensor. Largest norm-wise error per implementation and dtype: "
     + "; ".join(f"**{impl}** " + ", ".join(f"{dt} {worst.loc[impl, dt]:.1e}" for dt in worst.columns)
                 for impl in worst.index)
-    + f" (bars: {', '.join(f'{str(k)[6:]} {v:g}' for k, v in TOLERANCE.items())})."
+    + f" (tolerances: {', '.join(f'{str(k)[6:]} {v:g}' for k, v in TOLERANCE.items())})."
 )
 ctx.headline("FlashAttention cases passing the float64 check", f"{n_pass}/{len(wide)}")
+
+# %% [markdown]
+# ### The answers to `flash_forward` (a), (b), (c) and `flash_backward`
+# Where each part is implemented, and what the check above measured for it.
+
+# %%
+give(ctx, "flash_forward.a", "flash_forward.b", "flash_forward.c", "flash_backward")
 half = acc[acc.dtype != "float32"]
 ctx.md(
     f"In fp16/bf16 the largest error of L is {half[half.tensor == 'L'].relative_error.max():.1e}, against "

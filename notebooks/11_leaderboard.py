@@ -53,6 +53,8 @@ ceiling_n = ctx.pick(ceiling_n, cpu=512, gpu=8192)
 tune = ctx.pick(tune, cpu=False, gpu=True)
 
 # %%
+import pandas as pd
+
 from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_matmul_tflops
 from cs336_systems.experiments.flash_leaderboard import (
     CPU_SCALED_DOWN,
@@ -62,12 +64,12 @@ from cs336_systems.experiments.flash_leaderboard import (
     LEADERBOARD_2026_BARS,
     floors,
     leaderboard_bars,
-    leaderboard_bars_text,
     clock_text,
     leaderboard_table,
     measure_copy_bandwidth,
     read_tuning_record,
 )
+from cs336_systems.experiments.answers import give
 from cs336_systems.report.environment import repo_root
 from cs336_systems.report.tables import fmt_ms
 
@@ -96,7 +98,7 @@ else:
 # gets its share of the warm-up and timed runs, in an order rotated by one place every round, and the
 # tables pool the runs of all rounds. Timed one after another, the first would run on a cooler GPU:
 # on an H100 the power-capped clock falls as the GPU heats up over the first tens of seconds
-# (`docs/flash_attention_tuning.md`, v14). SDPA runs eagerly with one backend allowed (`sdpa_kernel`): it is a
+# (`docs/flash_attention_tuning.md`). SDPA runs eagerly with one backend allowed (`sdpa_kernel`): it is a
 # single fused call, which compiling would not change. FLOPs: causal forward 4·B·H·N²·d / 2,
 # forward+backward 3.5× that.
 
@@ -155,23 +157,53 @@ elif ours is not None:
     ctx.md(f"Ours did not produce a valid timing: status **{ours.status}** ({ours.note}).")
 
 # %% [markdown]
-# ## The bars of the issue
-# Forward+backward of ours ≤ 0.95 × SDPA-cuDNN and ≤ 0.7 × SDPA-flash; forward of ours ≤ 1.0 ×
-# SDPA-cuDNN's forward.
+# ## Ours against SDPA, pass by pass
+# Ours / SDPA's cuDNN and flash backends for the forward, the backward and the forward+backward
+# (medians), and the same ratio round by round: each round's medians, the lowest and highest of the
+# rounds.
 
 # %%
-bars = leaderboard_bars(df, per_round)
-ctx.save_table(bars, "leaderboard_bars")
-ctx.md(leaderboard_bars_text(bars) + " " + clock_text(df))
-for b in bars[bars.verdict.str.startswith("not measured")].itertuples():
-    ctx.not_run(f"leaderboard bar '{b.bar}'", b.verdict.removeprefix("not measured ").strip("()"))
+PASS_COLUMNS = {"fwd_ms": "forward", "bwd_ms": "backward", "fwd_bwd_ms": "forward+backward"}
+BASELINES = {"sdpa_cudnn": "SDPA, cuDNN backend", "sdpa_flash": "SDPA, flash backend"}
+PAIRS = [(column, baseline, float("inf")) for baseline in BASELINES for column in PASS_COLUMNS]
+
+
+def ratio_table(df: pd.DataFrame, per_round: pd.DataFrame) -> pd.DataFrame:
+    """Ours / each SDPA backend per pass, with the round-by-round range; 'not measured' where one did not run."""
+    ratios = leaderboard_bars(df, per_round, bars=PAIRS)
+    return pd.DataFrame({
+        "pass": [PASS_COLUMNS[c] for c, _, _ in PAIRS], "baseline": [BASELINES[b] for _, b, _ in PAIRS],
+        "ours (ms)": ratios.ours_ms, "baseline (ms)": ratios.baseline_ms, "ours / baseline": ratios.ratio,
+        "lowest round": ratios.round_ratio_min, "highest round": ratios.round_ratio_max,
+        "note": ratios.verdict.where(ratios.verdict.str.startswith(("not measured", "fail (")), "").str.replace(
+            "fail (", "(", regex=False)})
+
+
+def ratio_text(ratios: pd.DataFrame) -> str:
+    measured = ratios.dropna(subset=["ours / baseline"])
+    return "Ours / baseline: " + "; ".join(
+        f"{r['pass']} {r['ours / baseline']:.3f}× ({r['baseline']}; rounds {r['lowest round']:.3f}–{r['highest round']:.3f}×)"
+        for _, r in measured.iterrows()) + "." if len(measured) else "No SDPA backend ran beside ours."
+
+
+def record_unmeasured(ratios: pd.DataFrame, shape: str) -> None:
+    for r in ratios[ratios.note != ""].drop_duplicates("baseline").itertuples():
+        ctx.not_run(f"ours against {r.baseline} at {shape}", r.note.removeprefix("not measured ").strip("()"))
+
+
+# the project's own speed thresholds are kept with the results (not shown): docs/flash_attention_tuning.md
+ctx.save_table(leaderboard_bars(df, per_round), "leaderboard_bars", show=False)
+ratios = ratio_table(df, per_round)
+ctx.save_table(ratios, "leaderboard_ratios")
+ctx.md(ratio_text(ratios) + " " + clock_text(df))
+record_unmeasured(ratios, "the leaderboard shape")
 
 # %% [markdown]
 # ## The 2026 model's attention (head dimension 128)
 # The spring-2026 leaderboard's model (d_model 4,096 in 32 heads, context 32,768) runs its attention at
 # head dimension 128 on (1, heads, N, d) views of its (1, N, 4,096) projections. The same harness times
 # that shape in that layout: ours, SDPA-flash and SDPA-cuDNN in one run, each checked against float64
-# first. Bars: backward ≤ 1.0 × SDPA-cuDNN's, forward ≤ 1.0 ×, forward+backward ≤ 0.95 ×.
+# first.
 
 # %%
 config_2026 = LEADERBOARD_2026 if ctx.device.type == "cuda" else CPU_SCALED_DOWN_2026
@@ -179,17 +211,16 @@ df_2026, per_round_2026 = leaderboard_table(impls, config_2026, device=ctx.devic
                                             fwd_settings=fwd_settings, ceiling_tflops=ceiling, rounds=rounds)
 ctx.save_table(df_2026, "leaderboard_2026")
 ctx.save_table(per_round_2026, "leaderboard_2026_rounds")
-bars_2026 = leaderboard_bars(df_2026, per_round_2026, bars=LEADERBOARD_2026_BARS)
-ctx.save_table(bars_2026, "leaderboard_2026_bars")
+ctx.save_table(leaderboard_bars(df_2026, per_round_2026, bars=LEADERBOARD_2026_BARS), "leaderboard_2026_bars", show=False)
+ratios_2026 = ratio_table(df_2026, per_round_2026)
+ctx.save_table(ratios_2026, "leaderboard_2026_ratios")
 scaled = "" if ctx.device.type == "cuda" else " — scaled down for the CPU profile, not the model's"
-ctx.md(f"Configuration: **{config_2026.describe()}**{scaled}. " + leaderboard_bars_text(bars_2026) + " "
-       + clock_text(df_2026))
+ctx.md(f"Configuration: **{config_2026.describe()}**{scaled}. " + ratio_text(ratios_2026) + " " + clock_text(df_2026))
 ours_2026 = df_2026.set_index("impl").loc["triton"] if "triton" in set(df_2026.impl) else None
 if ours_2026 is not None and ours_2026.status == "ok":
     ctx.headline("2026 attention (d = 128) fwd+bwd, ours" + ("" if ctx.device.type == "cuda" else " (scaled-down, interpreter)"),
                  round(float(ours_2026.fwd_bwd_ms), 4), "ms")
-for b in bars_2026[bars_2026.verdict.str.startswith("not measured")].itertuples():
-    ctx.not_run(f"2026 attention bar '{b.bar}'", b.verdict.removeprefix("not measured ").strip("()"))
+record_unmeasured(ratios_2026, "the 2026 model's attention shape")
 
 # %% [markdown]
 # ## Kernel by kernel
@@ -220,6 +251,14 @@ for row_name, row_config, row_table, prefix in (("2025 row", config, df, "leader
         ctx.not_run(f"the kernel-by-kernel profile of the {row_name}'s step",
                     "needs CUDA kernels (torch.profiler's CUDA activity)" if ctx.device.type != "cuda"
                     else "no implementation ran")
+
+# %% [markdown]
+# ## The answer: the leaderboard's forward+backward time
+# Ours at the 2025 leaderboard's shape and at the 2026 model's attention shape, against SDPA in the
+# same run, from the tables above.
+
+# %%
+give(ctx, "leaderboard")
 
 # %% [markdown]
 # ## What each optimisation bought

@@ -31,6 +31,7 @@ warmup = 5
 iters = 10
 
 # %%
+from cs336_systems.experiments.answers import give
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("12_distributed_communication", profile=profile)
@@ -56,6 +57,7 @@ ctx.save_table(df[columns], "allreduce");
 
 # %%
 ctx.save_figure(plot_allreduce(df), "allreduce_time_and_bandwidth");
+give(ctx, "distributed_communication_single_node")
 
 # %% [markdown]
 # ## What the measurements say
@@ -69,8 +71,7 @@ for backend, g in df.groupby("backend"):
 # %% [markdown]
 # **How the factors interact.** Time is roughly α + S/β: a fixed per-call latency α (process
 # synchronization, kernel launch, protocol setup) plus the bytes over the achievable bandwidth β.
-# Small tensors are latency bound, so their bandwidth is low whatever the backend; only large
-# tensors approach the link bandwidth. More processes add ring steps (more latency terms) and,
-# for gloo, compete for the same CPU cores and memory bandwidth, whereas NCCL ranks each own a
-# GPU and talk over NVLink, which is why NCCL's bus bandwidth is orders of magnitude above gloo's
-# on the same node and its time grows little with n.
+# Where α dominates (small tensors), bus bandwidth is low whatever the link; only where S/β
+# dominates does it approach what the link sustains. More processes add ring steps (more latency
+# terms) and raise each rank's traffic by 2(n−1)/n; gloo's processes also compete for the same
+# CPU cores and memory bandwidth, whereas each NCCL rank drives its own GPU and its own links.

@@ -32,6 +32,7 @@ steps = None
 tolerance = 1e-5           # largest weight difference accepted as "equal" (fp32 rounding)
 
 # %%
+from cs336_systems.experiments.answers import give
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("13_naive_ddp", profile=profile)
@@ -62,7 +63,8 @@ if ctx.profile == "gpu" and backend != "nccl":
 
 # %%
 checks = summarize_equivalence(check_equivalence(expand_flavours(["no-communication", "naive", "flat"]), backend=backend), tolerance)
-ctx.save_table(checks, "equivalence");
+ctx.save_table(checks, "equivalence_naive");
+give(ctx, "naive_ddp")
 
 # %%
 ddp_rows, control = checks[checks.flavour != "no-communication"], checks[checks.flavour == "no-communication"]
@@ -92,6 +94,9 @@ ctx.md(describe_setup(df))
 columns = ["flavour", "status", "all_reduce_calls", "step_ms", "step_std_ms", "fwd_bwd_ms", "sync_ms", "sync_std_ms",
            "optimizer_ms", "overhead_ms", "sync_fraction", "rank_spread_ms"]
 ctx.save_table(df[[c for c in columns if c in df]], "naive_flat_step");
+setup_columns = ["size", "parameters", "gradient_bytes", "context_length", "global_batch_size", "world_size", "backend", "warmup", "steps"]
+ctx.save_table(df[df.status == "ok"][setup_columns].head(1), "naive_flat_setup", show=False)
+give(ctx, "naive_ddp_benchmarking", "naive_ddp_benchmarking.2026", "minimal_ddp_flat_benchmarking", "minimal_ddp_flat_benchmarking.2026")
 
 # %%
 ctx.save_figure(plot_step_breakdown(df, f"{size}, {world_size} ranks ({backend}): naive vs flat DDP"), "naive_flat_breakdown");

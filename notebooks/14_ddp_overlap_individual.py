@@ -20,8 +20,8 @@
 # (`async_op=True`) of that gradient the moment autograd has finished it, and
 # `finish_gradient_synchronization()`, called before `optimizer.step()`, only waits for the
 # calls still in flight. (a) compares its step time with naive and flat DDP on 1 node × 2 GPUs
-# with the XL model; (b) shows, from profiler traces of one step, that naive DDP's NCCL kernels
-# run after the backward pass while these ones run during it.
+# with the XL model; (b) draws profiler traces of one step of naive DDP and of this one, to show
+# whether each one's communication runs after the backward pass or during it.
 
 # %% tags=["parameters"]
 profile = None             # "cpu" | "gpu"; None picks gpu when CUDA is available
@@ -45,6 +45,7 @@ steps = ctx.pick(steps, cpu=3, gpu=10)
 # %%
 import pandas as pd
 
+from cs336_systems.experiments.answers import give
 from cs336_systems.experiments.ddp_benchmark import DDPBenchmarkConfig, benchmark_ddp, describe_setup, plot_step_breakdown
 from cs336_systems.experiments.ddp_equivalence import check_equivalence, summarize_equivalence
 from cs336_systems.experiments.ddp_flavours import expand_flavours
@@ -65,7 +66,8 @@ if ctx.profile == "gpu" and backend != "nccl":
 
 # %%
 checks = summarize_equivalence(check_equivalence(expand_flavours(["individual"]), backend=backend), tolerance)
-ctx.save_table(checks, "equivalence");
+ctx.save_table(checks, "equivalence_individual");
+give(ctx, "ddp_overlap_individual_parameters")
 ctx.md(
     f"{int(checks.matches.sum())} of {len(checks)} models match single-process training on every rank "
     f"(largest weight difference {checks.max_abs_diff.max():.1e}, tolerance {tolerance:.0e}; weights moved by up to "
@@ -91,6 +93,9 @@ ctx.md(describe_setup(df))
 columns = ["flavour", "status", "all_reduce_calls", "step_ms", "step_std_ms", "fwd_bwd_ms", "sync_ms", "sync_std_ms",
            "optimizer_ms", "overhead_ms", "sync_fraction", "rank_spread_ms"]
 ctx.save_table(df[[c for c in columns if c in df]], "overlap_individual_step");
+setup_columns = ["size", "parameters", "gradient_bytes", "context_length", "global_batch_size", "world_size", "backend", "warmup", "steps"]
+ctx.save_table(df[df.status == "ok"][setup_columns].head(1), "overlap_individual_setup", show=False)
+give(ctx, "ddp_overlap_individual_parameters_benchmarking.a", "ddp_overlap_individual_parameters_benchmarking.a.2026")
 ctx.save_figure(plot_step_breakdown(df, f"{size}, {world_size} ranks ({backend}): overlapping individual all-reduces"), "individual_breakdown");
 
 # %%
@@ -130,6 +135,7 @@ if timelines:
                  share_inside_backward=overlap_fraction(ev), after_backward_ms=communication_after(ev))
             for name, ev in timelines.items()]
     overlap = ctx.save_table(pd.DataFrame(rows), "timeline_overlap")
+    give(ctx, "ddp_overlap_individual_parameters_benchmarking.b", "ddp_overlap_individual_parameters_benchmarking.b.2026")
     o = overlap.set_index("flavour")
     ctx.md(
         f"In the naive step, {100 * o.loc['naive', 'share_inside_backward']:.0f}% of the communication time falls inside "

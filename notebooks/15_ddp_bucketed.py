@@ -47,11 +47,10 @@ bucket_max_ctas = None     # each bucket size also with NCCL's kernels capped at
 warmup = None
 steps = None
 tolerance = 1e-5           # largest weight difference accepted as "equal" (fp32 rounding)
-target_vs_torch_ddp = 1.03 # the issue's bar: best bucketed step <= this × DistributedDataParallel's
-target_overhead_share = 0.30  # and bucketed overhead <= this × the naive overhead
 scaling_world_sizes = None # part (c); None = the default of the profile (cpu: 2, 4; gpu: 2, 4, 8, sizes beyond the GPUs listed as not run)
 
 # %%
+from cs336_systems.experiments.answers import give
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("15_ddp_bucketed", profile=profile)
@@ -93,7 +92,8 @@ if bucket_max_ctas and not (backend == "nccl" and nccl_cta_limit_supported()):
 
 # %%
 checks = summarize_equivalence(check_equivalence(expand_flavours(["bucketed"], [None, 0.0005, 1e-9]), backend=backend), tolerance)
-ctx.save_table(checks, "equivalence");
+ctx.save_table(checks, "equivalence_bucketed");
+give(ctx, "ddp_overlap_bucketed")
 ctx.md(
     f"{int(checks.matches.sum())} of {len(checks)} (model, bucket size) pairs match single-process training on every rank, "
     f"with {int(checks.buckets.min())} to {int(checks.buckets.max())} buckets (largest weight difference "
@@ -118,10 +118,13 @@ ctx.md(describe_setup(df))
 columns = ["flavour", "status", "all_reduce_calls", "step_ms", "step_std_ms", "fwd_bwd_ms", "sync_ms", "sync_std_ms",
            "optimizer_ms", "overhead_ms", "sync_fraction", "rank_spread_ms"]
 ctx.save_table(df[[c for c in columns if c in df]], "all_flavours");
+setup_columns = ["size", "parameters", "gradient_bytes", "context_length", "global_batch_size", "world_size", "backend", "warmup", "steps"]
+ctx.save_table(df[df.status == "ok"][setup_columns].head(1), "all_flavours_setup", show=False)
 
 # %%
 ctx.save_figure(plot_step_breakdown(df, f"{size}, {world_size} ranks ({backend}): every DDP flavour"), "all_flavours_breakdown");
 ctx.save_figure(plot_bucket_sweep(df), "bucket_sweep");
+give(ctx, "ddp_bucketed_benchmarking.a")
 
 # %%
 ok = df[df.status == "ok"].set_index("flavour")
@@ -151,14 +154,6 @@ if len(sweep) and needed <= set(ok.index):
     ratio_ddp = best.step_ms / tddp.step_ms
     naive_over, best_over = naive.step_ms - base.step_ms, best.step_ms - base.step_ms
     share = best_over / naive_over if naive_over > 0 else float("nan")
-    ctx.md(
-        f"**The issue's bars.** Best bucketed step / DistributedDataParallel step = {best.step_ms:.1f} / {tddp.step_ms:.1f} = "
-        f"**{ratio_ddp:.3f}×** (target ≤ {target_vs_torch_ddp:.2f}×): {'**pass**' if ratio_ddp <= target_vs_torch_ddp else '**fail**'}. "
-        f"Overhead beyond the no-communication step, bucketed {best_over:.1f} ms against naive {naive_over:.1f} ms = "
-        + (f"**{100 * share:.0f}%** (target ≤ {100 * target_overhead_share:.0f}%): {'**pass**' if share <= target_overhead_share else '**fail**'}"
-           + (" (a negative overhead means the difference is below this run's noise)." if best_over < 0 else ".")
-           if naive_over > 0 else "undefined, because naive's overhead is not positive in this run (noise exceeds the signal): **not assessed**.")
-    )
     slowdown, exposed = best.fwd_bwd_ms - base.fwd_bwd_ms, best.sync_ms - base.sync_ms
     text = (f"**Where the best bucketed overhead goes.** Of its {best_over:.1f} ms, {slowdown:.1f} ms is a slower forward+backward "
             f"({best.fwd_bwd_ms:.1f} against {base.fwd_bwd_ms:.1f} ms without communication: the copies into the buckets, and the "
@@ -186,38 +181,35 @@ if len(sweep) and needed <= set(ok.index):
     ctx.md(text)
     ctx.headline("best bucket size", best.bucket_size_mb, unit="MB",
                  note=f"{size}, {world_size} ranks, {backend}" + ("" if best.tail_bucket_mb != best.tail_bucket_mb else f", tail bucket {best.tail_bucket_mb:g} MB") + ("" if best.max_ctas != best.max_ctas or best.max_ctas is None else f", NCCL capped at {int(best.max_ctas)} CTAs"))
-    ctx.headline("bucketed (best) / torch DDP step", round(ratio_ddp, 3), unit="×", note=f"target ≤ {target_vs_torch_ddp}")
-    ctx.headline("bucketed / naive overhead", round(100 * share, 1) if share == share else "n/a", unit="%", note=f"target ≤ {100 * target_overhead_share:.0f}%")
+    ctx.headline("bucketed (best) / torch DDP step", round(ratio_ddp, 3), unit="×", note=f"{size}, {world_size} ranks, {backend}")
+    ctx.headline("bucketed (best) / naive overhead", round(100 * share, 1) if share == share else "n/a", unit="%", note=f"{size}, {world_size} ranks, {backend}")
 else:
     ctx.md("Some flavours did not run (see the status column), so there is no comparison.")
 
 # %% [markdown]
-# **Expectations, and why measurements can disagree.** Bucketing should combine the two earlier
-# improvements: fewer calls than per-parameter all-reduces, and unlike the flat buffer, most of them
-# overlapped with the backward pass; so a middle bucket size should beat both, with very small
-# buckets degenerating into the individual flavour and one huge bucket into flat DDP (its
-# all-reduce can only start after the last gradient). The mismatches one typically sees have
-# concrete causes: (1) within one node, NVLink moves the ~8 GB of XL gradients in a few tens of ms,
-# small next to the backward pass, so every overlapping variant hides nearly all of it and the
-# differences shrink to noise; (2) buckets are launched in order, and the gradient of the first
-# layers (the token embedding, registered first, hence in the *last* bucket) is produced last, so
-# the final bucket is always exposed, and a large last bucket exposes much; (3) bucketing costs a
-# copy of every gradient into its bucket, which the per-parameter flavour does not pay (the copy
-# back is gone: the buckets' slices are the gradients); (4) NCCL runs
-# collectives one after another on one stream, so many small calls queue behind each other;
-# (5) the NCCL kernels use SMs and memory bandwidth that the backward kernels would otherwise use.
-# Results closer to the textbook picture need communication that is expensive relative to
-# compute: more ranks or nodes (slower links, larger 2(n−1)/n), a smaller per-rank batch, mixed
-# precision (faster compute, same bytes of fp32 gradients), or a model with more parameters per
-# FLOP.
+# **Expectations, and the mechanisms that can make measurements disagree.** Bucketing should
+# combine the two earlier improvements: fewer calls than per-parameter all-reduces and, unlike the
+# flat buffer, most of them overlapped with the backward pass; very small buckets degenerate into
+# the per-parameter flavour and one huge bucket into flat DDP (its all-reduce can only start after
+# the last gradient), so the best size should lie between. What the simple picture leaves out:
+# (1) the overlapped all-reduces hide communication only up to the length of the backward pass, so
+# where the link is fast relative to compute there is little left to hide; (2) buckets are launched
+# in order, and the gradients of the first layers (the token embedding, registered first, hence in
+# the *last* bucket) are produced last, so the final bucket is always exposed; (3) bucketing copies
+# every gradient into its bucket, which the per-parameter flavour does not (the copy back is gone:
+# the buckets' slices are the gradients); (4) NCCL runs collectives one after another on one
+# stream, so many small calls queue behind each other; (5) NCCL's kernels use SMs and memory
+# bandwidth that the backward kernels would otherwise use. Communication that is expensive relative
+# to compute (more ranks or nodes, slower links, a smaller per-rank batch, faster compute) is where
+# the textbook picture applies.
 
 # %% [markdown]
 # ## (a′) What the stream priority buys
 # (a) queued every step on a CUDA stream of higher priority than NCCL's. Here no communication,
 # naive, the best bucketed configuration of (a) and torch DDP run again, in one run with the same
 # settings, at the default priority, where compute and NCCL's kernels compete for SMs as equals.
-# Naive DDP's all-reduces run after the backward pass, beside nothing, so its overhead should not
-# move; the overlapping flavours' slower forward+backward is where a difference can show.
+# Naive DDP's all-reduces run after the backward pass, beside no compute, so there the priority has
+# nothing to arbitrate; it can matter only where communication overlaps the backward pass.
 
 # %%
 from dataclasses import replace
@@ -294,16 +286,7 @@ if len(points_df) >= 2:
     ctx.headline("fitted per-call all-reduce cost o", round(fit.per_call_s * 1e6, 1), unit="µs")
 else:
     ctx.md("Fewer than two overlapping flavours ran, so there is nothing to fit.")
-
-# %% [markdown]
-# ## (c) Scaling with the number of GPUs
-# Weak scaling: the per-rank batch of (a) stays fixed and the global batch grows with the ranks, so
-# the no-communication step does the same work per rank at every size and whatever the other
-# flavours add is the cost of communication at that size. A ring all-reduce moves 2(n−1)/n of the
-# gradient bytes in and out of every rank (1× at 2 ranks, 1.5× at 4, 1.75× at 8), so naive DDP's
-# overhead should grow with n, while the overlapping flavours hide it as long as the backward pass
-# lasts longer than their communication. Scaling efficiency = no-communication step / step (1 =
-# perfectly hidden). The bucketed flavour uses the best bucket size (with its tail bucket and thread-block cap) of (a).
+give(ctx, "ddp_bucketed_benchmarking.b")
 
 # %%
 from dataclasses import replace
@@ -320,8 +303,18 @@ for n, note in scaling[scaling.status == "not run"].groupby("world_size").note.f
 ctx.save_table(scaling[[c for c in ["world_size", "flavour", "status", "global_batch_size", "step_ms", "step_std_ms",
                                     "overhead_ms", "efficiency", "note"] if c in scaling]], "scaling_raw", show=False)
 scaled = scaling[scaling.status == "ok"]
+if scaled.world_size.nunique() >= 2:
+    ctx.md(
+        "## (c) Scaling with the number of GPUs\n"
+        "Weak scaling: the per-rank batch of (a) stays fixed and the global batch grows with the ranks, so the "
+        "no-communication step does the same work per rank at every size and whatever the other flavours add is the "
+        "cost of communication at that size. A ring all-reduce moves 2(n−1)/n of the gradient bytes in and out of every "
+        "rank (1× at 2 ranks, 1.5× at 4, 1.75× at 8), so the bytes each rank sends grow with n; the overlapping flavours "
+        "can hide them as long as the backward pass lasts longer than their communication. Scaling efficiency = "
+        "no-communication step / step (1 = perfectly hidden). The bucketed flavour uses the best bucket size of (a)."
+    )
 if scaled.world_size.nunique() >= 1:
-    ctx.save_table(scaling_table(scaling), "scaling");
+    ctx.save_table(scaling_table(scaling), "scaling", show=scaled.world_size.nunique() >= 2);
 
 
 # %%
@@ -353,6 +346,4 @@ if len(ran) >= 2:
     best_flavour = scaled[(scaled.world_size == hi) & (scaled.flavour != "no-communication")].sort_values("step_ms").iloc[0]
     ctx.headline(f"DDP scaling efficiency at {hi} ranks (best flavour)", round(float(best_flavour.efficiency), 3),
                  note=f"{best_flavour.flavour}, {size}, {backend}")
-else:
-    ctx.md(f"Only {len(ran)} world size ran here, so there is no scaling to show.")
 

@@ -41,6 +41,7 @@ analysis_size = "xl"       # the model of the analytic table (always computed)
 timeline_modules = 16      # modules drawn in the gather schedule
 
 # %%
+from cs336_systems.experiments.answers import give
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("17_fsdp", profile=profile)
@@ -51,9 +52,11 @@ warmup = ctx.pick(warmup, cpu=1, gpu=3)
 steps = ctx.pick(steps, cpu=3, gpu=10)
 
 # %%
+import pandas as pd
+
 from cs336_systems.accounting.sharding import memory_table, setup_for_model
 from cs336_systems.experiments.fsdp_benchmark import (
-    FSDPBenchmarkConfig, evaluate_bars, expected_saving, measured_saving, plot_runs, run_fsdp_benchmark,
+    FSDPBenchmarkConfig, expected_saving, measured_saving, plot_runs, run_fsdp_benchmark,
 )
 from cs336_systems.experiments.fsdp_timeline import forward_gather_timing, plot_gather_schedule
 from cs336_systems.distributed.launch import resolve_backend
@@ -71,6 +74,10 @@ config = FSDPBenchmarkConfig(
     profile_run=("fsdp", compute_dtype),
 )
 result = run_fsdp_benchmark(config)
+measured = setup_for_model(ModelConfig.from_size(size, context_length=context_length, vocab_size=vocab_size), world_size)
+ctx.save_table(pd.DataFrame([dict(size=size, parameters=measured.num_params, context_length=context_length,
+                                  global_batch_size=global_batch_size, world_size=world_size, backend=backend,
+                                  warmup=warmup, steps=steps)]), "fsdp_setup", show=False)
 
 # %% [markdown]
 # ## `fsdp`: FSDP training equals non-parallel training
@@ -115,6 +122,9 @@ ctx.md(
     f"of the model state: all but the norms' {analysis.fsdp_replicated_params:,} parameters is split {world_size} ways)."
 )
 ctx.headline(f"FSDP expected saving ({analysis_size}, {world_size} ranks)", round(float(xl.loc["fsdp", "saving_vs_ddp_GB"]), 2), unit="GB")
+# the 2026 handout's xl (d_model 2560, d_ff 10240, 32 layers, 32 heads), whose section 6 analysis this part builds on
+xl_2026 = memory_table(setup_for_model(ModelConfig.from_size("2.7B", context_length=context_length), world_size), ("ddp", "fsdp"))
+ctx.save_table(xl_2026, "fsdp_analysis_memory_2026_xl", show=False)
 
 # %%
 expected = expected_saving(config)
@@ -128,8 +138,8 @@ text = (
 )
 if saving["peak_GB"] == saving["peak_GB"]:  # not NaN: a GPU run with allocator peaks
     text += (f" The allocator's peak over the measured steps drops by {saving['peak_GB'] * scale:.3f} {unit} "
-             f"({saving['peak_GB'] / expected.saving_GB.iloc[1]:.0%} of the expected saving; the rest goes to gathered weights, "
-             f"gradient buffers in flight and the different timing of the peak).")
+             f"({saving['peak_GB'] / expected.saving_GB.iloc[1]:.0%} of the expected saving; the peak also holds what the "
+             f"analysis leaves out, the gathered weights and gradient buffers of the modules in flight).")
 ctx.md(text)
 
 # %% [markdown]
@@ -148,22 +158,12 @@ ctx.save_table(runs[[c for c in columns if c in runs]], "fsdp_runs");
 ctx.save_figure(plot_runs(runs, f"{size}, {world_size} ranks ({backend})"), "fsdp_runs");
 
 # %%
-bars = evaluate_bars(runs)
-lines = []
-for b in bars:
-    r = runs[(runs.compute_dtype == b.compute_dtype) & (runs.status == "ok")].set_index("strategy")
-    no_opt = (r.loc["fsdp", "step_ms"] - r.loc["fsdp", "optimizer_ms"]) / (r.loc["fsdp2", "step_ms"] - r.loc["fsdp2", "optimizer_ms"])
-    mem_unit, mem_scale = ("GB", 1.0) if b.fsdp2_peak_gb > 1 else ("MB", 1e3)
-    lines.append(
-        f"- **{b.compute_dtype}**: step {b.fsdp_step_ms:.1f} ms vs FSDP2's {b.fsdp2_step_ms:.1f} ms "
-        f"({b.fsdp_step_ms / b.fsdp2_step_ms:.2f}×, limit 1.15×: **{'pass' if b.time_pass else 'fail'}**; "
-        f"without the optimizer phase {no_opt:.2f}×); {b.memory_measure} {b.fsdp_peak_gb * mem_scale:.3f} {mem_unit} vs "
-        f"{b.fsdp2_peak_gb * mem_scale:.3f} {mem_unit} ({b.fsdp_peak_gb / b.fsdp2_peak_gb:.2f}×, limit 1.10×: "
-        f"**{'pass' if b.memory_pass else 'fail'}**)."
-    )
-    ctx.headline(f"FSDP / FSDP2 step time ({b.compute_dtype})", round(b.fsdp_step_ms / b.fsdp2_step_ms, 3), unit="×", note=f"{size}, {backend}")
-ctx.md("The issue's bars, FSDP against FSDP2 in the same run:\n\n" + "\n".join(lines)
-       + ("" if backend == "nccl" else f"\n\nThese are the {size} model's numbers on gloo, not the bars' XL-on-2-GPUs setting."))
+ok = runs[runs.status == "ok"].set_index(["strategy", "compute_dtype"])
+for dtype in runs.compute_dtype.unique():
+    if ("fsdp", dtype) in ok.index and ("fsdp2", dtype) in ok.index:
+        ratio = ok.loc[("fsdp", dtype), "step_ms"] / ok.loc[("fsdp2", dtype), "step_ms"]
+        ctx.headline(f"FSDP / FSDP2 step time ({dtype})", round(float(ratio), 3), unit="×", note=f"{size}, {backend}")
+give(ctx, "fsdp", "fsdp_accounting.a")
 
 # %% [markdown]
 # ## `fsdp_accounting` (b): does each all-gather finish before its module needs it?
@@ -209,3 +209,4 @@ ctx.md(
        if len(late) and late.position.min() == 0 else "")
 )
 ctx.headline("forward all-gathers in time", f"{int(timing.in_time.sum())}/{len(timing)}", note=f"{size}, {compute_dtype}, {backend}")
+give(ctx, "fsdp_accounting.b")

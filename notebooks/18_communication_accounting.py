@@ -45,6 +45,7 @@ from cs336_systems.accounting.mesh import (
     mesh_batch_table, mesh_best_split, mesh_forward_times, mesh_max_tp, mesh_min_batch, mesh_times_table,
 )
 from cs336_systems.accounting.symbolic import latex_equation
+from cs336_systems.experiments.answers import give
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("18_communication_accounting", profile=profile)
@@ -76,14 +77,7 @@ sizes |= {f"state + activations, {t:,} tokens": total_state + stack_saved_activa
 h100 = devices_table(sizes, H100)
 ctx.save_table(h100, "xxl_memory_in_h100s", precision=2)
 state_row = h100.iloc[0]
-ctx.md(
-    f"**Answer (a).** The FP32 master weights, accumulated gradients and AdamW state take "
-    f"**{state_row.GB:,.2f} GB ({state_row.GiB:,.2f} GiB)**, {state_row.devices:.2f} H100s' worth of memory at "
-    f"{H100.memory_bytes / GB:.0f} GB each (so {state_row.whole_devices} GPUs; reading the card as "
-    f"{H100.memory_bytes / GB:.0f} GiB instead gives {total_state / (H100.memory_bytes / GB * GiB):.2f}); "
-    f"the BF16 activations saved for backward add {per_token / 1e6:.2f} MB per token, e.g. "
-    f"{stack_saved_activation_bytes(XXL, activation_tokens[1]) / GB:,.1f} GB for a {activation_tokens[1]:,}-token batch."
-)
+give(ctx, "communication_accounting.a")
 ctx.headline("XXL parameters", XXL.num_parameters)
 ctx.headline("XXL FP32 weights + grads + AdamW", round(state_row.GB, 2), unit="GB")
 
@@ -101,13 +95,7 @@ n_state_only = fsdp_devices_to_fit(total_state, 0, TPU_V5P.memory_bytes)
 fit = fsdp_fit_table(XXL, fsdp_tokens, TPU_V5P).astype({"min_N_FSDP": "Int64"})
 ctx.save_table(fit, "xxl_fsdp_devices_to_fit_v5p", precision=2)
 n_fsdp = math.floor(n_state_only) + 1
-ctx.md(
-    f"**Answer (b).** With the activations negligible, {total_state / GB:,.2f} GB / N_FSDP < "
-    f"{TPU_V5P.memory_bytes / GB:.0f} GB needs N_FSDP > {n_state_only:.2f}, so **N_FSDP = {n_fsdp}** "
-    f"({fsdp_memory_per_device(total_state, 0, n_fsdp) / GB:.2f} GB per device); every token of the batch adds "
-    f"{per_token / 2 / 1e6:.2f} MB that sharding cannot remove, and past "
-    f"{2 * TPU_V5P.memory_bytes / per_token:,.0f} tokens no N_FSDP fits (table)."
-)
+give(ctx, "communication_accounting.b")
 ctx.headline("N_FSDP to fit a 95 GB v5p", n_fsdp, unit="devices")
 
 # %% [markdown]
@@ -138,20 +126,8 @@ ctx.md("Compute bound needs T_math ≥ T_FSDP, a condition on the batch, and T_m
 mesh = dict(x=16, y=4, m_x=2, m_y=1)
 chip = TPU_V5P
 batch = mesh_min_batch(XXL.d_model, XXL.d_ff, mesh["x"], mesh["y"], chip.flops_per_s, chip.bandwidth, mesh["m_x"], mesh["m_y"])
-y_max = mesh_max_tp(XXL.d_ff, chip.flops_per_s, chip.bandwidth, mesh["m_y"])
 chips = mesh["x"] * mesh["y"]
 per_chip = math.ceil(batch / chips)
-at_batch = mesh_forward_times(per_chip * chips, XXL.d_model, XXL.d_ff, mesh["x"], mesh["y"], chip.flops_per_s,
-                              chip.bandwidth, mesh["m_x"], mesh["m_y"])
-ctx.md(
-    f"With C = {chip.flops_per_s:.2e} FLOP/s and W_ici = {chip.bandwidth:.2e} bytes/s, C / W_ici = "
-    f"{chip.flops_per_s / chip.bandwidth:,.1f}. The TP condition holds (Y = {mesh['y']} ≤ {y_max:.1f}). "
-    f"The FSDP condition gives B ≥ {batch:,.1f} tokens, i.e. B / N ≥ {batch / chips:.2f} tokens per chip.\n\n"
-    f"**Answer (c).** The forward pass is compute bound from **{per_chip} tokens per chip** (B/N ≥ "
-    f"{batch / chips:.2f}), i.e. an overall batch of **{per_chip * chips:,} tokens** on the {mesh['x']} × {mesh['y']} = "
-    f"{chips} chips (at that batch one block takes T_math = {at_batch['math'] * 1e3:.2f} ms, "
-    f"T_FSDP = {at_batch['fsdp'] * 1e3:.2f} ms, T_TP = {at_batch['tp'] * 1e3:.2f} ms)."
-)
 ctx.headline("v5p 16x4 mesh: compute-bound batch per chip", per_chip, unit="tokens")
 ctx.headline("v5p 16x4 mesh: compute-bound global batch", per_chip * chips, unit="tokens")
 
@@ -167,6 +143,7 @@ ax.set(xscale="log", yscale="log", xlabel="global batch B (tokens)", ylabel="tim
        title=f"XXL on a {mesh['x']} × {mesh['y']} TPU v5p mesh")
 ax.legend(fontsize=8)
 ctx.save_figure(fig, "xxl_mesh_forward_times")
+give(ctx, "communication_accounting.c")
 
 # %% [markdown]
 # ## (d) Lowering the batch while staying compute bound
@@ -199,27 +176,4 @@ ctx.md("\n\n".join(latex_equation(lhs, best_symbolic[k]) for lhs, k in [("X^*", 
 row = options.set_index("layout")
 base = row.iloc[0].min_global_batch
 tp16 = row.loc["FSDP 4 × TP 16 (2 axes)"]
-ctx.md(
-    f"**Answer (d).** Since T_FSDP does not depend on the batch while T_math grows with B/X, the cheapest lever is "
-    f"a smaller FSDP axis: moving the mesh from FSDP 16 × TP 4 to FSDP 4 × TP 16 (TP still under its limit "
-    f"Y ≤ M_Y F W_ici / C = {mesh_max_tp(XXL.d_ff, chip.flops_per_s, chip.bandwidth, 2):.1f} on two axes) lowers "
-    f"the compute-bound batch from {base:,.0f} to {tp16.min_global_batch:,.0f} tokens, and the best real-valued "
-    f"split, TP as wide as its limit, reaches B/N ≥ (C/W_ici)² / (M_X M_Y F), {best['batch']:,.0f} tokens here "
-    f"(the Scaling Book's bound, Austin et al., 2025, part 5). "
-    f"Halving the bytes of the weight all-gathers (casting weights to FP8 before communicating them, as torchao's "
-    f"float8 all-gathers for FSDP2 do; DeepSeek-V3, 2024, likewise communicates in FP8) halves the bound again "
-    f"({row.loc['same, FP8 weight all-gathers'].min_global_batch:,.0f} tokens on the handout's mesh). "
-    f"Pipeline parallelism (GPipe, Huang et al., 2019; 1F1B / interleaved schedules, Narayanan et al., 2021) takes "
-    f"chips off the FSDP axis at the cost of only activation sends between stages "
-    f"({row.loc['4 pipeline stages of FSDP 4 × TP 4'].min_global_batch:,.0f} tokens with 4 stages of 4 × 4, if a stage "
-    f"keeps its gathered weights across its micro-batches), but needs at least as many micro-batches as stages to keep "
-    f"the bubble (p−1)/(m+p−1) small. "
-    + ("Pure TP is no way out: with Y = 64 the activation collectives exceed the compute at any batch "
-       "(T_TP / T_math = Y C / (M_Y F W_ici) > 1). " if not row.loc["pure TP 64 (3 axes)"].tp_compute_bound else "")
-    + f"Beyond the mesh, overlapping every collective with compute (prefetching the next layer's weights, as FSDP does) "
-    f"is what makes T_comm ≤ T_math sufficient in the first place. Finally, keeping the optimizer state and gradients "
-    f"sharded but the BF16 weights resident (ZeRO-1/2, Rajbhandari et al., 2020) removes the weight all-gathers of "
-    f"both passes and leaves one gradient reduce-scatter per step against the forward and backward compute, "
-    f"3 T_math ≥ T_FSDP, i.e. B ≥ X C / (3 M_X W_ici), a third of the FSDP bound — possible when the 2P/Y bytes of "
-    f"weights fit on a chip, {2 * XXL.num_parameters / tp16.Y / GB:,.1f} GB at Y = {tp16.Y}."
-)
+give(ctx, "communication_accounting.d")

@@ -36,6 +36,8 @@ flop_check = dict(batch=24, d_model=16, d_ff=48)  # the small FFN the FLOP count
 flop_check_devices = [2, 4]        # N of the per-device FLOP checks
 
 # %%
+from dataclasses import asdict
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import sympy as sp
@@ -49,6 +51,7 @@ from cs336_systems.accounting.parallelism_answers import Example, answers_markdo
 from cs336_systems.accounting.rings import ring_simulation_table
 from cs336_systems.accounting.sharded_ffn import flop_check_table, tensor_parallel_check
 from cs336_systems.accounting.symbolic import latex_equation
+from cs336_systems.experiments.answers import give
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("19_parallelism_calcs", profile=profile)
@@ -58,6 +61,9 @@ example = Example(batch=batch_tokens, d_model=XXL.d_model, d_ff=XXL.d_ff, n_devi
                   n_tp=grid[1], flops_per_s=H100.flops_per_s, bandwidth=H100.bandwidth,
                   ring_bytes=ffn_weight_bytes(XXL.d_model, XXL.d_ff))
 answers = parallelism_answers(example)
+ctx.save_json(asdict(example), "parallelism_example")
+summary = answers.assign(formula=answers.formula.map(sp.sstr))[["problem", "part", "quantity", "relation", "formula", "value", "unit"]]
+ctx.save_table(summary.assign(relation=summary.relation.map({"=": "=", r"\le": "≤"})), "parallelism_answers", show=False)
 ctx.md(f"**Worked example.** B = {example.batch:,} tokens, D = {example.d_model:,}, D_FF = {example.d_ff:,} (the "
        f"FFN of the XXL model), on {H100.name} data-sheet numbers: C = {example.flops_per_s:.3g} FLOP/s, "
        f"W = {example.bandwidth / 1e9:.0f} GB/s of NVLink egress. Per-device quantities at N = {example.n_devices} "
@@ -71,7 +77,7 @@ ctx.md(f"**Worked example.** B = {example.batch:,} tokens, D = {example.d_model:
 # synchronous and each device sends at W bytes/s, so the time is (N − 1) S / W, N/2 times the usual ring.
 
 # %%
-ctx.md(answers_markdown(answers, "alternate_ring_all_reduce"))
+give(ctx, "alternate_ring_all_reduce")
 
 # %%
 rings = ring_simulation_table(ring_sizes, ring_numel, bandwidth=example.bandwidth)
@@ -103,7 +109,7 @@ ctx.headline(f"alternate / ring all-reduce time at N={n_devices}",
 # tends to a constant, so the limit is where they meet — N_DP is bounded by the tokens per step times W/C.
 
 # %%
-ctx.md(answers_markdown(answers, "data_parallel_calcs"))
+give(ctx, "data_parallel_calcs.a", "data_parallel_calcs.b", "data_parallel_calcs.c")
 n_dp_limit = answers.query("problem == 'data_parallel_calcs' and part == 'c'").value.iloc[0]
 ctx.headline("largest N_DP at the worked example", round(float(n_dp_limit), 1), unit="devices")
 
@@ -116,7 +122,7 @@ ctx.headline("largest N_DP at the worked example", round(float(n_dp_limit), 1), 
 # same limit as DP.
 
 # %%
-ctx.md(answers_markdown(answers, "fsdp_calcs"))
+give(ctx, "fsdp_calcs.a", "fsdp_calcs.b", "fsdp_calcs.c")
 
 # %% [markdown]
 # ## 8.4 `tp_calcs`
@@ -136,8 +142,7 @@ ctx.md(answers_markdown(answers, "fsdp_calcs"))
 # %%
 tp_check = tensor_parallel_check(flop_check["batch"], flop_check["d_model"], flop_check["d_ff"], max(flop_check_devices))
 ctx.save_table(tp_check, "tensor_parallel_vs_autograd")
-ctx.md(f"The sharded passes reproduce y, dx and every weight gradient to within "
-       f"{tp_check.max_abs_difference.max():.1e}.")
+give(ctx, "tp_calcs.a")
 
 # %% [markdown]
 # (b) Each device runs the whole batch through D_FF/N_TP hidden units: the forward pass's three matmuls
@@ -147,7 +152,7 @@ ctx.md(f"The sharded passes reproduce y, dx and every weight gradient to within 
 # forward pass, with half the FLOPs for the same all-reduce, hits it first.
 
 # %%
-ctx.md(answers_markdown(answers, "tp_calcs"))
+give(ctx, "tp_calcs.b", "tp_calcs.c", "tp_calcs.d")
 
 # %% [markdown]
 # ## 8.5 `fsdp_tp_calcs`
@@ -156,7 +161,7 @@ ctx.md(answers_markdown(answers, "tp_calcs"))
 # y^(i,j), (B/N_FSDP, D); the two overlap, so the time is the larger.
 
 # %%
-ctx.md(answers_markdown(answers, "fsdp_tp_calcs"))
+give(ctx, "fsdp_tp_calcs.a", "fsdp_tp_calcs.b", "fsdp_tp_calcs.c", "fsdp_tp_calcs.d")
 
 # %% [markdown]
 # (c) With the axes overlapped, compute must beat each collective on its own. In the FSDP condition the
@@ -217,8 +222,7 @@ ctx.md(f"Counted and formula FLOPs agree in {flops.match.sum()} of {len(flops)} 
        f"{', '.join(map(str, flop_check_devices))}).")
 
 # %% [markdown]
-# ## All answers
+# ## All answers, as formulas
 
 # %%
-summary = answers.assign(formula=answers.formula.map(sp.sstr))[["problem", "part", "quantity", "relation", "formula", "value", "unit"]]
-summary = ctx.save_table(summary.assign(relation=summary.relation.map({"=": "=", r"\le": "≤"})), "parallelism_answers")
+ctx.md("\n\n".join(answers_markdown(answers, problem) for problem in answers.problem.unique()))

@@ -150,15 +150,14 @@ by = record.set_index("variant")
 if {"torch_native", "ours"} <= set(ok.variant):
     base, ours = by.loc["torch_native"], by.loc["ours"]
     text = (f"Ours: **{ours.step_ms:,.0f} ms** per step against the torch-native baseline's {base.step_ms:,.0f} ms: "
-            f"**{ours.step_ms / base.step_ms:.3f}×** (bar: ≤ 0.85×; moonshot ≤ 0.80×); {ours.tflops:,.0f} useful TFLOP/s")
+            f"**{ours.step_ms / base.step_ms:.3f}×**; {ours.tflops:,.0f} useful TFLOP/s")
     if ceiling:
         text += f", {ours.tflops / ceiling:.0%} of the measured {ceiling:,.0f} TFLOP/s matmul ceiling"
     text += (f"; {int(ours.blocks_recomputed)} of {layers} blocks recomputed"
              + (", each keeping its attention's output." if ours.attention_kept else "."))
     if ctx.device.type == "cuda":
         free_gib = gpu_gib - ours.peak_gib
-        text += (f" Peak memory {ours.peak_gib:.1f} GiB, leaving {free_gib:.1f} GiB of the GPU's {gpu_gib:.0f} "
-                 f"({'meets' if free_gib >= 5 else 'misses'} the bar of 5 GiB free).")
+        text += f" Peak memory {ours.peak_gib:.1f} GiB, leaving {free_gib:.1f} GiB of the GPU's {gpu_gib:.0f}."
     ctx.md(text)
     ctx.headline("8B step, ours / torch-native" + ("" if full else " (scaled-down)"),
                  round(float(ours.step_ms / base.step_ms), 3))
@@ -289,7 +288,7 @@ if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
     if "ours" in two_gpu.index and by.loc["ours"].status == "ok":
         ratio = float(two_gpu.loc["ours", "step_ms"] / by.loc["ours"].step_ms)
         ctx.md(f"Two GPUs, batch 2: ours {two_gpu.loc['ours', 'step_ms']:,.0f} ms per step, "
-               f"**{ratio:.3f}×** the one-GPU batch-1 step (bar: ≤ 1.05×, the communication hidden).")
+               f"**{ratio:.3f}×** the one-GPU batch-1 step.")
         ctx.headline("8B step on 2 GPUs / 1 GPU, ours" + ("" if full else " (scaled-down)"), round(ratio, 3))
     for r in two[two.status != "ok"].itertuples():
         ctx.md(f"Two-GPU run **{r.variant}** failed: {r.note}")
@@ -312,3 +311,8 @@ else:
         ctx.md(f"Two gloo ranks, one sequence each: after one step the weights are "
                f"{'identical on both ranks' if dp.same_weights_as_rank0.all() else 'NOT identical across ranks'}; "
                f"the ranks keep AdamW states for {' and '.join(str(n) for n in dp.owned_states)} parameters.")
+
+# %%
+from cs336_systems.experiments.answers import give
+
+give(ctx, "leaderboard.2026")

@@ -149,6 +149,38 @@ def test_cli_reports_bad_input():
     assert out.returncode == 2 and "unknown model size 'nope'" in out.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--context-length", "-5"], "argument --context-length: must be a positive integer, got '-5'"),
+    (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got '0'"),
+    (["--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
+    (["--warmup", "-1"], "argument --warmup: must be a non-negative integer, got '-1'"),
+    (["--checkpoint-every", "0"], "argument --checkpoint-every: must be a positive integer, got '0'"),
+    (["--device", "meta"], "argument --device: meta tensors hold no data"),
+    (["--device", "cuda"], "argument --device: cuda was asked for but torch sees no CUDA device"),
+    (["--device", "cuda:7"], "argument --device: cuda was asked for but torch sees no CUDA device"),
+    (["--device", "gpu"], "argument --device: 'gpu' is not a device"),
+])
+def test_cli_rejects_bad_arguments_by_name(monkeypatch, capsys, args, message):
+    from cs336_systems.benchmarking.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exited:
+        main(["--size", "nano", "--context-length", "16", "--batch-size", "1", "--warmup", "0", "--steps", "1", *args])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_accepts_a_cuda_device_index_only_below_the_device_count(monkeypatch, capsys):
+    from cs336_systems.benchmarking.cli import parse_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert parse_args(["--device", "cuda:1"]).device == "cuda:1" and parse_args(["--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cuda:2"])
+    assert "argument --device: cuda:2 is not one of the 2 CUDA devices torch sees" in capsys.readouterr().err
+
+
 def test_compile_comparison_builds_and_compiles_each_model_once_for_all_modes(monkeypatch):
     import cs336_systems.benchmarking.compiled as compiled
 

@@ -12,6 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -22,7 +23,7 @@ from cs336_systems.attention.flash_gluon import (  # noqa: E402
     gluon_forward_applies,
     gluon_forward_eligible,
 )
-from cs336_systems.attention import flash_dispatch, flash_launch  # noqa: E402
+from cs336_systems.attention import flash_attention, flash_dispatch, flash_launch, flash_native  # noqa: E402
 from cs336_systems.attention.flash_layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
@@ -794,6 +795,32 @@ def test_causal_with_more_queries_than_keys_is_accepted(small_tiles, triton_devi
     q, k, v = _qkv((1, 32, 16), (1, 16, 16), device="cpu" if flash is FlashAttentionPytorch else triton_device)
     out = flash.apply(q, k, v, True)
     torch.testing.assert_close(out[:, 16:], F.scaled_dot_product_attention(q, k, v)[:, 16:], atol=1e-5, rtol=1e-5)
+
+
+NOT_BOOLS = ["False", 0, 1, None, np.bool_(True), torch.tensor(False)]
+
+
+@pytest.mark.parametrize(
+    "apply",
+    [FlashAttentionPytorch.apply, FlashAttentionTriton.apply, FlashAttentionTriton.python_apply, flash_attention],
+    ids=["pytorch", "triton", "triton-python", "flash_attention"],
+)
+def test_non_bool_is_causal_raises_type_error(small_tiles, triton_device, monkeypatch, apply):
+    """As scaled_dot_product_attention: only a bool, so a truthy "False" cannot switch the mask on; refused
+    also after a valid call of the same geometry (whose route or C++ program is then cached)."""
+    if HAS_CUDA:  # the default tiles: a tiles override keeps eager calls off the C++ node
+        monkeypatch.setattr(FlashAttentionTriton, "tiles", None)
+    q, k, v = _qkv((1, 16, 16), device="cpu" if apply is FlashAttentionPytorch.apply else triton_device)
+    apply(q, k, v, True)
+    for is_causal in NOT_BOOLS:
+        with pytest.raises(TypeError, match=f"is_causal must be a bool, not {type(is_causal).__name__}"):
+            apply(q, k, v, is_causal)
+
+
+def test_native_node_entry_rejects_non_bool_is_causal():
+    """The C++ node's entry checks before it decides whether the call is its own (CPU tensors are not)."""
+    with pytest.raises(TypeError, match="is_causal must be a bool, not str"):
+        flash_native.attention(*_qkv(), "False")
 
 
 def test_triton_rejects_head_dim_over_256():

@@ -7,10 +7,11 @@ spring-2026 FSDP test: 2 ranks on gloo, deterministic algorithms, SGD with lr 0.
 split 10/10 and reshuffled every step, 3 steps, every parameter compared after every step.
 
 fp32: FSDP must equal, bit for bit, one process that averages the gradients of the two halves of
-each batch — the arithmetic data parallelism prescribes — and stay within a few ulps of one
-backward over the whole batch (whose weight gradients sum all tokens in one matrix product, in
-the BLAS's order, which no sum of the halves' products reproduces). fp16 compute: within 1e-4 of
-mixed-precision training of the whole batch.
+each batch — the arithmetic data parallelism prescribes — and stay close to one backward over
+the whole batch (whose weight gradients sum all tokens in one matrix product, in the BLAS's order,
+which no sum of the halves' products reproduces): each weight within one ulp of its largest element
+per step (tests/tolerances.py). fp16 compute: within 1e-4 of mixed-precision training of the whole
+batch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.nn as nn
 from cs336_systems.distributed.adapters_sharding import fsdp_gather_full_params, fsdp_on_after_backward, get_fsdp
 from cs336_systems.distributed.fsdp import shardable_weight
 from cs336_systems.distributed.launch import spawn
+from tolerances import eps_units
 
 pytestmark = pytest.mark.multiprocess  # every test reads the one 2-rank job
 
@@ -130,7 +132,8 @@ def _train_side_by_side(dtype: torch.dtype | None, with_tile_scale: bool = False
         ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
         labels = torch.randint(0, VOCAB, (BATCH,), generator=g)
         local = BATCH // world_size
-        out = dict(equal_to_halves=[], diff_to_halves=[], diff_to_whole=[], grads_ok=True, replicated_equal=True)
+        out = dict(equal_to_halves=[], diff_to_halves=[], diff_to_whole=[], units_to_whole=[], grads_ok=True,
+                   replicated_equal=True)
         for step in range(STEPS):
             _sgd(whole, _gradients(whole, ids, labels, dtype))
             parts = [_gradients(halves, ids[r * local : (r + 1) * local], labels[r * local : (r + 1) * local], dtype)
@@ -155,7 +158,7 @@ def _train_side_by_side(dtype: torch.dtype | None, with_tile_scale: bool = False
             out["equal_to_halves"].append(all(torch.equal(full[n], ref_halves[n]) for n in full))
             out["diff_to_halves"].append(max((full[n] - ref_halves[n]).abs().max().item() for n in full))
             out["diff_to_whole"].append(max((full[n] - ref_whole[n]).abs().max().item() for n in full))
-            out.setdefault("worst", []).append(max(full, key=lambda n: (full[n] - ref_whole[n]).abs().max().item()))
+            out["units_to_whole"].append(max(eps_units(full[n], ref_whole[n]) for n in full))
 
             perm = torch.randperm(BATCH, generator=torch.Generator().manual_seed(42 + step))
             ids, labels = ids[perm], labels[perm]
@@ -194,13 +197,16 @@ def test_fp32_equals_data_parallel_arithmetic_bit_for_bit(ranks):
     for rank, results in enumerate(ranks):
         r = results["fp32"]
         assert r["equal_to_halves"] == [True] * STEPS, f"rank {rank}: differences {r['diff_to_halves']}"
-        # One backward over the whole batch sums its tokens in another order: a few ulps of weights ~0.1-1.
-        assert max(r["diff_to_whole"]) <= 1e-7, f"rank {rank}: {r['diff_to_whole']}"
+        # In eps·max|W| units: each step rounds w - lr·g on either side to within half an ulp (<= 1 unit apart);
+        # the gradients differ by ulps of g, which lr = 0.01 scales far below that; the differences add up.
+        assert max(r["units_to_whole"]) <= STEPS, f"rank {rank}: {r['units_to_whole']} (absolute {r['diff_to_whole']})"
 
 
 def test_fp16_compute_is_within_1e4_of_mixed_precision_training(ranks):
     for rank, results in enumerate(ranks):
         r = results["fp16"]
+        # fp16 gradients of a split and a whole batch differ by about an fp16 ulp (1e-3 relative) of gradients
+        # below 1; lr = 0.01 and 3 steps make that at most 3e-5, whatever the BLAS
         assert max(r["diff_to_whole"]) <= 1e-4, f"rank {rank}: {r['diff_to_whole']}"
 
 

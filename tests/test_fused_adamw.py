@@ -220,3 +220,99 @@ def test_single_tensor_reference_kernel_gives_the_multi_tensor_bits():
         offset += b.numel()
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(weight_decay=-0.1), ValueError, "Invalid weight_decay value: -0.1"),
+        (dict(lr=-1e-3), ValueError, "Invalid learning rate: -0.001"),
+        (dict(eps=float("nan")), ValueError, "Invalid epsilon value: nan"),
+        (dict(betas=(0.9, 1.0)), ValueError, "Invalid beta parameter at index 1: 1.0"),
+        (dict(betas=(-0.1, 0.999)), ValueError, "Invalid beta parameter at index 0: -0.1"),
+        (dict(betas=0.9), TypeError, "betas must be a pair of floats, got 0.9"),
+        (dict(betas=(0.9,)), TypeError, "betas must be a pair of floats"),
+        (dict(lr="0.1"), TypeError, "lr must be a real number, got str"),
+        (dict(weight_decay=None), TypeError, "weight_decay must be a real number, got NoneType"),
+    ],
+    ids=["negative-weight-decay", "negative-lr", "nan-eps", "beta2-one", "negative-beta1", "betas-float",
+         "betas-single", "lr-str", "weight-decay-none"],
+)
+def test_bad_hyperparameters_raise_as_in_torch_adamw(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        FusedAdamW([torch.nn.Parameter(torch.zeros(4, device=DEVICE))], **kwargs)
+
+
+def test_bad_hyperparameters_of_an_added_group_raise_before_it_is_added():
+    opt = FusedAdamW([torch.nn.Parameter(torch.zeros(4, device=DEVICE))])
+    with pytest.raises(ValueError, match="Invalid weight_decay value: -1.0"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(4, device=DEVICE))], "weight_decay": -1.0})
+    assert len(opt.param_groups) == 1
+
+
+def test_state_of_another_shape_is_refused():
+    """A state of the parameter's numel but another shape, loaded or set: the kernel would read it flat and
+    go on; refused at load_state_dict (the optimizer left as it was) and at step, naming the parameter, the
+    state key and both shapes."""
+    a, b, p = (torch.nn.Parameter(torch.zeros(shape, device=DEVICE)) for shape in ((3,), (5,), (4, 6)))
+    for t in (a, b, p):
+        t.grad = torch.ones_like(t)
+    opt = FusedAdamW([{"params": [a]}, {"params": [b, p]}])
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    saved["state"][2]["exp_avg"] = saved["state"][2]["exp_avg"].reshape(6, 4)
+    fresh = FusedAdamW([{"params": [a]}, {"params": [b, p]}])
+    with pytest.raises(ValueError, match=r"'exp_avg' of parameter 1 in group 1 has shape \(6, 4\), the parameter \(4, 6\)"):
+        fresh.load_state_dict(saved)
+    assert not fresh.state
+    opt.state[p]["exp_avg_sq"] = torch.zeros(24, device=DEVICE)
+    with pytest.raises(ValueError, match=r"'exp_avg_sq' of parameter 1 in group 1 has shape \(24,\), the parameter \(4, 6\)"):
+        opt.step()
+
+
+# With the state's numel wrong, an unchecked kernel reads and writes past the state's storage (a segfault, or
+# a heap corrupted in silence), which would take pytest down with it: hence another process.
+WRONG_NUMEL_STATE = """
+import copy
+import sys
+import torch
+from cs336_systems.fused_adamw import FusedAdamW
+
+p = torch.nn.Parameter(torch.zeros(4096, device=sys.argv[1]))
+p.grad = torch.ones_like(p)
+opt = FusedAdamW([p])
+opt.step()
+saved = copy.deepcopy(opt.state_dict())
+saved["state"][0]["exp_avg"] = torch.zeros(3)
+
+
+def load_then_step():
+    fresh = FusedAdamW([p])
+    fresh.load_state_dict(saved)
+    fresh.step()
+
+
+def set_then_step():
+    opt.state[p]["exp_avg_sq"] = torch.zeros(3, device=p.device)
+    opt.step()
+
+
+for case in (load_then_step, set_then_step):
+    try:
+        case()
+        print(case.__name__, "no error", flush=True)
+    except ValueError as err:
+        print(case.__name__, "ValueError:", err, flush=True)
+"""
+
+
+def test_state_of_another_numel_raises_instead_of_corrupting_memory():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", WRONG_NUMEL_STATE, DEVICE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"exit status {run.returncode} (a negative one is a signal)\n{run.stderr[-2000:]}"
+    lines = run.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["load_then_step ValueError", "set_then_step ValueError"], run.stdout
+    assert "'exp_avg' of parameter 0 in group 0 has shape (3,), the parameter (4096,)" in lines[0]
+    assert "'exp_avg_sq' of parameter 0 in group 0 has shape (3,), the parameter (4096,)" in lines[1]

@@ -34,3 +34,48 @@ def test_every_notebook_ran_or_its_absence_is_explained():
     explained = {c["notebook"] for c in caveats}
     missing = [n for n in NOTEBOOKS if n not in EXECUTED and n not in explained]
     assert not missing, f"notebooks with neither a GPU run nor a caveat saying why: {missing}"
+
+
+def _runs():
+    return json.loads((REPORT / "runs.json").read_text())
+
+
+@pytest.mark.parametrize("handout", ["2025", "2026"])
+def test_every_deliverable_of_the_handout_has_an_answer_or_its_reason(handout):
+    from cs336_systems.report.writeup import deliverable_status
+
+    statuses = deliverable_status(REPORT, _runs(), handout)
+    unrecorded = [s.deliverable.id for s in statuses if s.record is None]
+    assert not unrecorded, f"deliverables with neither an answer nor a reason in the committed report: {unrecorded}"
+
+
+@pytest.mark.parametrize("handout", ["2025", "2026"])
+def test_the_committed_writeup_speaks_to_a_grader(handout):
+    from cs336_systems.report.writeup import jargon, writeup_text
+
+    page = REPORT / f"writeup_{handout}.html"
+    assert page.exists(), "rebuild with python -m cs336_systems.report.run --profile gpu --index-only"
+    found = jargon(writeup_text(page.read_text()))
+    assert not found, found
+
+
+@pytest.mark.parametrize("handout", ["2025", "2026"])
+def test_the_committed_writeup_pdf_is_at_most_45_pages(handout):
+    import re
+
+    pdf = REPORT / f"writeup_{handout}.pdf"
+    assert pdf.exists(), "print it with python -m cs336_systems.report.pdf --profile gpu"
+    pages = len(re.findall(rb"/Type\s*/Page(?![s\w])", pdf.read_bytes()))
+    assert 1 <= pages <= 45, f"{pdf.name} has {pages} pages"
+
+
+def test_the_committed_answers_are_what_the_builders_make_of_the_committed_tables():
+    """The answers in the report are generated from its tables: rebuilding them changes no text."""
+    from cs336_systems.experiments.answers import Results, build
+    from cs336_systems.report.answers import load_answers
+
+    results = Results(REPORT / "results")
+    stale = [key for key, record in load_answers(REPORT / "results").items()
+             if (lambda a: (a.text, a.reason))(build(key, results)) != (record["text"], record["reason"])]
+    assert not stale, f"answers that differ from their builders' (run python -m cs336_systems.experiments.answers " \
+                      f"reports/gpu): {stale}"

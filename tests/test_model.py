@@ -117,3 +117,27 @@ def test_bad_inputs_raise_clear_errors():
 def test_model_sizes_table_has_the_handout_sizes():
     assert {"small", "medium", "large", "xl", "2.7B"} <= set(MODEL_SIZES)
     assert MODEL_SIZES["xl"] == dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25)
+
+
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        (torch.tensor([[1, -1]]), r"token ids must be in \[0, 50\), got ids in \[-1, 1\]"),
+        (torch.tensor([[1, 50]], dtype=torch.int32), r"token ids must be in \[0, 50\), got ids in \[1, 50\]"),
+        (torch.tensor([[1.0, 2.0]]), "int64 or int32 token ids, got torch.float32"),
+        (torch.tensor([[True, False]]), "int64 or int32 token ids, got torch.bool"),
+    ],
+    ids=["negative", "vocab-size", "float", "bool"],
+)
+def test_token_ids_outside_the_vocabulary_raise(ids, match):
+    """Indexing the embedding would take id -1 as the last row (and a bool tensor as a mask)."""
+    with pytest.raises(ValueError, match=match):
+        tiny_model()(ids)
+
+
+def test_token_id_check_compiles_without_a_graph_break():
+    """The range check reads values back, so it stays out of a torch.compile graph (fullgraph fails on a break)."""
+    model = tiny_model()
+    x = torch.randint(0, 50, (2, 8))
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), model(x))

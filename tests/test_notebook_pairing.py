@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import jupytext
+import jupytext.cli
 import nbformat
 import pytest
 
@@ -57,6 +58,16 @@ def test_the_pairing_is_declared_for_jupytext():
 def test_the_parameters_tag_is_in_the_script():
     for script in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py")):
         assert script.read_text().count('# %% tags=["parameters"]\n') == 1, script.name
+
+
+def test_sync_notebooks_leaves_a_clean_checkout_unchanged(tmp_path):
+    """`make sync-notebooks` (jupytext --update --to ipynb of every script) must rewrite each notebook byte for byte:
+    a committed .ipynb that jupytext would write otherwise shows up as changed in a fresh clone."""
+    for path in [NOTEBOOK_DIR / "jupytext.toml", *NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"), *NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")]:
+        shutil.copy(path, tmp_path)
+    jupytext.cli.jupytext(["--quiet", "--update", "--to", "ipynb", *sorted(str(p) for p in tmp_path.glob("[0-9][0-9]_*.py"))])
+    changed = [p.name for p in sorted(tmp_path.glob("*.ipynb")) if p.read_bytes() != (NOTEBOOK_DIR / p.name).read_bytes()]
+    assert not changed, f"make sync-notebooks rewrites {changed}; run it and commit what it wrote"
 
 
 @pytest.fixture

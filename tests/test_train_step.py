@@ -332,6 +332,31 @@ def test_bad_config_raises():
         StepConfig(optimizer="sgd")
 
 
+@pytest.mark.parametrize(
+    "field, value, error, match",
+    [
+        ("lr", "0.1", TypeError, "StepConfig.lr must be a real number, got str"),
+        ("lr", -1e-3, ValueError, "StepConfig.lr must be non-negative, got -0.001"),
+        ("eps", None, TypeError, "StepConfig.eps must be a real number, got NoneType"),
+        ("weight_decay", float("nan"), ValueError, "StepConfig.weight_decay must be non-negative, got nan"),
+        ("betas", 0.9, TypeError, "StepConfig.betas must be a pair of floats, got 0.9"),
+        ("betas", (0.9, 1.0), ValueError, r"StepConfig.betas\[1\] must be in \[0, 1\), got 1.0"),
+        ("memory_budget_bytes", 1.5e9, TypeError, "StepConfig.memory_budget_bytes must be an int or None, got float"),
+        ("loss_chunk_tokens", "4096", TypeError, "StepConfig.loss_chunk_tokens must be an int or None, got str"),
+        ("bucket_size_mb", 0, ValueError, "StepConfig.bucket_size_mb must be positive, got 0"),
+        ("compile_blocks", "yes", TypeError, "StepConfig.compile_blocks must be a bool, got str"),
+        ("check_token_ids", None, TypeError, "StepConfig.check_token_ids must be a bool, got NoneType"),
+        ("keep_attention", 1, TypeError, "StepConfig.keep_attention must be a bool, got int"),
+        ("activation_memory_budget", "0.5", TypeError, "StepConfig.activation_memory_budget must be a real number"),
+    ],
+    ids=["lr-str", "lr-negative", "eps-none", "weight-decay-nan", "betas-float", "beta2-one", "budget-float",
+         "chunk-str", "bucket-zero", "compile-str", "check-none", "keep-int", "activation-budget-str"],
+)
+def test_bad_config_field_raises_naming_it(field, value, error, match):
+    with pytest.raises(error, match=match):
+        StepConfig(**{field: value})
+
+
 def test_each_part_swaps_alone_and_the_step_shows_its_phases(small_tiles):
     """One change at a time (the optimisation record's rows): the fused loss with torch's AdamW, and the
     full-logits loss with ours, give the plain model's loss; a step shows the four phases to the profiler."""

@@ -7,6 +7,9 @@
 # cs336_systems stub is left out so that this library is the one imported. The course's tests
 # need einops, einx and jaxtyping (pip install einops einx jaxtyping).
 set -euo pipefail
+usage="usage: tools/course_suite.sh PATH_TO_COURSE_CHECKOUT [pytest arguments]"
+[ $# -ge 1 ] || { echo "$usage" >&2; exit 2; }
+[ -d "$1/tests" ] || { printf '%s\n' "$1 has no tests/ folder: not a checkout of the course's assignment 2" "$usage" >&2; exit 2; }
 course=$(cd "$1" && pwd); shift
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}

@@ -4,6 +4,9 @@
 # until SECONDS have passed; reports/gpu is packed into ARCHIVE at the end, also after a cut-off.
 #   tools/gpu_node_report.sh "09 11 10" SECONDS ARCHIVE
 set -u
+usage='usage: tools/gpu_node_report.sh "NN NN ..." SECONDS ARCHIVE (e.g. tools/gpu_node_report.sh "09 11 10" 3000 gpu.tgz)'
+[ $# -eq 3 ] || { echo "$usage" >&2; exit 2; }
+[[ $2 =~ ^[0-9]+$ ]] || { printf '%s\n' "SECONDS must be a whole number of seconds, got '$2'" "$usage" >&2; exit 2; }
 notebooks=$1; seconds=$2; archive=$3
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/lib NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 python3 -m pip install -q --no-index --find-links wheelhouse papermill nbconvert nbformat ipykernel transformers 2>&1 | grep -v WARNING | tail -3

@@ -25,6 +25,7 @@ the block size differs. Without the interpreter, CPU parameters are refused with
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -36,7 +37,6 @@ from cs336_systems.fused_adamw_kernels import (
     kernels_interpreted,
     triton_dtype,
 )
-from cs336_systems.optim import check_adamw_hyperparameters
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
@@ -81,7 +81,7 @@ class FusedAdamW(torch.optim.Optimizer):
         stochastic_rounding: bool = True,
         seed: int = 0,
     ):
-        check_adamw_hyperparameters("FusedAdamW", lr, betas, eps)
+        check_hyperparameters(lr, betas, eps, weight_decay)
         if not 0 <= seed < 2**31:
             raise ValueError(f"FusedAdamW: seed must be in [0, 2**31), got {seed}")
         defaults = dict(
@@ -92,6 +92,8 @@ class FusedAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
+        merged = {**self.defaults, **param_group}
+        check_hyperparameters(merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"])
         super().add_param_group(param_group)
         check_group(self.param_groups[-1], len(self.param_groups) - 1)
 
@@ -106,7 +108,7 @@ class FusedAdamW(torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             check_group(group, index)
             state_dtype = group["state_dtype"]
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 offset, global_offset = global_offset, global_offset + p.numel()
                 if p.grad is None:
                     continue
@@ -116,9 +118,14 @@ class FusedAdamW(torch.optim.Optimizer):
                     state["step"] = torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros(p.shape, dtype=state_dtype, device=p.device)
                     state["exp_avg_sq"] = torch.zeros(p.shape, dtype=state_dtype, device=p.device)
-                for key in ("exp_avg", "exp_avg_sq"):  # a group's state_dtype changed, or a foreign state dict
-                    if state[key].dtype != state_dtype or state[key].device != p.device or not state[key].is_contiguous():
-                        state[key] = state[key].to(device=p.device, dtype=state_dtype, memory_format=torch.contiguous_format)
+                shape = p.shape
+                for key in ("exp_avg", "exp_avg_sq"):  # a group's state_dtype changed, or a foreign state
+                    moment = state[key]
+                    if (moment.shape != shape or moment.dtype != state_dtype or moment.device != p.device
+                            or not moment.is_contiguous()):
+                        # the kernel reads p.numel() elements of the state: another shape must not reach it
+                        check_state_shape(moment, p, key, i, index)
+                        state[key] = moment.to(device=p.device, dtype=state_dtype, memory_format=torch.contiguous_format)
                 state["step"] += 1
                 kind = (index, p.device, p.dtype, grad.dtype, state_dtype, int(state["step"].item()))
                 launches.setdefault(kind, []).append((p, grad, state["exp_avg"], state["exp_avg_sq"], offset))
@@ -174,6 +181,12 @@ class FusedAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but the moments keep the state dtype (torch would cast them to the parameter's)."""
         saved = state_dict["state"]
+        # Checked before anything is loaded: a state of another shape would reach the kernel.
+        for index, (group, saved_group) in enumerate(zip(self.param_groups, state_dict["param_groups"])):
+            for i, (p, saved_id) in enumerate(zip(group["params"], saved_group["params"])):
+                for key, moment in (saved.get(saved_id) or {}).items():
+                    if key in ("exp_avg", "exp_avg_sq") and isinstance(moment, torch.Tensor):
+                        check_state_shape(moment, p, key, i, index)
         super().load_state_dict(state_dict)
         position = {id(p): i for i, p in enumerate(p for group in self.param_groups for p in group["params"])}
         for group in self.param_groups:
@@ -187,6 +200,33 @@ class FusedAdamW(torch.optim.Optimizer):
                     state[key] = source.to(device=p.device, dtype=group["state_dtype"], memory_format=torch.contiguous_format).clone()
                 state["step"] = state["step"].detach().to("cpu", torch.float32).clone()
         self._tables.clear()
+
+
+def check_hyperparameters(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """torch.optim.AdamW's checks and messages, and the types the kernel's scalar arguments take."""
+    for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError(f"FusedAdamW: {name} must be a real number, got {type(value).__name__}")
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+            and all(isinstance(b, numbers.Real) and not isinstance(b, bool) for b in betas)):
+        raise TypeError(f"FusedAdamW: betas must be a pair of floats, got {betas!r}")
+    if not 0.0 <= lr:
+        raise ValueError(f"FusedAdamW: Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"FusedAdamW: Invalid epsilon value: {eps}")
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"FusedAdamW: Invalid beta parameter at index {i}: {beta}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"FusedAdamW: Invalid weight_decay value: {weight_decay}")
+
+
+def check_state_shape(moment: torch.Tensor, p: torch.Tensor, key: str, param: int, index: int) -> None:
+    """ValueError where a state tensor's shape is not its parameter's (as torch.optim.AdamW's step refuses it);
+    `param` is the parameter's position in its group `index`."""
+    if moment.shape != p.shape:
+        raise ValueError(f"FusedAdamW: state {key!r} of parameter {param} in group {index} has shape "
+                         f"{tuple(moment.shape)}, the parameter {tuple(p.shape)}")
 
 
 def check_group(group: dict, index: int) -> None:

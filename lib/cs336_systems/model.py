@@ -182,7 +182,8 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """Token ids (batch, seq) -> logits (batch, seq, vocab).
+    """Token ids (batch, seq) -> logits (batch, seq, vocab). The ids are int64 or int32 in [0, vocab): an eager
+    call checks their range (on a GPU without a host sync), a call under torch.compile does not.
 
     `checkpoint_every=k` recomputes activations in the backward pass: the blocks are run in
     groups of k under `torch.utils.checkpoint`, so only each group's input is kept.
@@ -228,6 +229,16 @@ class TransformerLM(nn.Module):
             x = layer(x)
         return x
 
+    def check_token_ids(self, token_ids: torch.Tensor) -> None:
+        """Raise (CPU) or assert on the device (GPU) unless every id is in [0, vocab_size)."""
+        vocab = self.config.vocab_size
+        low, high = torch.aminmax(token_ids)
+        if token_ids.device.type == "cpu":
+            if low < 0 or high >= vocab:
+                raise ValueError(f"token ids must be in [0, {vocab}), got ids in [{int(low)}, {int(high)}]")
+            return
+        torch._assert_async((low >= 0) & (high < vocab), f"token ids must be in [0, {vocab})")
+
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         if token_ids.dim() != 2:
             raise ValueError(f"TransformerLM expects token ids of shape (batch, seq), got {tuple(token_ids.shape)}")
@@ -235,6 +246,13 @@ class TransformerLM(nn.Module):
             raise ValueError(
                 f"sequence length {token_ids.shape[1]} exceeds the model's context_length {self.config.context_length}"
             )
+        if token_ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"TransformerLM expects int64 or int32 token ids, got {token_ids.dtype}")
+        # The lookup would take id -1 as the last row. On the CPU the values are at hand; on a GPU reading them
+        # back would stall the launches of every step, so the check is a device-side assert, which stops the
+        # process at the next synchronisation with this message. Not while torch.compile traces.
+        if not torch.compiler.is_compiling() and token_ids.numel():
+            self.check_token_ids(token_ids)
         x = self.token_embeddings(token_ids)
         k = self.checkpoint_every
         if k and torch.is_grad_enabled():

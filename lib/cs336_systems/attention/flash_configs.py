@@ -317,14 +317,17 @@ def sm_count(device: torch.device) -> int:
 
 
 @torch.compiler.assume_constant_result
-def _lookup(kernel: str, head_dim_tile: int, dtype_name: str, is_causal: bool, bucket: int, small_grid: bool,
-            element_size: int, device_type: str, device_index: int) -> tuple[int, int, int, int]:
+def _lookup(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int, small_grid: bool,
+            device: torch.device, device_index: int) -> tuple[int, int, int, int]:
     # Evaluated once when torch.compile traces the caller: its result is a constant of the graph,
-    # so every argument must be a constant too (the sequence lengths enter only as their bucket).
-    device = torch.device(device_type, device_index) if device_type == "cuda" else torch.device(device_type)
-    key = ProblemKey.at_bucket(kernel, head_dim_tile, getattr(torch, dtype_name), is_causal, bucket, small_grid)
+    # so every argument must be a constant too (the sequence lengths enter only as their bucket). The
+    # dtype and device go in whole: an attribute of one (its itemsize, its type) can reach here as a
+    # lazily guarded value, which torch.compile cannot always convert for this call.
+    if device.type == "cuda":
+        device = torch.device("cuda", device_index)
+    key = ProblemKey.at_bucket(kernel, head_dim_tile, dtype, is_causal, bucket, small_grid)
     found = config_table().lookup(device_name(device), key)
-    config = found or default_config(kernel, head_dim_tile, element_size)
+    config = found or default_config(kernel, head_dim_tile, dtype.itemsize)
     return (config.q_tile, config.k_tile, config.num_warps, config.num_stages)
 
 
@@ -347,8 +350,7 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
     small = False
     if batch is not None and is_small_grid(kernel, batch, n_q, n_k, sm_count(device)):  # a branch: a guard, not a SymBool
         small = True
-    config = KernelConfig(*_lookup(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal),
-                                   bucket, small, dtype.itemsize, device.type, index))
+    config = KernelConfig(*_lookup(kernel, head_dim_tile, dtype, bool(is_causal), bucket, small, device, index))
     if not compiling:
         _ANSWERS[key] = config
     return config

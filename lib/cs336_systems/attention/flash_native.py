@@ -46,7 +46,7 @@ from cs336_systems.attention.flash_gluon import backward_launch, dq_copy_launch,
 from cs336_systems.attention.flash_launch import LAUNCHES
 from cs336_systems.attention.flash_layout import INTERPRETED, read_in_place
 from cs336_systems.attention.triton_launch import grid3, launch_hooks_set
-from cs336_systems.attention.validation import check_triton_inputs
+from cs336_systems.attention.validation import check_is_causal, check_triton_inputs
 
 SOURCE = Path(__file__).with_name("csrc") / "flash_autograd.cpp"
 EXTENSION_NAME = "cs336_flash_autograd"
@@ -108,6 +108,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
     """O of an eager call through the C++ node, or None where the call belongs
     to the Python path (`flash_triton.flash_attention_triton` then takes it): among others, a `tiles`
     override of the kernels' configurations."""
+    check_is_causal(is_causal)  # on every call: a registered program skips the inputs' checks
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or not q.is_cuda:
         return None
     if tiles is not None or launch_hooks_set():
@@ -115,7 +116,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
     native = _module if _module is not None else load()
     if native is None:
         return None
-    is_causal = bool(is_causal)
     out = native.forward(q, k, v, is_causal)
     if out is None:
         register(native, q, k, v, is_causal)

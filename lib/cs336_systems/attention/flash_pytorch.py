@@ -144,7 +144,7 @@ class FlashAttentionPytorch(torch.autograd.Function):
         )
         out = out.view(q.shape)
         ctx.save_for_backward(lse.view(*lead, n_q), q, k, v, out)
-        ctx.is_causal = bool(is_causal)
+        ctx.is_causal = is_causal
         return out
 
     @staticmethod

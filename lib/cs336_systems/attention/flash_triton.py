@@ -45,7 +45,7 @@ from cs336_systems.attention.flash_gluon import (
 from cs336_systems.attention.flash_launch import LAUNCHES, launch_dkdv, launch_dq, launch_forward
 from cs336_systems.attention.flash_layout import INTERPRETED, as_rows
 from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch, flash_backward
-from cs336_systems.attention.validation import check_triton_inputs
+from cs336_systems.attention.validation import check_is_causal, check_triton_inputs
 
 BACKWARD_IMPLS = ("triton", "pytorch")
 
@@ -88,7 +88,6 @@ class FlashAttentionTriton(torch.autograd.Function):
         backward_impl = backward_impl or FlashAttentionTriton.backward_impl
         if backward_impl not in BACKWARD_IMPLS:
             raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
-        is_causal = bool(is_causal)
         tiles = FlashAttentionTriton.tiles
         if torch.compiler.is_compiling():
             # Traced here rather than through flash_forward_triton: traced there, the forward's subgraph
@@ -142,6 +141,7 @@ def flash_forward_with_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              tiles: tuple[int, int] | None = None):
     """`flash_forward_triton`'s O and L, and the key of the inputs' geometry under which
     `flash_backward_triton(..., route_key=key)` finds its route (the model's strided layout without copies)."""
+    check_is_causal(is_causal)  # on every call: a route found by its key skips the inputs' checks
     key = geometry_key(q, k, v, is_causal, tiles)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)

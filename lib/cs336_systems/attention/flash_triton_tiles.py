@@ -60,5 +60,7 @@ def load_rows(
     if USE_TMA:
         tile = source.load([batch_index, row, 0]).reshape(ROWS, D_TILE)
     else:
-        tile = load_tile(source.advance((row, 0)), CHECK_ROWS, EVEN_D)
+        # tl.advance, not source.advance: some releases' interpreter calls a block pointer's own methods
+        # without the builder they need.
+        tile = load_tile(tl.advance(source, (row, 0)), CHECK_ROWS, EVEN_D)
     return tile

@@ -1,8 +1,9 @@
 """Input checks shared by the FlashAttention-2 implementations.
 
 Both take q of shape (..., N_q, d) and k, v of shape (..., N_k, d) with the same leading
-dimensions, device and dtype. A bad input raises a ValueError that names what is wrong, before
-any kernel runs (a Triton kernel fed a wrong shape fails far less legibly, or silently).
+dimensions, device and dtype, and a bool is_causal. A bad input raises a ValueError (a TypeError for
+is_causal) that names what is wrong, before any kernel runs (a Triton kernel fed a wrong shape fails
+far less legibly, or silently).
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ def _describe(name: str, t: torch.Tensor) -> str:
     return f"{name} {tuple(t.shape)} {t.dtype} on {t.device}"
 
 
+def check_is_causal(is_causal: bool) -> None:
+    """TypeError unless `is_causal` is a Python bool, as scaled_dot_product_attention requires: a string
+    "False" or a tensor would otherwise be read by its truth value."""
+    if is_causal is not True and is_causal is not False:
+        raise TypeError(f"is_causal must be a bool, not {type(is_causal).__name__}")
+
+
 def check_attention_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -24,7 +32,9 @@ def check_attention_inputs(
     is_causal: bool,
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
 ) -> None:
-    """Shapes (..., N_q, d) / (..., N_k, d) / (..., N_k, d), one device, one dtype among `dtypes`."""
+    """Shapes (..., N_q, d) / (..., N_k, d) / (..., N_k, d), one device, one dtype among `dtypes`; a bool
+    `is_causal`."""
+    check_is_causal(is_causal)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -12,6 +12,12 @@ so that the optimizer steps of all ranks apply the same update and the replicas 
 flavours. Only parameters with `requires_grad` are communicated, and only those that received a
 gradient in this step: every rank must agree on which ones did (as with torch DDP's default
 `find_unused_parameters=False`), because collectives are matched by the order they are issued in.
+A parameter used on some ranks only is not detected (that would cost a collective every step): the
+ranks' collectives stop matching, and the job stalls until the process group's timeout.
+
+For the same reason every rank must wrap the same model. That is checked at construction, with one
+small collective (`check_same_parameters`), before the broadcast, which would otherwise copy rank 0's
+tensors over other ranks' tensors of other sizes.
 """
 
 from __future__ import annotations
@@ -50,6 +56,34 @@ def reduce_mean(tensor: torch.Tensor, dst: int, async_op: bool = False,
     return dist.reduce(tensor, dst=dst, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
+def _describe(entry: tuple | None) -> str:
+    return "missing" if entry is None else f"{entry[2]} {entry[3]}{entry[4]}"
+
+
+def check_same_parameters(module: nn.Module) -> None:
+    """Raise a ValueError on every rank unless every rank's `module` has the same parameters and buffers
+    (names, shapes, dtypes, requires_grad) in the same order; a collective, every rank must call it.
+
+    The error names the first tensor that differs and what each rank has there."""
+    mine = [("parameter", n, tuple(p.shape), str(p.dtype), "" if p.requires_grad else ", frozen")
+            for n, p in module.named_parameters()]
+    mine += [("buffer", n, tuple(b.shape), str(b.dtype), "") for n, b in module.named_buffers()]
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if all(theirs == everyone[0] for theirs in everyone):
+        return
+    i = next(i for i in range(max(map(len, everyone)))
+             if len({theirs[i] if i < len(theirs) else None for theirs in everyone}) > 1)
+    at = [theirs[i] if i < len(theirs) else None for theirs in everyone]
+    kind, name = next(entry[:2] for entry in at if entry is not None)
+    ranks = "; ".join(
+        f"rank {r}: {_describe(entry)}" + ("" if entry is None or entry[:2] == (kind, name) else f" ({entry[0]} {entry[1]!r})")
+        for r, entry in enumerate(at)
+    )
+    raise ValueError(f"the ranks' models differ at {kind} {name!r} ({ranks}); every rank must wrap the same model, "
+                     f"with the same parameters and buffers (names, shapes, dtypes) in the same order")
+
+
 @torch.no_grad()
 def broadcast_module_state(module: nn.Module, src: int = 0) -> None:
     """Overwrite every parameter (trainable or frozen) and buffer with rank `src`'s values."""
@@ -74,6 +108,7 @@ class DataParallel(nn.Module, abc.ABC):
         check_module_devices(module)
         self.module = module
         self.world_size = dist.get_world_size()
+        check_same_parameters(module)
         broadcast_module_state(module)
 
     def forward(self, *inputs, **kwargs):

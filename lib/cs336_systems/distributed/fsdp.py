@@ -6,6 +6,9 @@ ours, a user's — whatever its forward does with it. Each such weight W (numel 
 zero-padded to N·s elements with s = ceil(n / N), and cut into N shards: rank r keeps
 W_r = flat(W)[r·s : (r+1)·s] in fp32 as the parameter the optimizer sees. Everything else (norm
 gains, biases, frozen weights, weights of other ranks) is small or untrained and stays replicated.
+With a `compute_dtype`, a sharded module's inputs and its other floating-point parameters (a
+Linear's bias) are cast to it for its forward, so the module computes in one dtype; their
+gradients come back through the cast in their own dtype.
 For a forward or backward pass a module needs the whole weight:
 
     W = unflatten(all-gather(cast(W_0), ..., cast(W_{N-1}))[:n])     cast = to compute_dtype
@@ -59,6 +62,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cs336_systems.distributed.ddp_base import check_same_parameters
 from cs336_systems.distributed.weak_hooks import weak_method
 from cs336_systems.profiling.ranges import annotated
 
@@ -124,6 +128,10 @@ class ShardedWeight:
         self.gathered = torch.empty(0, dtype=self.compute_dtype, device=weight.device).set_(
             self.full.untyped_storage(), 0, (storage.numel(),)
         )
+        self.companions = {  # the module's other parameters, cast with it (module docstring)
+            n: p for n, p in module._parameters.items()
+            if n != "weight" and p is not None and p.is_floating_point() and p.dtype != self.compute_dtype
+        } if compute_dtype is not None else {}
         self.role: str | None = None  # read at the first forward (`weight_role`)
         self.state = self.FREE
         self.forward_range = None  # an open `annotated` range while the module's forward runs
@@ -135,6 +143,17 @@ class ShardedWeight:
     def needs_weight_in_backward(self) -> bool:
         """A row lookup's gradient needs only its indices; any other use needs the weight again."""
         return self.role != LOOKUP
+
+    def use_full(self) -> None:
+        """Let the module compute with the gathered weight and its other parameters in the compute dtype."""
+        self.module._parameters["weight"] = self.full
+        for name, p in self.companions.items():
+            self.module._parameters[name] = p.to(self.compute_dtype)
+
+    def use_shard(self) -> None:
+        """Give the module back the shard (what the optimizer sees) and its own other parameters."""
+        self.module._parameters["weight"] = self.shard
+        self.module._parameters.update(self.companions)
 
     def _release(self) -> None:
         self.full.untyped_storage().resize_(0)
@@ -196,6 +215,7 @@ class FSDP(nn.Module):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.backend = dist.get_backend()
         self._check_devices()
+        check_same_parameters(module)
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0)
@@ -217,7 +237,7 @@ class FSDP(nn.Module):
             )
         self._by_shard = {w.shard: w for w in self.weights}
         for w in self.weights:
-            w.module._parameters["weight"] = w.shard
+            w.use_shard()
             w.module.register_forward_pre_hook(partial(weak_method(self._before_forward), w), with_kwargs=True)
             w.module.register_forward_hook(partial(weak_method(self._after_forward), w))
             w.full.register_post_accumulate_grad_hook(partial(weak_method(self._after_backward), w))
@@ -274,7 +294,7 @@ class FSDP(nn.Module):
         nxt = None if recomputing else self._neighbour(w, +1)
         if nxt is not None:
             nxt.start_gather()
-        module._parameters["weight"] = w.full
+        w.use_full()
         if not recomputing:  # the range a profiler timeline checks the gather against
             w.forward_range = annotated(f"fsdp forward {w.name}")
             w.forward_range.__enter__()
@@ -283,7 +303,7 @@ class FSDP(nn.Module):
         return args, kwargs
 
     def _after_forward(self, w: ShardedWeight, module: nn.Module, args: tuple, output: Any) -> None:
-        module._parameters["weight"] = w.shard
+        w.use_shard()
         if _in_backward():
             return  # a checkpointed segment re-ran this forward for the backward pass in progress
         if w.forward_range is not None:
@@ -314,7 +334,7 @@ class FSDP(nn.Module):
     def _after_backward(self, w: ShardedWeight, full: nn.Parameter) -> None:
         grad, full.grad = full.grad, None
         # A checkpointed segment's re-run forward may stop early, skipping `_after_forward`.
-        w.module._parameters["weight"] = w.shard
+        w.use_shard()
         w.free()
         flat = grad.reshape(-1)
         padding = w.world_size * w.shard_numel - w.numel
@@ -357,7 +377,7 @@ class FSDP(nn.Module):
             for g, reduced in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(reduced.view_as(g))
         for w in self.weights:
-            w.module._parameters["weight"] = w.shard
+            w.use_shard()
             w.free()
 
     # ---- full weights ------------------------------------------------------------------------

@@ -96,6 +96,25 @@ class NotebookContext:
         self._append("not_run.json", dict(notebook=self.name, key=part, reason=reason))
         self.md(f"> **Not run on this machine:** {part} — {reason}.")
 
+    def answer(self, key: str, answer) -> None:
+        """Records `answer` (a `report.answers.Answer`) to the deliverable key `key` for the writeups and
+        shows it here: the text, then its table or figure."""
+        from cs336_systems.report.answers import record_answer
+
+        record_answer(self.results_dir, self.name, key, answer)
+        if not answer.answered:
+            self.md(f"> **{key}: not answered on this machine** — {answer.reason}.")
+            return
+        self.md(f"**Answer ({key}).** {answer.text}")
+        if answer.table is not None:
+            _display(answer.table.style.format(precision=3, na_rep="–").hide(axis="index"))
+        if answer.figure:
+            from IPython.display import Image
+
+            _display(Image(filename=str(self.results_dir / answer.figure)))
+        if answer.caveat:
+            self.md(f"_{answer.caveat}_")
+
     def show_environment(self) -> None:
         rows = "\n".join(f"| {k} | {v} |" for k, v in self.env.items())
         self.md(f"| environment | |\n|---|---|\n{rows}")
@@ -111,11 +130,16 @@ def _display(obj) -> None:
 
 
 def setup_notebook(name: str, profile: str | None = None, results_dir: str | Path | None = None, show_env: bool = True) -> NotebookContext:
-    """Resolve the profile, create `reports/<profile>/results/`, set the plotting theme, show the environment."""
+    """Resolve the profile, create the results folder, set the plotting theme, show the environment.
+
+    The results go to `$CS336_REPORT_DIR/results/`, which the report runner sets to the report folder
+    (`reports/<profile>/`); a notebook run by hand writes to `reports/_scratch/<profile>/results/`,
+    so exploring leaves the report as the runner wrote it."""
     profile = resolve_profile(profile)
+    base = os.environ.get("CS336_REPORT_DIR")
+    scratch = results_dir is None and not base
     if results_dir is None:
-        base = os.environ.get("CS336_REPORT_DIR")
-        results_dir = Path(base) / "results" if base else repo_root() / "reports" / profile / "results"
+        results_dir = Path(base) / "results" if base else repo_root() / "reports" / "_scratch" / profile / "results"
     ctx = NotebookContext(name=name, profile=profile, results_dir=Path(results_dir), env=environment_info(profile))
     ctx.results_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -126,4 +150,6 @@ def setup_notebook(name: str, profile: str | None = None, results_dir: str | Pat
         pass
     if show_env:
         ctx.show_environment()
+        if scratch:
+            ctx.md(f"> Results go to the scratch folder `{ctx.results_dir}`; `make report` writes the report.")
     return ctx

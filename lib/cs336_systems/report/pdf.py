@@ -1,7 +1,7 @@
 """PDF export: headless Chromium prints the HTML writeup (page breaks and image sizes from the
 writeup's print CSS), so no LaTeX installation is needed.
 
-    python -m cs336_systems.report.pdf --profile cpu      # reports/cpu/writeup.html -> writeup.pdf
+    python -m cs336_systems.report.pdf --profile cpu      # reports/cpu/writeup_*.html -> writeup_*.pdf
 """
 
 from __future__ import annotations
@@ -57,15 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="report folder (default: reports/<profile>)")
     args = p.parse_args(argv)
     try:
-        folder = Path(args.out) if args.out else repo_root() / "reports" / resolve_profile(args.profile)
-        html = folder / "writeup.html"
-        if not html.exists():
-            raise FileNotFoundError(f"{html} does not exist: run `make report` first")
-        pdf = html_to_pdf(html, folder / "writeup.pdf")
+        # A profile names a folder here: printing the gpu report needs no GPU.
+        profile = args.profile if args.profile != "auto" else resolve_profile(None)
+        folder = Path(args.out) if args.out else repo_root() / "reports" / profile
+        pages = sorted(folder.glob("writeup_*.html"))
+        if not pages:
+            raise FileNotFoundError(f"{folder} has no writeup_*.html: run `make report` first")
+        for html in pages:
+            pdf = html_to_pdf(html, html.with_suffix(".pdf"))
+            print(f"wrote {pdf}")
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {pdf}")
     return 0
 
 

@@ -1,130 +1,257 @@
-"""The writeup: every executed notebook of a report folder, in assignment order, as one document.
+"""The writeups: one per handout, each deliverable in the handout's order, its answer first.
 
-A title page (hardware, software, profile, commit, date), the headline numbers the notebooks
-recorded with `ctx.headline`, the deliverables that could not run here (`ctx.not_run`), the known
-problems of committed results (`caveats.json` beside the notebooks, kept by hand), then each
-problem's prose, tables and figures with the code hidden, each section linking to its notebook.
+    writeup_2025.html, writeup_2026.html   (writeup_*.pdf printed from them by `report.pdf`)
+
+Each opens with the environment once (the machines, software, and the commit and date of every
+notebook's run), then every problem of the handout with its points, and under it every lettered
+sub-part: what is asked (in a line), the answer the notebooks recorded (`ctx.answer`, see
+`report.answers`), then the one table or figure behind it and a link to the notebook's own HTML,
+where the sweeps, timelines and listings stay. A deliverable without an answer appears in place with
+the reason (not run on this machine, the notebook failed or has not run here). Known problems of the
+committed results (`caveats.json`, kept by hand) close the document.
+
+`coverage` tells which deliverables have no answer; `jargon` finds the project's internal words and
+debug output that a writeup must not show (the runner and the tests check both).
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+from cs336_systems.report.answers import load_answers, support_table
+from cs336_systems.report.deliverables import HANDOUT_TITLES, PROBLEM_POINTS, Deliverable, deliverables
+
+HANDOUTS = ("2026", "2025")
 
 PRINT_CSS = """
-<style>
-@page { size: A4; margin: 14mm 12mm; }
-body { max-width: 60rem; margin: 0 auto; }
-.jp-OutputArea-output img, img { max-width: 100% !important; height: auto; page-break-inside: avoid; break-inside: avoid; }
-.jp-RenderedHTMLCommon table, table { font-size: 0.72em; max-width: 100%; table-layout: auto; }
-.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, td, th { white-space: normal !important; overflow-wrap: break-word; padding: 2px 4px !important; }
-.jp-RenderedHTMLCommon pre, pre { white-space: pre-wrap; word-break: break-word; }
-h1.writeup-section { page-break-before: always; break-before: page; }
-.writeup-title { page-break-after: always; break-after: page; }
-/* JupyterLab scrolls wide outputs sideways; on paper a scroll box cuts them at the page edge */
-@media print { * { overflow: visible !important; } .jp-Cell { break-inside: auto; } .jp-OutputArea-output { break-inside: avoid; } }
-</style>
+@page { size: A4; margin: 14mm 13mm; }
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 52rem; margin: 1.5rem auto; line-height: 1.45;
+       font-size: 11pt; color: #111; padding: 0 1rem; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { font-size: 1.25em; margin: 1.6em 0 .4em; border-bottom: 1px solid #ccc; }
+h3 { font-size: 1.0em; margin: 1.1em 0 .2em; } .asks { color: #555; font-style: italic; margin: 0 0 .3em; }
+.answer p { margin: .3em 0; } .caveat { color: #6a4a00; font-size: .92em; } .unanswered { color: #a00; }
+.details { font-size: .85em; color: #555; } img { max-width: 100%; height: auto; break-inside: avoid; }
+table { border-collapse: collapse; font-size: .8em; margin: .4em 0; break-inside: avoid; }
+td, th { border-bottom: 1px solid #ddd; padding: 2px 6px; text-align: right; vertical-align: top; }
+th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+.env td, .env th { text-align: left; } .deliverable { break-inside: avoid-page; }
+code { font-size: .92em; }
 """
 
 
+@dataclass(frozen=True)
+class Status:
+    """What a report folder holds for one deliverable."""
+
+    deliverable: Deliverable
+    record: dict | None  # the recorded answer, None when there is none
+    reason: str = ""     # why there is no answer (empty when answered)
+
+    @property
+    def answered(self) -> bool:
+        return self.record is not None and not self.record.get("reason")
+
+    @property
+    def missing(self) -> bool:
+        """The notebook that answers it ran to the end here and recorded nothing: a gap in the notebooks."""
+        return self.record is None and self.reason.startswith("no answer")
+
+
+def deliverable_status(report_dir: Path, runs: list[dict], handout: str) -> list[Status]:
+    answers = load_answers(Path(report_dir) / "results")
+    run_of = {r["name"]: r for r in runs}
+    out = []
+    for d in deliverables(handout):
+        record = answers.get(d.answer)
+        run = run_of.get(d.notebook)
+        if record is not None:
+            out.append(Status(d, record, record.get("reason", "")))
+        elif run is None:
+            out.append(Status(d, None, f"notebook {d.notebook} has not run in this report"))
+        elif run.get("status") != "ok":
+            out.append(Status(d, None, f"notebook {d.notebook} failed here: {(run.get('error') or '').splitlines()[0:1]}"))
+        else:
+            out.append(Status(d, None, f"no answer recorded by {d.notebook}"))
+    return out
+
+
+def coverage(report_dir: Path, runs: list[dict]) -> dict[str, list[Status]]:
+    """Per handout, the deliverables whose notebook ran here but recorded no answer."""
+    return {h: [s for s in deliverable_status(report_dir, runs, h) if s.missing] for h in HANDOUTS}
+
+
+# What a grader must not meet in a writeup: the project's own targets and version tags, and artefacts of
+# the code (object reprs, warnings). Commit hashes are allowed in the environment block only.
+JARGON = {
+    "project target words": re.compile(r"\bmoonshots?\b|\b(?:the|our|its|a|every) (?:issue's )?bars?\b(?! (?:chart|plot|graph))|\bbars?:|"
+                                       r"\bissue(?:'s| #?\d+)", re.I),
+    "kernel version tags": re.compile(r"(?<![\w.])v\d+(?:\.\d+)?\b"),
+    "pass/fail verdicts": re.compile(r"\b(?:PASS|FAIL)(?:ED|ES)?\b"),
+    "object reprs": re.compile(r"PosixPath\(|<\w+(?:\.\w+)+ object at 0x|\bdtype\('"),
+    "Python warnings": re.compile(r"\b\w*Warning:|Triggered internally at"),
+    "configuration constants": re.compile(r"\b[a-z_]+\.[A-Z][A-Z_]{3,}\b"),
+    "unrendered LaTeX (a writeup has no math renderer)": re.compile(r"\$[^$\s][^$]*\$|\\(?:frac|sqrt|mathrm|tau)\b"),
+}
+COMMIT = re.compile(r"(?<![\w/.-])[0-9a-f]{7,40}(?![\w-])")
+
+
+def jargon(text: str, allow_commits: bool = False) -> list[str]:
+    """The internal words and artefacts found in `text`, as 'kind: match' strings."""
+    found = [f"{kind}: {m.group(0)}" for kind, rx in JARGON.items() for m in rx.finditer(text)]
+    if not allow_commits:
+        found += [f"commit hash: {m.group(0)}" for m in COMMIT.finditer(text) if re.search(r"[a-f]", m.group(0))
+                  and re.search(r"\d", m.group(0))]
+    return found
+
+
+def writeup_text(page: str) -> str:
+    """The words of a writeup's HTML a reader sees outside the environment block (no tags, no images)."""
+    page = re.sub(r"<img[^>]*>", " ", page)
+    page = re.sub(r"<style>.*?</style>", " ", page, flags=re.S)
+    page = re.sub(r"<h2>Environment</h2>.*?(?=<h2)", " ", page, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def _markdown(text: str) -> str:
+    return markdown2html_mistune(text)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "–"
+        if v in (float("inf"), float("-inf")):
+            return "∞" if v > 0 else "−∞"
+        if v == int(v) and abs(v) < 1e15:
+            return f"{int(v):,}"
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _table_html(df) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    return f"<table><tr>{head}</tr>{rows}</table>"
+
+
+def _figure_html(results: Path, figure: str) -> str:
+    path = results / figure
+    if not path.exists():
+        return f"<p class='unanswered'>(figure {html.escape(figure)} is missing from this report)</p>"
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f"<img alt='{html.escape(figure)}' src='data:image/png;base64,{data}'>"
+
+
+def _part_html(status: Status, results: Path, heading: str = "") -> str:
+    """One deliverable as a block the printer keeps on one page where it fits; `heading` (a problem's title)
+    goes inside the block of its first part, so a title never ends a page alone."""
+    d = status.deliverable
+    title = f"({d.part})" if d.part else "Deliverable"
+    points = f" · {d.points:g} pt" if d.points else ""
+    parts = [f"<div class='deliverable' id='{html.escape(d.id)}'>{heading}<h3>{title}{points}</h3>",
+             f"<p class='asks'>{html.escape(d.asks)}</p>"]
+    record = status.record
+    if status.answered:
+        parts.append(f"<div class='answer'>{_markdown(record['text'])}</div>")
+        table = support_table(results, record)
+        if table is not None:
+            parts.append(_table_html(table))
+        if record.get("figure"):
+            parts.append(_figure_html(results, record["figure"]))
+        if record.get("caveat"):
+            parts.append(f"<div class='caveat'>{_markdown(record['caveat'])}</div>")
+    else:
+        parts.append(f"<p class='unanswered'><b>Not answered in this report:</b> {html.escape(status.reason)}.</p>")
+    parts.append(f"<p class='details'>Details: <a href='{d.notebook}.html'>{d.notebook}</a></p></div>")
+    return "".join(parts)
+
+
+def _environment_html(env: dict[str, str], runs: list[dict]) -> str:
+    keep = ("GPU", "driver", "CUDA (torch build)", "CPU", "torch", "triton", "python", "profile", "commit", "date")
+    env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(env[k]))}</td></tr>" for k in keep if env.get(k))
+    run_rows = "".join(
+        f"<tr><td>{html.escape(r['name'])}</td><td>{html.escape(r.get('machine', ''))}</td>"
+        f"<td>{html.escape(r.get('commit', ''))}</td><td>{html.escape(r.get('date', ''))}</td>"
+        f"<td>{html.escape(r.get('status', ''))}</td></tr>" for r in sorted(runs, key=lambda r: r["name"]))
+    return (f"<h2>Environment</h2><table class='env'>{env_rows}</table>"
+            "<p>Each notebook's run (the machine, commit and date its answers come from):</p>"
+            f"<table class='env'><tr><th>notebook</th><th>machine</th><th>commit</th><th>date</th><th>status</th></tr>"
+            f"{run_rows}</table>")
+
+
+def _caveats_html(caveats: list[dict]) -> str:
+    if not caveats:
+        return ""
+    items = "".join(f"<li><b>{html.escape(c['notebook'])}</b>: {_markdown(c['caveat'])}</li>" for c in caveats)
+    return f"<h2>Known problems of these results</h2><ul>{items}</ul>"
+
+
+def build_handout_writeup(report_dir: Path, env: dict[str, str], runs: list[dict], handout: str,
+                          caveats: list[dict] = ()) -> Path:
+    """writeup_<handout>.html of a report folder."""
+    report_dir = Path(report_dir)
+    results = report_dir / "results"
+    statuses = deliverable_status(report_dir, runs, handout)
+    answered = sum(s.answered for s in statuses)
+    body = [f"<h1>{html.escape(HANDOUT_TITLES[handout])}</h1>",
+            f"<p>Answers regenerated from measurements by <code>make report</code> ({html.escape(env.get('profile', '?'))} "
+            f"profile): {answered} of {len(statuses)} deliverables answered here; each names the notebook whose "
+            "HTML holds the full sweeps, timelines and code.</p>",
+            _environment_html(env, runs)]
+    problem = None
+    for s in statuses:
+        heading = ""
+        if s.deliverable.problem != problem:
+            problem = s.deliverable.problem
+            points = PROBLEM_POINTS.get(handout, {}).get(problem)
+            heading = (f"<h2 id='{html.escape(problem)}'>Problem <code>{html.escape(problem)}</code>"
+                       + (f" ({points:g} points)" if points else "") + "</h2>")
+        body.append(_part_html(s, results, heading))
+    body.append(_caveats_html(list(caveats)))
+    page = ("<!doctype html><html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(HANDOUT_TITLES[handout])} — report</title><style>{PRINT_CSS}</style></head><body>"
+            + "".join(body) + "</body></html>")
+    out = report_dir / f"writeup_{handout}.html"
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
 def _load_json(path: Path) -> list[dict]:
-    return json.loads(path.read_text()) if path.exists() else []
+    if not path.exists():
+        return []
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is damaged ({err}); fix or delete it") from err
+
+
+def build_writeup(report_dir: Path, env: dict[str, str], runs: list[dict] = ()) -> list[Path]:
+    """Both handouts' writeups and the folder's README.md."""
+    report_dir = Path(report_dir)
+    results = report_dir / "results"
+    caveats = _load_json(report_dir / "caveats.json")
+    outs = [build_handout_writeup(report_dir, env, list(runs), h, caveats) for h in HANDOUTS]
+    headlines = sorted(_load_json(results / "headlines.json"), key=lambda h: h["notebook"])
+    not_run = sorted(_load_json(results / "not_run.json"), key=lambda h: h["notebook"])
+    write_summary(report_dir, env, headlines, not_run, caveats, list(runs))
+    return outs
 
 
 def _markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     if not rows:
         return "_none_\n"
     head = "| " + " | ".join(title for _, title in columns) + " |\n|" + "---|" * len(columns) + "\n"
-    body = "".join("| " + " | ".join(_fmt(r.get(key, "")) for key, _ in columns) + " |\n" for r in rows)
+    body = "".join("| " + " | ".join(_fmt(r.get(key, "")).replace("|", "\\|") for key, _ in columns) + " |\n"
+                   for r in rows)
     return head + body
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(v).replace("|", "\\|")
-
-
-def title_cells(
-    env: dict[str, str], headlines: list[dict], not_run: list[dict], sections: list[str], runs: list[dict] = (),
-    caveats: list[dict] = (),
-) -> list:
-    env_table = "\n".join(f"| {k} | {v} |" for k, v in env.items())
-    machines = sorted({r["machine"] for r in runs if r.get("machine")})
-    title = (
-        "<div class='writeup-title'>\n\n"
-        f"# CS336 Assignment 2 — Systems and Parallelism: report ({env.get('profile', '?')} profile)\n\n"
-        "Regenerated from measurements on the machine below by `make report`.\n\n"
-        f"| environment | |\n|---|---|\n{env_table}\n\n"
-        + (f"The notebooks of this report ran on {len(machines)} machines ({'; '.join(machines)}): the table "
-           "below names the machine, commit and date of each; the environment above is the latest run's.\n\n"
-           + _markdown_table(runs, [("name", "notebook"), ("machine", "machine"), ("commit", "commit"),
-                                     ("date", "date"), ("seconds", "seconds")])
-           if len(machines) > 1 else "")
-        + "</div>"
-    )
-    summary = "## Summary of headline numbers\n\n" + _markdown_table(
-        headlines, [("notebook", "problem"), ("key", "quantity"), ("value", "value"), ("unit", "unit"), ("note", "note")]
-    )
-    missing = "## Not run on this machine\n\n" + _markdown_table(
-        not_run, [("notebook", "problem"), ("key", "deliverable"), ("reason", "reason")]
-    )
-    known = ("## Known problems of these results\n\n" + _markdown_table(
-        list(caveats), [("notebook", "problem"), ("caveat", "what is wrong or stale, and what fixes it")]
-    )) if caveats else ""
-    contents = "## Contents\n\n" + "\n".join(f"1. [{s}](#{s})" for s in sections)
-    return [nbformat.v4.new_markdown_cell(t) for t in (title, summary, missing, known, contents) if t]
-
-
-def _is_setup_cell(cell) -> bool:
-    return cell.cell_type == "code" and "setup_notebook(" in cell.source
-
-
-def build_writeup(report_dir: Path, env: dict[str, str], runs: list[dict] = ()) -> Path:
-    report_dir = Path(report_dir)
-    executed = sorted(p for p in report_dir.glob("[0-9][0-9]_*.ipynb"))
-    results = report_dir / "results"
-    # in the order of the assignment (stable within a notebook), however the runs were merged
-    headlines = sorted(_load_json(results / "headlines.json"), key=lambda h: h["notebook"])
-    not_run = sorted(_load_json(results / "not_run.json"), key=lambda h: h["notebook"])
-    # Written by a maintainer, not by a notebook: what is known to be wrong or stale in committed results.
-    caveats = _load_json(report_dir / "caveats.json")
-    doc = nbformat.v4.new_notebook()
-    doc.cells.extend(title_cells(env, headlines, not_run, [p.stem for p in executed], list(runs), caveats))
-    run_of = {r["name"]: r for r in runs}
-    for path in executed:
-        nb = nbformat.read(path, as_version=4)
-        run = run_of.get(path.stem, {})
-        where = ", ".join(x for x in (run.get("machine"), f"commit {run['commit']}" if run.get("commit") else "",
-                                      run.get("date")) if x)
-        doc.cells.append(nbformat.v4.new_markdown_cell(
-            f"<h1 class='writeup-section' id='{path.stem}'>{path.stem}</h1>\n\n"
-            f"From the executed notebook [{path.name}]({path.stem}.html) (code hidden here)"
-            + (f"; ran on {where}." if where else ".")
-        ))
-        for cell in nb.cells:
-            tags = cell.get("metadata", {}).get("tags", [])
-            if "parameters" in tags or "injected-parameters" in tags or _is_setup_cell(cell):
-                continue
-            if cell.cell_type == "code":
-                # stderr (warnings, progress bars) stays in the notebook; the writeup keeps results
-                cell.outputs = [o for o in cell.get("outputs", []) if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
-                if not cell.outputs:
-                    continue
-            doc.cells.append(cell)
-    for i, cell in enumerate(doc.cells):  # ids must be unique in the merged document
-        cell["id"] = f"w{i:04d}"
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter(template_name="lab", exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(doc)
-    body = body.replace("</head>", PRINT_CSS + "</head>", 1)
-    out = report_dir / "writeup.html"
-    out.write_text(body, encoding="utf-8")
-    write_summary(report_dir, env, headlines, not_run, caveats, list(runs))
-    return out
 
 
 def write_summary(report_dir: Path, env: dict[str, str], headlines: list[dict], not_run: list[dict],
@@ -136,8 +263,9 @@ def write_summary(report_dir: Path, env: dict[str, str], headlines: list[dict], 
         f"# Results of the `{env.get('profile', '?')}` report",
         "",
         "Generated by `python -m cs336_systems.report.run` from this folder's `runs.json` and "
-        "`results/headlines.json`; the full answers are in [writeup.html](writeup.html) "
-        "([writeup.pdf](writeup.pdf)) and each notebook's own HTML.",
+        "`results/`; the answers, problem by problem, are in [writeup_2026.html](writeup_2026.html) "
+        "([pdf](writeup_2026.pdf)) for the spring 2026 handout and [writeup_2025.html](writeup_2025.html) "
+        "([pdf](writeup_2025.pdf)) for spring 2025; each notebook's own HTML has the details.",
         "",
         "## Where each notebook ran",
         "",

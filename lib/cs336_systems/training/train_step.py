@@ -48,6 +48,7 @@ read back together; set it False to skip) and whatever the loss kernel needs; no
 from __future__ import annotations
 
 import contextlib
+import numbers
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,6 +106,29 @@ class StepConfig:
         return int(self.bucket_size_mb * 2**20)
 
     def __post_init__(self):
+        for name in ("lr", "eps", "weight_decay", "bucket_size_mb"):
+            if not _is_real(getattr(self, name)):
+                raise TypeError(f"StepConfig.{name} must be a real number, got {type(getattr(self, name)).__name__}")
+        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 and all(map(_is_real, self.betas))):
+            raise TypeError(f"StepConfig.betas must be a pair of floats, got {self.betas!r}")
+        for name in ("compile_blocks", "check_token_ids", "keep_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"StepConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        for name in ("memory_budget_bytes", "loss_chunk_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
+                raise TypeError(f"StepConfig.{name} must be an int or None, got {type(value).__name__}")
+        if self.activation_memory_budget is not None and not _is_real(self.activation_memory_budget):
+            raise TypeError(f"StepConfig.activation_memory_budget must be a real number or None, "
+                            f"got {type(self.activation_memory_budget).__name__}")
+        for name in ("lr", "eps", "weight_decay"):
+            if not 0.0 <= getattr(self, name):  # NaN fails too
+                raise ValueError(f"StepConfig.{name} must be non-negative, got {getattr(self, name)}")
+        for i, beta in enumerate(self.betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"StepConfig.betas[{i}] must be in [0, 1), got {beta}")
+        if not self.bucket_size_mb > 0:
+            raise ValueError(f"StepConfig.bucket_size_mb must be positive, got {self.bucket_size_mb}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"StepConfig.recompute must be one of {RECOMPUTE_MODES}, got {self.recompute!r}")
         if self.loss not in LOSSES:
@@ -122,6 +146,10 @@ class StepConfig:
                 raise ValueError("StepConfig.activation_memory_budget applies to compiled blocks: set compile_blocks=True")
         if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
             raise ValueError(f"StepConfig.loss_chunk_tokens must be positive, got {self.loss_chunk_tokens}")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

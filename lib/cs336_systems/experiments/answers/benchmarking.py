@@ -1,0 +1,924 @@
+"""Answers of notebooks 01-04: end-to-end timing, the kernel profile, and mixed precision.
+
+Timings of small models on a GPU are often set by how fast the CPU launches kernels, not by their
+FLOPs; `layer_bound` finds the sizes where the table shows it (time per layer about constant while
+FLOPs per layer grow), so an answer never presents such a time as the model's compute time.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from cs336_systems.accounting.flops import forward_flops
+from cs336_systems.experiments.answers import NotAnswered, Results, builds
+from cs336_systems.model import MODEL_SIZES, ModelConfig
+from cs336_systems.report.answers import Answer
+from cs336_systems.report.tables import fmt_ms
+
+NB_TIMING, NB_PROFILE, NB_PRECISION = "01_benchmarking_script", "02_nsys_profile", "04_benchmarking_mixed_precision"
+
+# The 2026 handout's size table (d_model, d_ff, layers, heads); its xl has the 2025 2.7B's shape.
+SIZES_2026 = {"small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16), "large": (1280, 5120, 36, 20),
+              "xl": (2560, 10240, 32, 32), "10B": (4608, 12288, 50, 36)}
+# Sizes whose time per layer stays within this factor, while their FLOPs per layer spread at least
+# FLOP_SPREAD, are timed by their kernel launches rather than their arithmetic.
+LAYER_SPREAD, FLOP_SPREAD, MIN_POINTS = 1.5, 2.0, 3
+# What sets a time that does not follow the FLOPs, on a GPU and on a CPU.
+OVERHEAD = {True: "kernel launches", False: "per-operator dispatch overheads"}
+# A profiled pass whose kernels fill at least this share of its GPU span keeps the GPU busy.
+BUSY = 0.9
+
+
+# ---------------------------------------------------------------------------------------------- words
+
+
+def times(x: float) -> str:
+    """A ratio that still reads when small: 0.0031×, 0.43×, 1.38×, 16×."""
+    if x >= 10:
+        return f"{x:.0f}×"
+    if x >= 0.995:
+        return f"{x:.2f}×"
+    return f"{x:.2g}×"
+
+
+def versus(value: float, ref: float) -> str:
+    """How `value` compares with `ref` in words that follow the numbers: 'equal to', '9% above',
+    '37% below', or a ratio ('3.1×', '0.21×') when they are more than 2× apart."""
+    r = value / ref
+    if abs(r - 1) < 0.005:
+        return "equal to"
+    if 1 < r <= 2:
+        return f"{r - 1:.0%} above"
+    if 0.5 <= r < 1:
+        return f"{1 - r:.0%} below"
+    return times(r)
+
+
+def span(values, fmt: str = "{:.2f}", unit: str = "") -> str:
+    """'a–b' for a range of values, 'a' when they print the same."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+
+
+def pct(x: float, digits: int = 1) -> str:
+    """A share as a percentage: 0.545 -> '54.5%'."""
+    return f"{100 * x:.{digits}f}%"
+
+
+def and_join(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# ------------------------------------------------------------------------------------------ sizes
+
+
+def size_2026(size: str) -> str | None:
+    """The 2026 handout's name for a size of the same shape, or None."""
+    dims = MODEL_SIZES.get(size)
+    if dims is None:
+        return None
+    shape = (dims["d_model"], dims["d_ff"], dims["num_layers"], dims["num_heads"])
+    return next((name for name, s in SIZES_2026.items() if s == shape), None)
+
+
+def size_label(size: str, handout: str = "2025") -> str:
+    """The size's name in the handout's size table: a 2026 answer calls the 2.7B shape 'xl'."""
+    return (size_2026(size) or size) if handout == "2026" else size
+
+
+def naming_2026(sizes) -> str:
+    """The caveat line of a 2026 answer whose rows include the 2025 2.7B, named xl there."""
+    if not any(size_2026(s) == "xl" and s != "xl" for s in sizes):
+        return ""
+    d = SIZES_2026["xl"]
+    return (f"xl here is the 2026 xl (d_model {d[0]}, d_ff {d[1]}, {d[2]} layers, {d[3]} heads), which this run has under "
+            "its 2025 name 2.7B.")
+
+
+def layers(size: str) -> int:
+    """The number of layers of a size of the model table."""
+    return MODEL_SIZES[size]["num_layers"]
+
+
+def step_flops(size: str, batch: int, context: int, mode: str) -> float:
+    """FLOPs of one step (forward, or forward+backward = 3× forward) of a handout model."""
+    config = ModelConfig.from_size(size, context_length=context)
+    return forward_flops(config, batch, context) * (1 if mode == "forward" else 3)
+
+
+def layer_bound(rows: pd.DataFrame) -> pd.DataFrame | None:
+    """The smallest sizes (at least MIN_POINTS) whose time per layer stays within LAYER_SPREAD while their
+    FLOPs per layer spread at least FLOP_SPREAD: timed by kernel launches, not FLOPs. Columns: size, ms,
+    flops; None when no such group."""
+    rows = rows.sort_values("flops").assign(layers=lambda d: d["size"].map(layers))
+    found = None
+    for k in range(MIN_POINTS, len(rows) + 1):
+        head = rows.iloc[:k]
+        per_layer, flops_per_layer = head.ms / head.layers, head.flops / head.layers
+        if per_layer.max() / per_layer.min() <= LAYER_SPREAD and flops_per_layer.max() / flops_per_layer.min() >= FLOP_SPREAD:
+            found = head
+    return found
+
+
+def layer_bound_sentence(group: pd.DataFrame | None, what: str, others: pd.DataFrame | None = None, gpu: bool = True) -> str:
+    """'For small, medium and large the forward takes 1.73–2.28 ms per layer while their FLOPs per layer grow
+    2.8×: ...' — the sentence saying which times follow the layer count, or '' when the table does not show it."""
+    if group is None:
+        return ""
+    per_layer = group.ms / group.layers
+    flops_per_layer = group.flops / group.layers
+    rate = group.flops / group.ms / 1e9
+    tail = ""
+    if others is not None and len(others):
+        other_rate = others.flops / others.ms / 1e9
+        tail = f", against {span(other_rate, '{:.2g}')} TFLOP/s for {and_join(others['size'].tolist())}"
+    return (f"For {and_join(group['size'].tolist())} the {what} takes {span(per_layer, '{:.2f}')} ms per layer while "
+            f"their FLOPs per layer grow {times(flops_per_layer.max() / flops_per_layer.min())} "
+            f"({span(rate, '{:.2g}')} TFLOP/s{tail}): at these sizes the time follows the number of layers (the "
+            f"{OVERHEAD[gpu]}), not the FLOPs, and is not the model's compute time.")
+
+
+# ---------------------------------------------------------------------------------------- machine
+
+
+def on_gpu(raw: pd.DataFrame) -> bool:
+    """Whether a harness table was measured on a GPU (peak memory is only measured there)."""
+    return "peak_memory_mib" in raw and raw["peak_memory_mib"].notna().any()
+
+
+def machine(results: Results, notebook: str, gpu: bool) -> str:
+    """The machine for prose; a run without a machine record that measured no GPU ran on the CPU."""
+    name = results.gpu_name(notebook)
+    return "the CPU" if not gpu and name == "this machine" else name
+
+
+def cpu_caveat(gpu: bool, sizes) -> str:
+    """What a CPU run leaves out, '' on a GPU."""
+    if gpu:
+        return ""
+    names = list(dict.fromkeys(sizes))
+    return (f"Measured on the CPU with the stand-in size{'s' * (len(names) > 1)} {and_join(names)}; the handout's sizes "
+            "and a GPU's kernels are in the GPU report.")
+
+
+def join_caveats(*parts: str) -> str:
+    """The non-empty caveat sentences, in order."""
+    return " ".join(p for p in parts if p)
+
+
+# ============================================================================ benchmarking_script
+
+
+HARNESS = ("`cs336_systems.benchmarking` (`BenchmarkConfig`, `run_benchmark`; on the command line "
+           "`python -m cs336_systems.benchmarking --size … --context-length … --mode …`) builds a `TransformerLM` "
+           "from a size name or from hyperparameters, draws a random batch of token ids, runs `warmup` untimed steps, "
+           "then times `steps` steps with `timeit.default_timer`, calling `torch.cuda.synchronize()` after each")
+
+
+def _harness_answer(results: Results, handout: str) -> Answer:
+    rows = results.table("by_size_raw")
+    gpu = on_gpu(rows)
+    n_ok, n_oom = int((rows.status == "ok").sum()), int((rows.status != "ok").sum())
+    modes = ("`forward`, `forward-backward` or `train-step` (forward, loss, backward and the AdamW step)"
+             if handout == "2026" else "`forward` or `forward-backward`")
+    text = (f"{HARNESS}; `--mode` picks {modes}. On {machine(results, NB_TIMING, gpu)} this run timed {len(rows)} "
+            f"configurations of the size sweep with it ({and_join(list(dict.fromkeys(rows['size'])))}, "
+            f"{and_join(sorted(set(rows['mode'])))}): {n_ok} ran"
+            + (f" and {n_oom} ran out of memory, recorded as such rather than failing." if n_oom else "."))
+    timed = set(rows["mode"])
+    caveat = ""
+    if handout == "2026" and "train-step" not in timed:
+        caveat = ("Notebook 01 times forward and forward+backward only; the full training step with the optimizer is "
+                  "timed under the profiler in notebook 02.")
+    return Answer(text=text, caveat=caveat)
+
+
+@builds("benchmarking_script.a")
+def benchmarking_script_a(results: Results) -> Answer:
+    return _harness_answer(results, "2025")
+
+
+@builds("benchmarking_script.a.2026")
+def benchmarking_script_a_2026(results: Results) -> Answer:
+    return _harness_answer(results, "2026")
+
+
+def _timing_rows(raw: pd.DataFrame) -> pd.DataFrame:
+    """One row per size: forward and forward+backward mean/std, backward, layers, forward FLOPs."""
+    ok = raw[raw.status == "ok"]
+    wide = ok.pivot_table(index="size", columns="mode", values=["mean_ms", "std_ms"], aggfunc="first", sort=False)
+    wide.columns = [f"{mode}_{stat}" for stat, mode in wide.columns]
+    out = wide.reset_index()
+    need = ["forward_mean_ms", "forward-backward_mean_ms"]
+    if any(c not in out for c in need):
+        raise NotAnswered("this run has no forward and forward+backward timings of the same sizes")
+    out = out.dropna(subset=need)
+    first = ok.drop_duplicates("size").set_index("size")
+    out["context"] = out["size"].map(first.context_length).astype(int)
+    out["batch"] = out["size"].map(first.batch_size).astype(int)
+    out["layers"] = out["size"].map(layers)
+    out["backward_ms"] = out["forward-backward_mean_ms"] - out["forward_mean_ms"]
+    out["flops"] = [step_flops(s, b, c, "forward") for s, b, c in zip(out["size"], out.batch, out.context)]
+    return out.sort_values("flops").reset_index(drop=True)
+
+
+def _spread_sentence(t: pd.DataFrame, steps: int, handout: str) -> str:
+    """Whether the standard deviation is small, per size, in words that follow the numbers."""
+    cv = pd.DataFrame({"size": [size_label(s, handout) for s in t["size"]], "forward": t.forward_std_ms / t.forward_mean_ms,
+                       "forward+backward": t["forward-backward_std_ms"] / t["forward-backward_mean_ms"]})
+    worst = cv[["forward", "forward+backward"]].max(axis=1)
+    low, high = cv[worst <= 0.02], cv[worst > 0.02]
+    if high.empty:
+        return f"The standard deviation over {steps} steps is small: at most {pct(worst.max())} of the mean for every size."
+    i = worst.idxmax()
+    mode = "forward" if cv.loc[i, "forward"] >= cv.loc[i, "forward+backward"] else "forward+backward"
+    where = f"{cv.loc[i, 'size']}'s {mode}"
+    if low.empty:
+        return (f"The standard deviation over {steps} steps is not small: {span(100 * worst, '{:.1f}', '%')} of the mean, "
+                f"largest for {where}.")
+    return (f"The standard deviation over {steps} steps is small for {and_join(low['size'].tolist())} (at most "
+            f"{pct(worst[low.index].max())} of the mean) but not for {and_join(high['size'].tolist())} (up to "
+            f"{pct(worst.max())}, {where}).")
+
+
+def _timing_table(t: pd.DataFrame, handout: str) -> pd.DataFrame:
+    return pd.DataFrame({
+        "size": [size_label(s, handout) for s in t["size"]],
+        "layers": t.layers,
+        "forward (ms)": t.forward_mean_ms.round(2),
+        "forward std (ms)": t.forward_std_ms.round(2),
+        "backward (ms)": t.backward_ms.round(2),
+        "forward+backward (ms)": t["forward-backward_mean_ms"].round(2),
+        "forward+backward std (ms)": t["forward-backward_std_ms"].round(2),
+        "forward ms per layer": (t.forward_mean_ms / t.layers).round(2),
+        "forward TFLOP/s": [float(f"{x:.3g}") for x in t.flops / t.forward_mean_ms / 1e9],
+    })
+
+
+def _timing_answer(raw: pd.DataFrame, where: str, handout: str, sweep: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
+    gpu = on_gpu(raw)
+    t = _timing_rows(raw)
+    steps = int(raw.steps.iloc[0])
+    warm = int(raw.warmup.iloc[0])
+    first, last = t.iloc[0], t.iloc[-1]
+    context = int(first.context)
+    ratio = t.backward_ms / t.forward_mean_ms
+    text = (f"On {where} at context {context} (batch {int(first.batch)}, {warm} warm-up and {steps} timed steps), "
+            f"a forward pass takes {fmt_ms(first.forward_mean_ms)} ({size_label(first['size'], handout)}) to "
+            f"{fmt_ms(last.forward_mean_ms)} ({size_label(last['size'], handout)}) and a backward pass "
+            f"{fmt_ms(first.backward_ms)} to {fmt_ms(last.backward_ms)}, {span(ratio, '{:.1f}')}× the forward. "
+            + _spread_sentence(t, steps, handout))
+    forward = t.rename(columns={"forward_mean_ms": "ms"})
+    group = layer_bound(forward[["size", "ms", "flops"]])
+    if group is not None:
+        rest = forward[~forward["size"].isin(group["size"])]
+        text += " " + layer_bound_sentence(group, "forward", rest, gpu)
+    elif sweep is not None:
+        text += " " + _context_anomaly(sweep, t["size"].tolist(), context, handout, gpu)
+    return text.strip(), _timing_table(t, handout)
+
+
+def _context_anomaly(sweep: pd.DataFrame, sizes: list[str], context: int, handout: str, gpu: bool = True) -> str:
+    """The sentence for a size whose forward is shorter at `context` than at the next shorter context of the
+    sweep although its FLOPs grow: its times are launch-bound. '' when no size shows it."""
+    ok = sweep[(sweep.status == "ok") & (sweep["mode"] == "forward") & sweep["size"].isin(sizes)]
+    for size, g in ok.groupby("size", sort=False):
+        g = g.set_index("context_length").mean_ms.sort_index()
+        shorter = g[g.index < context]
+        if context not in g or shorter.empty or g[context] >= shorter.iloc[-1]:
+            continue
+        before = int(shorter.index[-1])
+        batch = int(sweep.batch_size.iloc[0])
+        growth = step_flops(size, batch, context, "forward") / step_flops(size, batch, before, "forward")
+        label = size_label(size, handout)
+        return (f"{label[0].upper() + label[1:]}'s forward is shorter at context {context} "
+                f"({fmt_ms(g[context])}) than at {before} ({fmt_ms(shorter.iloc[-1])}) although its FLOPs grow "
+                f"{times(growth)}: at this size the time is set by {OVERHEAD[gpu]} and their noise, not by the FLOPs, "
+                f"and is not the model's compute time.")
+    return ""
+
+
+@builds("benchmarking_script.b")
+def benchmarking_script_b(results: Results) -> Answer:
+    raw = results.table("by_size_raw")
+    gpu = on_gpu(raw)
+    text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2025")
+    return Answer(text=text, table=table, caveat=cpu_caveat(gpu, raw["size"]))
+
+
+def _rows_2026(raw: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the 2026 sizes (every size when the run has none of them)."""
+    keep = raw["size"].map(size_2026).notna()
+    return raw[keep] if keep.any() else raw
+
+
+@builds("benchmarking_script.b.2026")
+def benchmarking_script_b_2026(results: Results) -> Answer:
+    """The 2026 sizes at the 2026 default context 512 where the context sweep has it."""
+    by_size = results.table("by_size_raw")
+    gpu = on_gpu(by_size)
+    raw, sweep = by_size, None
+    if results.has("context_sweep_raw"):
+        sweep = _rows_2026(results.table("context_sweep_raw"))
+        if (sweep.context_length == 512).any():
+            raw = sweep[sweep.context_length == 512]
+    raw = _rows_2026(raw)
+    text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2026", sweep=sweep)
+    context = int(raw.context_length.iloc[0])
+    present = {size_2026(s) for s in raw["size"]}
+    missing = [s for s in SIZES_2026 if s not in present]
+    caveat = join_caveats(
+        f"This run has no {and_join(missing)} model{'s' * (len(missing) > 1)}." if missing else "",
+        naming_2026(raw["size"]),
+        "" if context == 512 else f"It is at context {context}, not the 2026 default 512.",
+        "" if "train-step" in set(raw["mode"]) else
+        "The optimizer step is not timed by the Python timer here; notebook 02 profiles a full training step with AdamW.",
+        cpu_caveat(gpu, raw["size"]))
+    return Answer(text=text, table=table, caveat=caveat)
+
+
+def _warmup_answer(results: Results) -> Answer:
+    warm = results.table("warmup").sort_values("warmup").reset_index(drop=True)
+    if 0 not in set(warm.warmup) or len(warm) < 2:
+        raise NotAnswered("the run has no timing without warm-up to compare with")
+    per_step = results.table("warmup_steps") if results.has("warmup_steps") else None
+    raw = results.table("by_size_raw") if results.has("by_size_raw") else pd.DataFrame()
+    gpu = on_gpu(raw) if len(raw) else results.gpu_name(NB_TIMING) not in ("the CPU", "this machine")
+    w0, ref = warm[warm.warmup == 0].iloc[0], warm.iloc[-1]
+    size, n, k = w0["size"], int(ref.steps), int(ref.warmup)
+    context = f" at context {int(raw.context_length.iloc[0])}" if len(raw) else ""
+    text = (f"Without warm-up, the mean of {n} forward+backward steps of {size}{context} is {fmt_ms(w0.mean_ms)} ± "
+            f"{fmt_ms(w0.std_ms)}, against {fmt_ms(ref.mean_ms)} ± {fmt_ms(ref.std_ms)} after {k} warm-up steps, a mean "
+            f"{versus(w0.mean_ms, ref.mean_ms)} the warmed-up one and a standard deviation "
+            f"{times(w0.std_ms / max(ref.std_ms, 1e-9))} as large")
+    medians = f"{fmt_ms(w0.median_ms)} and {fmt_ms(ref.median_ms)}"
+    if per_step is not None:
+        first = per_step[(per_step.warmup == 0) & (per_step.step == 0)].ms.iloc[0]
+        steady = per_step[(per_step.warmup == k) & (per_step.phase == "measured")].ms.median()
+        text += (f"; the medians are {medians}, and the very first step alone takes {fmt_ms(first)}, "
+                 f"{versus(first, steady)} a steady step ({fmt_ms(steady)}).")
+    elif w0.mean_ms > 1.2 * w0.median_ms and abs(w0.median_ms / ref.median_ms - 1) < 0.1:
+        text += f"; the medians barely differ ({medians}), so a few outlying steps carry the excess."
+    else:
+        text += f"; the medians are {medians}."
+    slower = w0.mean_ms > ref.mean_ms + ref.std_ms
+    if slower:
+        text += (" The first step of a process pays one-time costs that are not the model's work: creating the CUDA "
+                 "context and library handles, loading and selecting kernels, and the caching allocator requesting memory "
+                 "from the driver." if gpu else
+                 " The first step of a process pays one-time costs that are not the model's work: first calls that fill "
+                 "PyTorch's dispatcher and allocator caches, and memory the process requests from the system.")
+    else:
+        text += (f" So the run without warm-up is not slower here by more than one standard deviation "
+                 f"({fmt_ms(ref.std_ms)}): whatever one-time costs the first step pays are lost in the step-to-step noise "
+                 f"of this machine.")
+    mid = warm[warm.warmup.isin([1, 2])]
+    if len(mid):
+        gap = mid.mean_ms - ref.mean_ms
+        if (gap.abs() <= ref.std_ms).all():
+            judged = (": each within one standard deviation of it, so one step already absorbs most of the one-time cost "
+                      "and what may remain (the allocator still growing, clocks ramping up under load) is smaller than "
+                      "the step-to-step noise here")
+        elif (gap > ref.std_ms).any():
+            judged = (", above it by more than one standard deviation: the one-time costs need not all fall in the first "
+                      "step (the allocator keeps growing while the backward allocates its buffers, clocks ramp up under "
+                      "load), and step-to-step noise adds to the difference")
+        else:
+            low = mid.mean_ms[gap < -ref.std_ms]
+            judged = (f", and {and_join([fmt_ms(m) for m in low])} lie{'s' * (len(low) == 1)} more than one standard "
+                      f"deviation below it, which leftover one-time costs cannot explain: these means vary from run to run "
+                      f"by more than the warm-up changes them")
+        text += (f" With {and_join([str(int(w)) for w in mid.warmup])} warm-up step{'s' * (len(mid) > 1)} the means are "
+                 f"{and_join([fmt_ms(m) for m in mid.mean_ms])}, {and_join([versus(m, ref.mean_ms) for m in mid.mean_ms])} "
+                 f"the {k}-step mean{judged}.")
+    has_figure = (results.folder / "figures" / "warmup_steps.png").exists()
+    table = None if has_figure else warm.rename(columns={
+        "warmup": "warm-up steps", "mean_ms": "mean (ms)", "std_ms": "std (ms)", "median_ms": "median (ms)",
+        "min_ms": "min (ms)"}).round(2)
+    return Answer(text=text, figure=results.figure("warmup_steps") if has_figure else None, table=table,
+                  caveat=cpu_caveat(gpu, [size]))
+
+
+@builds("benchmarking_script.c")
+def benchmarking_script_c(results: Results) -> Answer:
+    return _warmup_answer(results)
+
+
+@builds("benchmarking_script.c.2026")
+def benchmarking_script_c_2026(results: Results) -> Answer:
+    a = _warmup_answer(results)
+    a.caveat = join_caveats(
+        "Measured on one size for forward+backward; the 2026 default context 512 and the full training step with the "
+        "optimizer are not part of this comparison.", a.caveat)
+    return a
+
+
+# =================================================================================== nsys_profile
+
+
+def _profile_unit(results: Results) -> tuple[bool, str]:
+    runs = results.table("profiled_runs")
+    gpu = "forward_gpu_span_ms" in runs and runs["forward_gpu_span_ms"].notna().any()
+    return gpu, "CUDA kernel" if gpu else "CPU operator"
+
+
+def _select_2026(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The 2026 selection: the smallest and the largest 2026 size of the run at the contexts above 128, and a
+    caveat saying how it departs from the handout."""
+    sizes = [s for s in dict.fromkeys(df["size"]) if size_2026(s)]
+    chosen = sizes if len(sizes) <= 2 else [min(sizes, key=_size_flops), max(sizes, key=_size_flops)]
+    if not chosen:
+        chosen = list(dict.fromkeys(df["size"]))
+    contexts = sorted(c for c in set(df.context_length) if c > 128) or sorted(set(df.context_length))
+    sel = df[df["size"].isin(chosen) & df.context_length.isin(contexts)]
+    labels = and_join([size_label(s, "2026") for s in chosen])
+    all_contexts = sorted(set(df.context_length))
+    caveat = (f"The 2026 handout asks for two sizes and three power-of-two contexts above 128; this answer reads "
+              f"{labels} at contexts {and_join([str(c) for c in contexts])}, from a run that profiled "
+              f"{len(set(df['size']))} sizes at contexts {and_join([str(c) for c in all_contexts])}.")
+    if len([c for c in contexts if c > 128]) < 3:
+        caveat += " This run has fewer than three contexts above 128."
+    caveat = join_caveats(caveat, naming_2026(chosen))
+    return sel, caveat
+
+
+def _size_flops(size: str) -> float:
+    """Orders sizes by their FLOPs per token."""
+    return step_flops(size, 1, 1, "forward")
+
+
+def _detail(results: Results) -> tuple[str, int] | None:
+    """The configuration notebook 02 looked at in detail: from the non-matmul table, else the kept trace's name."""
+    if results.has("non_matmul_forward"):
+        nm = results.table("non_matmul_forward")
+        if {"size", "context_length"} <= set(nm) and len(nm):
+            return str(nm["size"].iloc[0]), int(nm.context_length.iloc[0])
+    for path in sorted((results.folder / "traces").glob("trace_*_ctx*_forward.json.gz")):
+        size, ctx = path.name[len("trace_"):-len("_forward.json.gz")].rsplit("_ctx", 1)
+        return size, int(ctx)
+    return None
+
+
+def _pick_row(df: pd.DataFrame, detail: tuple[str, int] | None) -> pd.Series:
+    if detail is not None:
+        row = df[(df["size"] == detail[0]) & (df.context_length == detail[1])]
+        if len(row):
+            return row.iloc[0]
+    return df.iloc[0]
+
+
+def _nsys_a(results: Results, handout: str) -> Answer:
+    compare = results.table("forward_time_vs_harness")
+    gpu, unit = _profile_unit(results)
+    runs = results.table("profiled_runs")
+    device_col = "forward_gpu_span_ms" if gpu else "forward_compute_ms"
+    both = compare.dropna(subset=["harness_ms", device_col]).copy()
+    caveat = ""
+    if handout == "2026":
+        both, caveat = _select_2026(both)
+    if both.empty:
+        raise NotAnswered("no configuration has both a profiled and a Python-timer forward time")
+    both["ratio"] = both[device_col] / both.harness_ms
+    d = _pick_row(both, _detail(results))
+    where = machine(results, NB_PROFILE, gpu)
+    text = (f"On {where}, the forward pass of {size_label(d['size'], handout)} at context {int(d.context_length)} takes "
+            f"{fmt_ms(d[device_col])} in the profile ({'first to last kernel on the GPU' if gpu else 'CPU operator time'}) "
+            f"against {fmt_ms(d.harness_ms)} ± {fmt_ms(d.harness_std_ms)} by the Python timer. Over the {len(both)} "
+            f"configurations the profiled time is {span(both.ratio)}× the Python timer's")
+    table_cols = {"size": "size", "context_length": "context", "harness_ms": "Python timer (ms)",
+                  "harness_std_ms": "Python timer std (ms)", device_col: "profiled forward (ms)", "ratio": "profiled / timer"}
+    if gpu:
+        fwd = runs[runs["mode"] == "forward"][["size", "context_length", "forward_compute_ms", "forward_gpu_span_ms"]]
+        both = both.merge(fwd.rename(columns={"forward_gpu_span_ms": "_span"}), on=["size", "context_length"], how="left")
+        both["busy"] = both.forward_compute_ms / both._span
+        busy, idle = both[both.busy >= BUSY], both[both.busy < BUSY]
+        if len(busy) and len(idle):
+            text += (f": where the kernels fill at least {BUSY:.0%} of the forward's span ({len(busy)} configurations) "
+                     f"the two agree to {span(busy.ratio)}×, while where the GPU waits between kernels for the CPU to "
+                     f"launch them (kernels {span(100 * idle.busy, '{:.0f}', '%')} of the span, {len(idle)} configurations) "
+                     f"the profile runs {span(idle.ratio)}× the timer's time: the profiler's own cost per launch "
+                     f"lengthens those gaps.")
+        else:
+            text += "."
+        table_cols["busy"] = "GPU busy (share of span)"
+    else:
+        text += (": the profile counts only the operators' own time, while the Python timer also counts the interpreter "
+                 "and dispatch time between them." if both.ratio.max() < 1 else ".")
+    table = both[list(table_cols)].rename(columns=table_cols).round(3)
+    table["size"] = [size_label(s, handout) for s in table["size"]]
+    return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, both["size"])))
+
+
+@builds("nsys_profile.a")
+def nsys_profile_a(results: Results) -> Answer:
+    return _nsys_a(results, "2025")
+
+
+@builds("nsys_profile.a.2026")
+def nsys_profile_a_2026(results: Results) -> Answer:
+    return _nsys_a(results, "2026")
+
+
+def _matmul_count(size: str) -> tuple[int, int]:
+    n = layers(size)
+    return 7 * n + 1, 2 * n
+
+
+def _nsys_b(results: Results, handout: str) -> Answer:
+    top = results.table("top_kernels")
+    gpu, unit = _profile_unit(results)
+    caveat = ""
+    if handout == "2026":
+        top, caveat = _select_2026(top)
+    if top.empty:
+        raise NotAnswered("no configuration was profiled")
+    r = _pick_row(top, _detail(results))
+    weight, attention = _matmul_count(r["size"])
+    same = top.same_kernel.astype(str).str.lower() == "true"
+    leaders = list(dict.fromkeys(top.kernel))
+    text = (f"For {size_label(r['size'], handout)} at context {int(r.context_length)} the {unit} with the most forward time "
+            f"is `{r.kernel}` ({pct(r.share)} of the forward's {unit} time), called {r.calls_per_forward:.0f} times per "
+            f"forward pass (the model makes {weight} weight matmuls and {attention} attention matmuls per forward pass). ")
+    if isinstance(r.kernel_fwd_bwd, str):
+        leader = f"the same {unit}" if bool(same[r.name]) else f"`{r.kernel_fwd_bwd}`"
+        text += f"With the backward included the leader is {leader} ({pct(r.share_fwd_bwd)}); "
+    fb = top.dropna(subset=["kernel_fwd_bwd"])
+    fp32_gemms = gpu and all(re.search(r"f32f32|sgemm", k) and not re.search(r"tf32|bf16|f16|hmma", k) for k in leaders)
+    text += (f"over the {len(fb)} configurations that fit a training step, the forward and forward+backward leaders "
+             f"coincide in {int(same[fb.index].sum())}")
+    differ = fb[~same[fb.index]]
+    if len(differ):
+        common = differ.kernel_fwd_bwd.value_counts()
+        kind = "another GEMM" if all("gemm" in k for k in common.index) else "another kernel"
+        text += f", and where they differ {kind} leads (`{common.index[0]}` in {int(common.iloc[0])} of them)"
+    text += "."
+    if fp32_gemms:
+        text += (" Every forward leader is an fp32 GEMM run on the CUDA cores (FFMA/SIMT kernels: `f32f32` or "
+                 "`simt_sgemm` in the name), not on tensor cores (PyTorch's fp32 matmuls do not use TF32 by default).")
+    table = top[["size", "context_length", "kernel", "share", "calls_per_forward", "kernel_fwd_bwd", "share_fwd_bwd"]].copy()
+    table["size"] = [size_label(s, handout) for s in table["size"]]
+    table["share"] = (100 * table.share).round(1)
+    table["share_fwd_bwd"] = (100 * table.share_fwd_bwd).round(1)
+    table = table.rename(columns={"context_length": "context", "kernel": f"top forward {unit}",
+                                  "share": "share of forward (%)", "calls_per_forward": "calls per forward",
+                                  "kernel_fwd_bwd": f"top forward+backward {unit}",
+                                  "share_fwd_bwd": "share of forward+backward (%)"})
+    return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, top["size"])))
+
+
+@builds("nsys_profile.b")
+def nsys_profile_b(results: Results) -> Answer:
+    return _nsys_b(results, "2025")
+
+
+@builds("nsys_profile.b.2026")
+def nsys_profile_b_2026(results: Results) -> Answer:
+    return _nsys_b(results, "2026")
+
+
+def _nsys_c(results: Results, handout: str) -> Answer:
+    nm = results.table("non_matmul_forward")
+    shares = results.table("forward_category_shares")
+    gpu, unit = _profile_unit(results)
+    caveat = ""
+    if handout == "2026":
+        shares, caveat = _select_2026(shares)
+    detail = _detail(results)
+    where = f"{size_label(detail[0], handout)} at context {detail[1]}" if detail else "the detailed configuration"
+    if nm.empty:
+        raise NotAnswered("no non-matmul kernel reached the threshold share in the detailed configuration")
+    by_cat = nm.groupby("category").share.sum().sort_values(ascending=False)
+    listed = ", ".join(f"`{r.kernel}` ({pct(r.share)})" for r in nm.head(6).itertuples())
+    non_matmul = 1 - shares["matmul"]
+    lo, hi = shares.loc[non_matmul.idxmin()], shares.loc[non_matmul.idxmax()]
+    text = (f"In the forward pass of {where}, {len(nm)} non-matmul {unit}s take {pct(nm.share.min())} or more of the "
+            f"{unit} time each, {pct(nm.share.sum())} together: {listed}"
+            + (f" and {len(nm) - 6} more" if len(nm) > 6 else "")
+            + "; by category " + ", ".join(f"{c} {pct(v)}" for c, v in by_cat.items()) + ". "
+            f"Over the {len(shares)} configurations, non-matmul {unit}s take {pct(non_matmul.min())} "
+            f"({size_label(lo['size'], handout)} at {int(lo.context_length)}) to {pct(non_matmul.max())} "
+            f"({size_label(hi['size'], handout)} at {int(hi.context_length)}) of the forward's {unit} time.")
+    table = nm[["kernel", "category", "total_ms", "instances", "avg_us", "share"]].copy()
+    table["share"] = (100 * table.share).round(1)
+    table = table.rename(columns={"kernel": unit, "total_ms": "time over the measured steps (ms)",
+                                  "instances": "calls", "avg_us": "mean per call (µs)", "share": "share of forward (%)"}).round(3)
+    if handout == "2026" and detail and size_2026(detail[0]) is None:
+        caveat += f" The listed {unit}s are those of {detail[0]}, which is not a 2026 size."
+    return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, shares["size"])))
+
+
+@builds("nsys_profile.c")
+def nsys_profile_c(results: Results) -> Answer:
+    return _nsys_c(results, "2025")
+
+
+@builds("nsys_profile.c.2026")
+def nsys_profile_c_2026(results: Results) -> Answer:
+    return _nsys_c(results, "2026")
+
+
+def _nsys_d(results: Results, handout: str) -> Answer:
+    wide = results.table("category_shares_inference_vs_training")
+    gpu, unit = _profile_unit(results)
+    caveat = ""
+    if handout == "2026":
+        wide, caveat = _select_2026(wide)
+    fit = wide.dropna(subset=["matmul (training step)"])
+    if fit.empty:
+        raise NotAnswered("no training step fit in memory")
+    f, t = fit["matmul (forward)"], fit["matmul (training step)"]
+    drops = int((t < f).sum())
+    direction = ("falls" if drops == len(fit) else "rises" if drops == 0 else "moves")
+    d = _pick_row(fit, _detail(results))
+    text = (f"The matmul share of {unit} time {direction} from {span(100 * f, '{:.0f}', '%')} in a forward pass to "
+            f"{span(100 * t, '{:.0f}', '%')} in a full training step "
+            + ((f"in all {len(fit)} configurations" if len(fit) > 2 else "in both configurations" if len(fit) == 2
+                else "in the one configuration") + " that fit a training step" if drops in (0, len(fit)) else
+               f"(it falls in {drops} of the {len(fit)} configurations that fit a training step)")
+            + f" ({size_label(d['size'], handout)} at {int(d.context_length)}: {pct(d['matmul (forward)'])} → "
+            f"{pct(d['matmul (training step)'])}). ")
+    others = []
+    for cat in ("elementwise", "copy", "reduction", "optimizer", "softmax"):
+        fc, tc = f"{cat} (forward)", f"{cat} (training step)"
+        if fc in fit and tc in fit and (fit[fc].max() > 0.005 or fit[tc].max() > 0.005):
+            others.append((cat, fit[fc], fit[tc]))
+    gain = max(others, key=lambda o: (o[2] - o[1]).median()) if others else None
+    if gain is not None:
+        cat, fc, tc = gain
+        text += (f"{cat.capitalize()} {unit}s take most of the difference, from {span(100 * fc, '{:.0f}', '%')} to "
+                 f"{span(100 * tc, '{:.0f}', '%')}: the backward adds an elementwise gradient {unit} for every elementwise "
+                 f"operation of the forward, and AdamW updates every parameter and both moments with elementwise "
+                 f"{unit}s and no matmul")
+        rest = [o for o in others if o[0] != cat]
+        if rest:
+            text += "; " + ", ".join(f"{c} {span(100 * a, '{:.0f}', '%')} → {span(100 * b, '{:.0f}', '%')}" for c, a, b in rest)
+        text += "."
+    oom = wide[wide["matmul (training step)"].isna()]
+    if len(oom):
+        caveat = join_caveats(caveat, "Out of memory for the training step: " +
+                              and_join([f"{s} at {int(c)}" for s, c in zip(oom["size"], oom.context_length)]) + ".")
+    cols = {"size": "size", "context_length": "context", "matmul (forward)": "matmul, forward (%)",
+            "matmul (training step)": "matmul, training step (%)"}
+    if gain is not None:
+        cat = gain[0]
+        cols.update({f"{cat} (forward)": f"{cat}, forward (%)", f"{cat} (training step)": f"{cat}, training step (%)"})
+    table = wide[list(cols)].copy()
+    for c in list(cols)[2:]:
+        table[c] = (100 * table[c]).round(1)
+    table = table.rename(columns=cols)
+    table["size"] = [size_label(s, handout) for s in table["size"]]
+    return Answer(text=text.strip(), table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, wide["size"])))
+
+
+@builds("nsys_profile.d")
+def nsys_profile_d(results: Results) -> Answer:
+    return _nsys_d(results, "2025")
+
+
+@builds("nsys_profile.d.2026")
+def nsys_profile_d_2026(results: Results) -> Answer:
+    return _nsys_d(results, "2026")
+
+
+def _nsys_e(results: Results, handout: str) -> Answer:
+    if not results.has("softmax_vs_matmuls"):
+        reason = results.not_run(NB_PROFILE).get("(e) softmax against the matmuls")
+        raise NotAnswered(reason or "this run has no `softmax_vs_matmuls` table")
+    a = results.table("softmax_vs_matmuls")
+    gpu, unit = _profile_unit(results)
+    caveat = ""
+    if handout == "2026":
+        a, caveat = _select_2026(a)
+    d = _pick_row(a, _detail(results))
+    text = (f"Inside one attention of the forward pass the softmax takes {span(a.softmax_over_matmuls_time)}× the time of "
+            f"the two matmuls around it ({size_label(d['size'], handout)} at {int(d.context_length)}: "
+            f"{fmt_ms(d.softmax_ms)} against {fmt_ms(d.scores_ms)} + {fmt_ms(d.final_matmul_ms)}) while doing only "
+            f"{span(100 * a.softmax_over_matmuls_flops, '{:.1f}', '%')} of their FLOPs (5 per score against 4·d_head), so "
+            f"per FLOP it is {span(a.time_ratio_over_flop_ratio, '{:.0f}')}× slower. ")
+    text += ("" if not gpu else
+             "The matmuls reuse every element they load from memory across a whole tile of products, while the softmax's "
+             "max, subtract, exp, sum and divide read and write the batch × heads × context² score tensor with about one "
+             "FLOP per element each, so its time is set by memory traffic, not arithmetic.")
+    text = text.strip()
+    table = a[["size", "context_length", "scores_ms", "softmax_ms", "final_matmul_ms", "softmax_over_matmuls_time",
+               "softmax_over_matmuls_flops", "time_ratio_over_flop_ratio"]].copy()
+    table["softmax_over_matmuls_flops"] = 100 * table.softmax_over_matmuls_flops
+    table["size"] = [size_label(s, handout) for s in table["size"]]
+    table = table.rename(columns={
+        "context_length": "context", "scores_ms": "Q·Kᵀ (ms)", "softmax_ms": "softmax (ms)", "final_matmul_ms": "P·V (ms)",
+        "softmax_over_matmuls_time": "softmax / matmuls, time", "softmax_over_matmuls_flops": "softmax / matmuls, FLOPs (%)",
+        "time_ratio_over_flop_ratio": "time ratio / FLOP ratio"}).round(3)
+    return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, a["size"])))
+
+
+@builds("nsys_profile.e")
+def nsys_profile_e(results: Results) -> Answer:
+    return _nsys_e(results, "2025")
+
+
+@builds("nsys_profile.e.2026")
+def nsys_profile_e_2026(results: Results) -> Answer:
+    return _nsys_e(results, "2026")
+
+
+# ================================================================== mixed_precision_accumulation
+
+
+@builds("mixed_precision_accumulation")
+def mixed_precision_accumulation(results: Results) -> Answer:
+    t = results.table("accumulation")
+    handout_rows = t[t.in_handout.astype(str).str.lower() == "true"]
+    r = {(row.accumulator, row.addend, str(row.explicit_upcast).lower() == "true"): row
+         for row in handout_rows.itertuples()}
+    try:
+        fp32, fp16 = r[("fp32", "fp32", False)], r[("fp16", "fp16", False)]
+        mixed, upcast = r[("fp32", "fp16", False)], r[("fp32", "fp16", True)]
+    except KeyError as missing:
+        raise NotAnswered(f"the accumulation table lacks the handout's case {missing}") from None
+    n = round((fp32.result / fp32.addend_as_stored)) if fp32.addend_as_stored else 1000
+    same = "the same" if mixed.result == upcast.result else f"{upcast.result:.6f} with the explicit cast"
+    text = (f"fp32 throughout gives {fp32.result:.6f} (error {fp32.abs_error:.1e}): 0.01 has no exact binary form and every "
+            f"addition rounds, but to fp32's spacing near 10 ({fp32.accumulator_spacing_at_result:.1e}), so the error stays "
+            f"tiny. fp16 throughout gives {fp16.result:.6f}, off by {fp16.abs_error:.3f}, because near 10 consecutive fp16 "
+            f"numbers are {fp16.accumulator_spacing_at_result:g} apart, close to 0.01 itself, so each addition is rounded "
+            f"by a large part of the addend. An fp32 accumulator with fp16 addends gives {mixed.result:.6f} ({same} "
+            f"whether the addend is cast implicitly or explicitly): its whole error, {mixed.abs_error:.1e}, is the fp16 "
+            f"rounding of 0.01 ({mixed.addend_rounding_error:+.1e}) added {n} times, so accumulating in fp32 keeps the "
+            f"sum accurate even with low-precision inputs.")
+    columns = ["accumulator", "addend", "explicit_upcast", "result", "abs_error", "accumulator_spacing_at_result"]
+    table = handout_rows[columns].rename(
+        columns={"explicit_upcast": "addend cast to fp32", "abs_error": "error",
+                 "accumulator_spacing_at_result": "accumulator spacing near the result"})
+    return Answer(text=text, table=table)
+
+
+# ================================================================== benchmarking_mixed_precision
+
+
+@builds("benchmarking_mixed_precision.a")
+def benchmarking_mixed_precision_a(results: Results) -> Answer:
+    t = results.table("toy_model_dtypes")
+    d = dict(zip(t.component, t.dtype))
+    if "device" in t:
+        gpu = bool((t.device == "cuda").any())
+    elif results.has("precision_raw"):
+        gpu = on_gpu(results.table("precision_raw"))
+    else:
+        gpu = results.gpu_name(NB_PRECISION) not in ("the CPU", "this machine")
+    where = machine(results, NB_PRECISION, gpu)
+    get = lambda key: d.get(key, "not recorded")  # noqa: E731
+    text = (f"Observed with forward hooks under `torch.autocast(dtype=torch.float16)` on {where}: the parameters stay "
+            f"**{get('model parameters inside autocast (fc1.weight)')}** (autocast casts copies for each operation), fc1's "
+            f"output is **{get('output of fc1')}**, the layer norm's output **{get('output of ln')}**, the logits "
+            f"**{get('logits')}**, the loss **{get('loss')}**, and the gradients **{get('gradients (all parameters)')}**, "
+            f"the dtype of the parameters they belong to.")
+    caveat = "" if gpu else ("The handout asks about a GPU; this table comes from CPU autocast, whose lists of "
+                             "low-precision and fp32 operations differ from CUDA's, so the GPU report's table is the answer.")
+    table = t[["component", "dtype"]].rename(columns={"dtype": "dtype under fp16 autocast"})
+    return Answer(text=text, table=table, caveat=caveat)
+
+
+@builds("benchmarking_mixed_precision.b")
+def benchmarking_mixed_precision_b(results: Results) -> Answer:
+    ln = results.table("layer_norm_sensitivity")
+    fp16, bf16 = ln[ln.dtype == "fp16"], ln[ln.dtype == "bf16"]
+    centred, offset = fp16[fp16.input_offset == 0], fp16[fp16.input_offset > 0]
+    sq_over = centred[~np.isfinite(centred.sum_of_squares_rel_error.astype(float))].input_scale
+    var_over = centred[~np.isfinite(centred.variance_rel_error.astype(float))].input_scale
+    offset_over = offset[~np.isfinite(offset.sum_of_squares_rel_error.astype(float))]
+    parts = []
+    if len(sq_over):
+        parts.append(f"in fp16 the sum of squares overflows 65,504 (fp16's largest value) already for zero-mean inputs "
+                     f"of scale {sq_over.min():g}")
+        if len(offset_over):
+            parts[-1] += f" and for inputs offset by {offset_over.input_offset.min():g}"
+    if len(var_over):
+        wrong = fp16[fp16.input_scale >= var_over.min()].output_rel_error.max()
+        parts.append(f"the variance itself from scale {var_over.min():g}, after which the normalised output is wrong "
+                     f"(relative error {wrong:.2f})")
+    fp16_part = ("; ".join(parts) if parts else
+                 f"in fp16 the largest output error is {fp16.output_rel_error.max():.1e}")
+    bf16_variance = 100 * bf16.variance_rel_error.median()
+    text = (f"The reductions are the sensitive part of layer norm, the mean and above all the variance (a sum of squares; "
+            f"each step computed here in each dtype and compared with fp64): {fp16_part}; and "
+            f"ε = 1e-5 is below fp16's smallest normal number. With bf16 nothing overflows, since it has fp32's exponent "
+            f"range, but with 8 significant bits the variance is only accurate to about {bf16_variance:.1g}% "
+            f"and an input offset from zero loses up to {bf16.output_rel_error.max():.0%} of the output to cancellation "
+            f"in x − mean, so layer norm's statistics should still be computed in fp32 with bf16 — which is what "
+            f"autocast does for both dtypes.")
+    keep = ln[ln.dtype.isin(["fp16", "bf16"])]
+    table = keep.pivot_table(index=["input_scale", "input_offset"], columns="dtype",
+                             values=["variance_rel_error", "output_rel_error"], aggfunc="first")
+    table.columns = [f"{dt} {'variance' if v.startswith('variance') else 'output'} relative error" for v, dt in table.columns]
+    table = table.reset_index().rename(columns={"input_scale": "input scale", "input_offset": "input offset"})
+    table = table[[c for c in table.columns if not c.endswith("error")] +
+                  sorted([c for c in table.columns if c.endswith("error")], key=lambda c: (not c.startswith("fp16"), c))]
+    return Answer(text=text, table=table.round(4))
+
+
+def _precision_rows(raw: pd.DataFrame) -> pd.DataFrame:
+    ok = raw[raw.status == "ok"]
+    wide = ok.pivot_table(index="size", columns=["mode", "precision"], values="mean_ms", aggfunc="first", sort=False)
+    wide.columns = [f"{mode} {prec}" for mode, prec in wide.columns]
+    out = wide.reset_index()
+    need = ["forward fp32", "forward bf16", "forward-backward fp32", "forward-backward bf16"]
+    if any(c not in out for c in need):
+        raise NotAnswered("this run lacks fp32 or bf16 timings of forward and forward+backward")
+    out = out.dropna(subset=need)
+    first = ok.drop_duplicates("size").set_index("size")
+    out["context"] = out["size"].map(first.context_length).astype(int)
+    out["batch"] = out["size"].map(first.batch_size).astype(int)
+    out["layers"] = out["size"].map(layers)
+    out["flops"] = [step_flops(s, b, c, "forward-backward") for s, b, c in zip(out["size"], out.batch, out.context)]
+    out["speedup fwd"] = out["forward fp32"] / out["forward bf16"]
+    out["speedup fb"] = out["forward-backward fp32"] / out["forward-backward bf16"]
+    return out.sort_values("flops").reset_index(drop=True)
+
+
+def _speedup_trend(t: pd.DataFrame) -> str:
+    """How the forward+backward speed-up moves with model size, in words the points support: a direction only
+    from MIN_POINTS + 1 sizes or more and only when it is monotonic; otherwise the values."""
+    s = t["speedup fb"]
+    if len(t) < MIN_POINTS + 1:
+        return ""
+    if s.is_monotonic_increasing:
+        return "the speed-up grows at every step up in size"
+    if s.is_monotonic_decreasing:
+        return "the speed-up shrinks at every step up in size"
+    return "the speed-up does not move monotonically with size"
+
+
+def _precision_answer(results: Results, handout: str) -> Answer:
+    raw = results.table("precision_raw")
+    gpu = on_gpu(raw)
+    if handout == "2026":
+        raw = _rows_2026(raw)
+    t = _precision_rows(raw)
+    where = machine(results, NB_PRECISION, gpu)
+    first, last = t.iloc[0], t.iloc[-1]
+    name = lambda s: size_label(s, handout)  # noqa: E731
+
+    def change(r):
+        f, b = r["forward-backward fp32"], r["forward-backward bf16"]
+        how = f"{times(f / b)} faster" if b < f else f"{times(b / f)} slower" if b > f else "no change"
+        return f"from {fmt_ms(f)} to {fmt_ms(b)} for {name(r['size'])} ({how})"
+
+    text = (f"On {where} at context {int(first.context)}, bf16 autocast changes forward+backward {change(first)} and "
+            f"{change(last)}; the forward alone runs {times(first['speedup fwd'])} and {times(last['speedup fwd'])} as "
+            f"fast as in fp32. ")
+    if len(t) > 2:
+        trend = _speedup_trend(t)
+        text += (f"Over all {len(t)} sizes, smallest to largest, the forward+backward speed-ups are "
+                 f"{and_join([times(v) for v in t['speedup fb']])}" + (f": {trend}. " if trend else ". "))
+    bf = t.assign(ms=t["forward-backward bf16"])[["size", "ms", "flops"]]
+    group = layer_bound(bf)
+    if group is not None and gpu:
+        g = group.assign(layers=group["size"].map(layers))
+        per_layer = g.ms / g.layers
+        fpl = g.flops / g.layers
+        text += (f"The bf16 times follow the number of layers, not the FLOPs: forward+backward takes "
+                 f"{span(per_layer)} ms per layer for {and_join(g['size'].map(name).tolist())} while their FLOPs per "
+                 f"layer grow {times(fpl.max() / fpl.min())}")
+        inverted = [(a, b) for a, b in zip(g.itertuples(), g.iloc[1:].itertuples()) if b.ms < a.ms]
+        if inverted:
+            a, b = inverted[0]
+            text += (f" (the {a.layers}-layer {name(a.size)}, {fmt_ms(a.ms)}, is slower than the {b.layers}-layer "
+                     f"{name(b.size)}, {fmt_ms(b.ms)})")
+        text += (", so in bf16 these steps are bound by kernel launches (autocast adds cast kernels too), and the speed-ups "
+                 "measure how far each fp32 step is above that floor rather than the tensor cores' full gain on the matmuls.")
+    table = pd.DataFrame({
+        "size": t["size"].map(name), "layers": t.layers,
+        "forward fp32 (ms)": t["forward fp32"].round(2), "forward bf16 (ms)": t["forward bf16"].round(2),
+        "forward speed-up": t["speedup fwd"].round(2),
+        "fwd+bwd fp32 (ms)": t["forward-backward fp32"].round(2), "fwd+bwd bf16 (ms)": t["forward-backward bf16"].round(2),
+        "fwd+bwd speed-up": t["speedup fb"].round(2),
+        "fwd+bwd bf16 ms per layer": (t["forward-backward bf16"] / t.layers).round(2),
+    })
+    caveat = cpu_caveat(gpu, t["size"])
+    if not gpu:
+        caveat = join_caveats(caveat, "On a CPU these bf16 timings say nothing about a GPU's tensor cores.")
+    if handout == "2026":
+        present = {size_2026(s) for s in t["size"]}
+        missing = [s for s in SIZES_2026 if s not in present]
+        caveat = join_caveats(
+            f"This run has no {and_join(missing)} model{'s' * (len(missing) > 1)}." if missing else "",
+            naming_2026(t["size"]),
+            "" if int(first.context) == 512 else f"It is at context {int(first.context)}, not the 2026 default 512.",
+            caveat)
+    return Answer(text=text.strip(), table=table, caveat=caveat)
+
+
+@builds("benchmarking_mixed_precision.c")
+def benchmarking_mixed_precision_c(results: Results) -> Answer:
+    return _precision_answer(results, "2025")
+
+
+@builds("benchmarking_mixed_precision.c.2026")
+def benchmarking_mixed_precision_c_2026(results: Results) -> Answer:
+    return _precision_answer(results, "2026")
+

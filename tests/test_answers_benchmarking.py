@@ -1,0 +1,128 @@
+"""The answers of notebooks 01-04: every key answered from the committed GPU report, in a grader's words,
+and the words follow the numbers on small hand-made results folders."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cs336_systems.experiments.answers import BUILDERS, Results, build
+from cs336_systems.experiments.answers.benchmarking import layer_bound, step_flops, times, versus
+from cs336_systems.report.deliverables import DELIVERABLES
+from cs336_systems.report.writeup import jargon
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_RESULTS = REPO / "reports" / "gpu" / "results"
+NOTEBOOKS = ("01_benchmarking_script", "02_nsys_profile", "03_mixed_precision_accumulation",
+             "04_benchmarking_mixed_precision")
+KEYS = sorted({d.answer for d in DELIVERABLES if d.notebook in NOTEBOOKS})
+
+
+def test_every_key_of_the_notebooks_has_a_builder():
+    assert KEYS and all(key in BUILDERS for key in KEYS)
+
+
+@pytest.mark.skipif(not GPU_RESULTS.exists(), reason="no committed GPU report")
+@pytest.mark.parametrize("key", KEYS)
+def test_answered_from_the_gpu_report_without_jargon(key):
+    a = build(key, Results(GPU_RESULTS))
+    assert a.reason == "", a.reason
+    assert jargon(a.text) == [] and jargon(a.caveat) == []
+    assert not re.search(r"(?<![\d.])0×", a.text) and "within 5%" not in a.text
+    assert a.text.count(". ") <= 3
+
+
+@pytest.mark.skipif(not GPU_RESULTS.exists(), reason="no committed GPU report")
+def test_gpu_answers_say_when_small_models_are_launch_bound():
+    results = Results(GPU_RESULTS)
+    assert "follows the number of layers" in build("benchmarking_script.b", results).text
+    assert "bound by kernel launches" in build("benchmarking_mixed_precision.c", results).text
+    assert "tensor cores" not in build("nsys_profile.e", results).text
+
+
+def _raw(rows: list[tuple], **common) -> pd.DataFrame:
+    base = dict(context_length=256, batch_size=4, precision="fp32", warmup=5, steps=10, status="ok",
+                peak_memory_mib=100.0)
+    return pd.DataFrame([{**base, **common, "size": s, "mode": m, "mean_ms": mean, "std_ms": std} for s, m, mean, std in rows])
+
+
+def test_timing_numbers_come_from_the_table(tmp_path):
+    _raw([("small", "forward", 12.3456, 0.1), ("small", "forward-backward", 40.0, 0.2),
+          ("2.7B", "forward", 170.0, 0.5), ("2.7B", "forward-backward", 510.0, 1.0)]).to_csv(
+        tmp_path / "by_size_raw.csv", index=False)
+    a = build("benchmarking_script.b", Results(tmp_path))
+    assert a.answered
+    assert "12.35 ms (small)" in a.text and "170 ms (2.7B)" in a.text
+    assert "27.65 ms to 340 ms" in a.text  # backward = forward+backward − forward
+    assert "at most 0.8% of the mean for every size" in a.text
+    assert "layers" not in a.text  # two sizes: no claim about what the times follow
+
+
+def test_launch_bound_sizes_are_named_when_time_per_layer_is_flat(tmp_path):
+    # The same time per layer (2 ms) for three sizes whose FLOPs per layer grow ~2.8x: launch-bound.
+    rows = []
+    for size in ("small", "medium", "large"):
+        n = {"small": 12, "medium": 24, "large": 36}[size]
+        rows += [(size, "forward", 2.0 * n, 0.01), (size, "forward-backward", 6.0 * n, 0.01)]
+    _raw(rows).to_csv(tmp_path / "by_size_raw.csv", index=False)
+    text = build("benchmarking_script.b", Results(tmp_path)).text
+    assert "For small, medium and large the forward takes 2.00 ms per layer" in text
+    assert "not the model's compute time" in text
+
+
+def test_two_sizes_give_no_trend(tmp_path):
+    rows = [(s, m, ms * (1 if p == "fp32" else f), 0.1, p)
+            for s, ms, f in (("nano", 10.0, 1.3), ("tiny", 20.0, 0.9))
+            for m in ("forward", "forward-backward") for p in ("fp32", "bf16")]
+    raw = pd.DataFrame([dict(size=s, mode=m, mean_ms=ms, std_ms=sd, precision=p, context_length=32, batch_size=4,
+                             status="ok", peak_memory_mib=float("nan")) for s, m, ms, sd, p in rows])
+    raw.to_csv(tmp_path / "precision_raw.csv", index=False)
+    a = build("benchmarking_mixed_precision.c", Results(tmp_path))
+    assert a.answered
+    for word in ("trend", "grows", "shrinks", "Spearman", "correlat", "median"):
+        assert word not in a.text
+    assert "from 10.00 ms to 13.00 ms for nano (1.30× slower)" in a.text
+    assert "from 20.00 ms to 18.00 ms for tiny (1.11× faster)" in a.text
+    assert "the CPU" in a.text
+
+
+def test_warmup_words_follow_the_numbers(tmp_path):
+    """The CPU run that once read 'within 5% of' for 829 and 299 ms against 800 ms, and '0×' for a first step
+    shorter than a steady one."""
+    pd.DataFrame([dict(size="nano", warmup=w, steps=4, mean_ms=m, std_ms=s, median_ms=m, min_ms=m)
+                  for w, m, s in ((0, 900.0, 300.0), (1, 829.0, 40.0), (2, 299.0, 30.0), (5, 800.0, 20.0))]).to_csv(
+        tmp_path / "warmup.csv", index=False)
+    pd.DataFrame([dict(warmup=0, step=0, ms=344.0, phase="measured")] +
+                 [dict(warmup=5, step=i, ms=800.0, phase="measured" if i >= 5 else "warm-up") for i in range(9)]).to_csv(
+        tmp_path / "warmup_steps.csv", index=False)
+    text = build("benchmarking_script.c", Results(tmp_path)).text
+    assert "within 5%" not in text and not re.search(r"(?<![\d.])0×", text)
+    assert "829 ms and 299 ms, 4% above and 0.37× the 5-step mean" in text
+    assert "above it by more than one standard deviation" in text
+    assert "344 ms, 0.43× a steady step (800 ms)" in text
+
+
+def test_ratio_words():
+    assert times(0.003) == "0.003×" and times(0.43) == "0.43×" and times(16.2) == "16×"
+    assert versus(829, 800) == "4% above" and versus(299, 800) == "0.37×" and versus(800, 800) == "equal to"
+    assert versus(400, 800) == "50% below" and versus(2500, 800) == "3.12×"
+
+
+def test_two_points_are_never_a_launch_bound_group():
+    rows = pd.DataFrame(dict(size=["small", "medium"], ms=[24.0, 48.0],
+                             flops=[step_flops("small", 4, 256, "forward"), step_flops("medium", 4, 256, "forward")]))
+    assert layer_bound(rows) is None
+
+
+def test_a_run_no_slower_without_warmup_is_called_noise(tmp_path):
+    """A loaded CPU: the run without warm-up faster than the warmed-up one, the 1-step mean far below it."""
+    pd.DataFrame([dict(size="nano", warmup=w, steps=10, mean_ms=m, std_ms=s, median_ms=m, min_ms=m)
+                  for w, m, s in ((0, 887.0, 480.0), (1, 503.0, 200.0), (2, 927.0, 300.0), (5, 1424.0, 508.0))]).to_csv(
+        tmp_path / "warmup.csv", index=False)
+    text = build("benchmarking_script.c", Results(tmp_path)).text
+    assert "a mean 38% below the warmed-up one" in text
+    assert "lost in the step-to-step noise" in text and "pays one-time costs" not in text
+    assert "and 503 ms lies more than one standard deviation below it" in text
