@@ -144,16 +144,16 @@ def test_one_step_parameters_match_torch_adamw(small_tiles):
 
 @pytest.mark.parametrize("state_dtype, rtol", [(torch.float32, 2e-4), (torch.bfloat16, 2e-3)], ids=["fp32", "bf16"])
 def test_training_follows_plain_loss_curve(small_tiles, state_dtype, rtol):
-    """50 steps on one batch (the loss falls from 4.7 to 0.004) follow the plain model's curve: with fp32
-    AdamW states within rtol 2e-4 (measured at most 4.6e-5), with bf16 states stochastically rounded within
-    2e-3 (measured at most 3.4e-4: 8-bit mantissas, unbiased rounding, so the error does not build up)."""
+    """25 steps on one batch (the loss falls from 4.7 to 0.002) follow the plain model's curve: with fp32
+    AdamW states within rtol 2e-4 (measured at most 4.4e-5), with bf16 states stochastically rounded within
+    2e-3 (measured at most 4.0e-4: 8-bit mantissas, unbiased rounding, so the error does not build up)."""
     fast, plain = make_models(layers=2)
     x, y = batch()
-    hyper = dict(lr=1e-2, weight_decay=0.01)
+    hyper = dict(lr=2e-2, weight_decay=0.01)
     step = build_train_step(fast, StepConfig(**hyper, recompute="none", state_dtype=state_dtype))
     reference = torch.optim.AdamW(plain.parameters(), **hyper)
     ours, theirs = [], []
-    for _ in range(50):
+    for _ in range(25):
         ours.append(step.step(x, y).item())
         reference.zero_grad(set_to_none=True)
         loss = plain_loss(plain, x, y)
