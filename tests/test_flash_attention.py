@@ -26,6 +26,7 @@ from cs336_systems.attention.flash_gluon import (  # noqa: E402
 from cs336_systems.attention import flash_attention, flash_dispatch, flash_launch, flash_native  # noqa: E402
 from cs336_systems.attention.flash_layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
+from cs336_systems.attention.naive import naive_attention  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -802,15 +803,17 @@ NOT_BOOLS = ["False", 0, 1, None, np.bool_(True), torch.tensor(False)]
 
 @pytest.mark.parametrize(
     "apply",
-    [FlashAttentionPytorch.apply, FlashAttentionTriton.apply, FlashAttentionTriton.python_apply, flash_attention],
-    ids=["pytorch", "triton", "triton-python", "flash_attention"],
+    [FlashAttentionPytorch.apply, FlashAttentionTriton.apply, FlashAttentionTriton.python_apply, flash_attention,
+     naive_attention],
+    ids=["pytorch", "triton", "triton-python", "flash_attention", "naive"],
 )
 def test_non_bool_is_causal_raises_type_error(small_tiles, triton_device, monkeypatch, apply):
     """As scaled_dot_product_attention: only a bool, so a truthy "False" cannot switch the mask on; refused
     also after a valid call of the same geometry (whose route or C++ program is then cached)."""
     if HAS_CUDA:  # the default tiles: a tiles override keeps eager calls off the C++ node
         monkeypatch.setattr(FlashAttentionTriton, "tiles", None)
-    q, k, v = _qkv((1, 16, 16), device="cpu" if apply is FlashAttentionPytorch.apply else triton_device)
+    on_cpu = apply in (FlashAttentionPytorch.apply, naive_attention)
+    q, k, v = _qkv((1, 16, 16), device="cpu" if on_cpu else triton_device)
     apply(q, k, v, True)
     for is_causal in NOT_BOOLS:
         with pytest.raises(TypeError, match=f"is_causal must be a bool, not {type(is_causal).__name__}"):

@@ -25,7 +25,6 @@ the block size differs. Without the interpreter, CPU parameters are refused with
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ from cs336_systems.fused_adamw_kernels import (
     kernels_interpreted,
     triton_dtype,
 )
+from cs336_systems.optim import check_adamw_hyperparameters
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
@@ -81,7 +81,7 @@ class FusedAdamW(torch.optim.Optimizer):
         stochastic_rounding: bool = True,
         seed: int = 0,
     ):
-        check_hyperparameters(lr, betas, eps, weight_decay)
+        check_adamw_hyperparameters("FusedAdamW", lr, betas, eps, weight_decay)
         if not 0 <= seed < 2**31:
             raise ValueError(f"FusedAdamW: seed must be in [0, 2**31), got {seed}")
         defaults = dict(
@@ -93,7 +93,7 @@ class FusedAdamW(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         merged = {**self.defaults, **param_group}
-        check_hyperparameters(merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"])
+        check_adamw_hyperparameters("FusedAdamW", merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"])
         super().add_param_group(param_group)
         check_group(self.param_groups[-1], len(self.param_groups) - 1)
 
@@ -200,25 +200,6 @@ class FusedAdamW(torch.optim.Optimizer):
                     state[key] = source.to(device=p.device, dtype=group["state_dtype"], memory_format=torch.contiguous_format).clone()
                 state["step"] = state["step"].detach().to("cpu", torch.float32).clone()
         self._tables.clear()
-
-
-def check_hyperparameters(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    """torch.optim.AdamW's checks and messages, and the types the kernel's scalar arguments take."""
-    for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-        if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            raise TypeError(f"FusedAdamW: {name} must be a real number, got {type(value).__name__}")
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-            and all(isinstance(b, numbers.Real) and not isinstance(b, bool) for b in betas)):
-        raise TypeError(f"FusedAdamW: betas must be a pair of floats, got {betas!r}")
-    if not 0.0 <= lr:
-        raise ValueError(f"FusedAdamW: Invalid learning rate: {lr}")
-    if not 0.0 <= eps:
-        raise ValueError(f"FusedAdamW: Invalid epsilon value: {eps}")
-    for i, beta in enumerate(betas):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"FusedAdamW: Invalid beta parameter at index {i}: {beta}")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"FusedAdamW: Invalid weight_decay value: {weight_decay}")
 
 
 def check_state_shape(moment: torch.Tensor, p: torch.Tensor, key: str, param: int, index: int) -> None:

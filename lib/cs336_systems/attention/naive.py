@@ -11,11 +11,13 @@ import math
 
 import torch
 
+from cs336_systems.attention.validation import check_is_causal
 from cs336_systems.nn_utils import softmax
 from cs336_systems.profiling.ranges import annotated
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    check_is_causal(is_causal)
     with annotated("computing attention scores"):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         if is_causal:
