@@ -18,12 +18,15 @@
 # Spring 2025 handout §1.1.3. (a) is the harness itself, `cs336_systems.benchmarking`
 # (a model from a size name or hyperparameters, a random batch, `w` warm-up steps, `n` timed steps
 # of forward, forward+backward or a full AdamW step, a synchronize after every step). (b) times
-# every model size; (c) shows what skipping the warm-up does. Vocabulary 10,000, batch size 4.
+# every model size of both handouts' tables (2025: up to xl and 2.7B at context 256; 2026: xl is the
+# 2.7B's shape, plus 10B, at context 512) in all three modes; (c) shows what skipping the warm-up
+# does. Vocabulary 10,000, batch size 4.
 
 # %% tags=["parameters"]
 profile = None          # "cpu" or "gpu", None picks gpu when CUDA is available
 sizes = None            # model sizes, None means the default of the profile
-context_length = None   # context for part b, None means 256 on gpu
+contexts = None         # contexts for part b, None means 256 (the 2025 default) and 512 (the 2026 default) on gpu
+modes = None            # modes for part b, None means forward, forward+backward and the full AdamW step
 context_sweep = None    # context lengths for the sweep, None means the default of the profile
 batch_size = 4
 warmup = 5
@@ -32,33 +35,48 @@ warmup_settings = [0, 1, 2, 5]
 warmup_size = None      # model for part c, None means the default of the profile
 
 # %%
+from cs336_systems.model import HANDOUT_SIZES
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("01_benchmarking_script", profile=profile)
-sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=["small", "medium", "large", "xl", "2.7B"])
+# Both handouts' tables: small to 2.7B (the 2026 xl) and 10B, which does not fit one GPU for a backward.
+sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=HANDOUT_SIZES)
 context_sweep = ctx.pick(context_sweep, cpu=[32, 64], gpu=[128, 256, 512, 1024])
 warmup_size = ctx.pick(warmup_size, cpu="nano", gpu="small")
-context_length = ctx.pick(context_length, cpu=64, gpu=256)
+contexts = ctx.pick(contexts, cpu=[64], gpu=[256, 512])
+modes = ctx.pick(modes, cpu=["forward", "forward-backward", "train-step"], gpu=["forward", "forward-backward", "train-step"])
+context_length = contexts[0]
 
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from cs336_systems.benchmarking import BenchmarkConfig, grid, run_isolated, sweep
+from cs336_systems.benchmarking import BenchmarkConfig, grid, run_isolated, sweep, with_predicted_memory
 from cs336_systems.experiments.answers import give
 from cs336_systems.report.tables import timing_pivot
 
 # %% [markdown]
-# ## (b) Forward and backward time per model size
-# The backward time is the forward+backward step minus the forward step (same batch, same process).
+# ## (b) Forward, backward and optimizer time per model size
+# The backward time is the forward+backward step minus the forward step, the optimizer step the full
+# training step minus the forward+backward (same batch, same process). A step that does not fit is a
+# row with status `OOM`; every row carries the analytic peak of its step (`accounting.memory`) and what
+# parameters, gradients and AdamW state take of it, which say why.
 
 # %%
 base = BenchmarkConfig(context_length=context_length, batch_size=batch_size, warmup=warmup, steps=steps)
-by_size = sweep(grid(base, size=sizes, mode=["forward", "forward-backward"]), desc="sizes")
+by_size = sweep(grid(base, context_length=contexts, size=sizes, mode=modes), desc="sizes")
+by_size = with_predicted_memory(by_size, ctx.device)
 ctx.save_table(by_size.drop(columns=["warmup_times_ms", "step_times_ms"], errors="ignore"), "by_size_raw", show=False);
-table = timing_pivot(by_size, index="size", order=sizes)
-ctx.save_table(table, "by_size");
+shown = by_size.assign(ms=by_size.mean_ms.round(2).astype(object).where(by_size.status == "ok", "OOM"),
+                       predicted=by_size.predicted_peak_gib.round(1))
+wide = shown.pivot_table(index=["context_length", "size"], columns="mode", values=["ms", "predicted"], aggfunc="first")
+wide.columns = [f"{mode} (ms)" if v == "ms" else f"{mode} predicted peak (GiB)" for v, mode in wide.columns]
+wide = wide.reset_index()
+wide["size"] = pd.Categorical(wide["size"], sizes, ordered=True)
+ctx.save_table(wide.sort_values(["context_length", "size"]), "by_size_table");
+table = timing_pivot(by_size[by_size.context_length == context_length], index="size", order=sizes)
+ctx.save_table(table, "by_size", show=False);
 
 # %%
 give(ctx, "benchmarking_script.a", "benchmarking_script.a.2026", "benchmarking_script.b")
@@ -67,9 +85,9 @@ if len(ok):
     last = ok.iloc[-1]
     ctx.headline(f"{last['size']} forward, ctx {context_length}", round(last.forward_mean_ms, 2), "ms")
     ctx.headline(f"{last['size']} forward+backward, ctx {context_length}", round(last["forward-backward_mean_ms"], 2), "ms")
-oom = table[table.isna().any(axis=1)]["size"].tolist()
-if oom:
-    ctx.md(f"Out of memory at context {context_length}: {', '.join(oom)}.")
+for _, r in by_size.query("status == 'OOM'").iterrows():
+    ctx.md(f"Out of memory: {r['size']} {r['mode']} at context {r['context_length']}, predicted peak "
+           f"{r.predicted_peak_gib:.0f} GiB, of which parameters, gradients and optimizer state {r.predicted_states_gib:.0f} GiB.")
 
 # %% [markdown]
 # ### Context-length sweep
@@ -77,6 +95,7 @@ if oom:
 
 # %%
 ctx_sweep = sweep(grid(base, size=sizes, context_length=context_sweep, mode=["forward", "forward-backward"]), desc="contexts")
+ctx_sweep = with_predicted_memory(ctx_sweep, ctx.device)
 ctx.save_table(ctx_sweep.drop(columns=["warmup_times_ms", "step_times_ms"], errors="ignore"), "context_sweep_raw", show=False);
 wide = ctx_sweep.pivot_table(index=["size", "context_length"], columns="mode", values="mean_ms", aggfunc="first")
 status = ctx_sweep.pivot_table(index=["size", "context_length"], columns="mode", values="status", aggfunc="first")

@@ -17,22 +17,23 @@
 #
 # Spring 2025 handout §1.1.5: (a) the dtypes inside a toy model under fp16 autocast, observed with
 # hooks; (b) which parts of layer normalization are precision sensitive; (c) fp32 vs bf16 timings
-# for every model size.
+# for every model size of both handouts' tables, forward, forward+backward and the full AdamW step.
 
 # %% tags=["parameters"]
 profile = None          # "cpu" or "gpu", None picks gpu when CUDA is available
 sizes = None            # model sizes for part c, None means the default of the profile
-context_length = None   # None means 256 on gpu
+contexts = None         # None means 256 (the 2025 default) and 512 (the 2026 default) on gpu
 batch_size = 4
 warmup = None           # None means 5 on gpu
 steps = None            # None means 10 on gpu
 
 # %%
+from cs336_systems.model import HANDOUT_SIZES
 from cs336_systems.report import setup_notebook
 
 ctx = setup_notebook("04_benchmarking_mixed_precision", profile=profile)
-sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=["small", "medium", "large", "xl", "2.7B"])
-context_length = ctx.pick(context_length, cpu=32, gpu=256)
+sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=HANDOUT_SIZES)
+contexts = ctx.pick(contexts, cpu=[32], gpu=[256, 512])
 warmup = ctx.pick(warmup, cpu=2, gpu=5)
 steps = ctx.pick(steps, cpu=4, gpu=10)
 
@@ -42,7 +43,7 @@ import pandas as pd
 import seaborn as sns
 import torch
 
-from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep
+from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep, with_predicted_memory
 from cs336_systems.experiments.answers import give
 from cs336_systems.mixed_precision import layer_norm_sensitivity, observe_autocast_dtypes
 
@@ -70,29 +71,39 @@ give(ctx, "benchmarking_mixed_precision.b")
 
 # %% [markdown]
 # ## (c) fp32 vs bf16 autocast, every model size
-# Forward and forward+backward, batch 4.
+# Forward, forward+backward and the full AdamW step, batch 4, at both handouts' default contexts. A step
+# that does not fit is a row with status `OOM`; its analytic peak (`accounting.memory`) says why.
 
 # %%
-ctx.md(f"Context {context_length}, batch {batch_size}, {warmup} warm-up and {steps} measured steps.")
-base = BenchmarkConfig(context_length=context_length, batch_size=batch_size, warmup=warmup, steps=steps)
-runs = sweep(grid(base, size=sizes, mode=["forward", "forward-backward"], precision=["fp32", "bf16"]), desc="precision")
+ctx.md(f"Contexts {', '.join(map(str, contexts))}, batch {batch_size}, {warmup} warm-up and {steps} measured steps.")
+base = BenchmarkConfig(batch_size=batch_size, warmup=warmup, steps=steps)
+runs = sweep(grid(base, context_length=contexts, size=sizes, mode=["forward", "forward-backward", "train-step"],
+                  precision=["fp32", "bf16"]), desc="precision")
+runs = with_predicted_memory(runs, ctx.device)
 ctx.save_table(runs.drop(columns=["warmup_times_ms", "step_times_ms"], errors="ignore"), "precision_raw", show=False);
-wide = runs.pivot_table(index=["size", "mode"], columns="precision", values="mean_ms", aggfunc="first").reset_index()
+index = ["context_length", "size", "mode"]
+wide = runs.pivot_table(index=index, columns="precision", values="mean_ms", aggfunc="first").reindex(
+    runs[index].drop_duplicates()).reset_index()
 wide["speedup"] = wide["fp32"] / wide["bf16"]
+peaks = runs.pivot_table(index=index, columns="precision", values="predicted_peak_gib", aggfunc="first").round(1)
+wide = wide.join(peaks.add_suffix(" predicted peak (GiB)"), on=index)
 wide["size"] = pd.Categorical(wide["size"], sizes, ordered=True)
-wide = wide.sort_values(["mode", "size"])
+wide = wide.sort_values(["context_length", "mode", "size"])
 ctx.save_table(wide.rename(columns={"fp32": "fp32_ms", "bf16": "bf16_ms"}), "precision");
+for _, r in runs.query("status == 'OOM'").iterrows():
+    ctx.md(f"Out of memory: {r['size']} {r['mode']} {r['precision']} at context {r['context_length']}, predicted peak "
+           f"{r.predicted_peak_gib:.0f} GiB, of which parameters, gradients and optimizer state {r.predicted_states_gib:.0f} GiB.")
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))
-sns.barplot(data=wide, x="size", y="speedup", hue="mode", ax=ax)
+sns.barplot(data=wide[wide.context_length == contexts[-1]], x="size", y="speedup", hue="mode", ax=ax)
 ax.axhline(1, color="k", lw=0.8)
-ax.set(ylabel="fp32 time / bf16 time", title="Speed-up from bf16 autocast")
+ax.set(ylabel="fp32 time / bf16 time", title=f"Speed-up from bf16 autocast, context {contexts[-1]}")
 ctx.save_figure(fig, "precision_speedup")
 
 # %%
 give(ctx, "benchmarking_mixed_precision.c", "benchmarking_mixed_precision.c.2026")
-fb = wide[wide["mode"] == "forward-backward"].dropna(subset=["speedup"])
+fb = wide[(wide["mode"] == "forward-backward") & (wide.context_length == contexts[-1])].dropna(subset=["speedup"])
 if len(fb):
     best = fb.iloc[fb.speedup.argmax()]
     ctx.headline(f"bf16 speed-up, forward+backward ({best['size']})", round(best.speedup, 2), "×")

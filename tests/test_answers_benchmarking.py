@@ -126,3 +126,49 @@ def test_a_run_no_slower_without_warmup_is_called_noise(tmp_path):
     assert "a mean 38% below the warmed-up one" in text
     assert "lost in the step-to-step noise" in text and "pays one-time costs" not in text
     assert "and 503 ms lies more than one standard deviation below it" in text
+
+
+def _rows_2026_with_oom(precisions=("fp32",)) -> pd.DataFrame:
+    """small and the 2026 xl (run as 2.7B) at 512 in three modes, 10B out of memory past its forward."""
+    rows = []
+    for p in precisions:
+        f = 1.0 if p == "fp32" else 0.5
+        for size, ms in (("small", 20.0), ("2.7B", 300.0)):
+            rows += [dict(size=size, mode=m, mean_ms=ms * k * f, std_ms=0.1, precision=p, status="ok")
+                     for m, k in (("forward", 1), ("forward-backward", 3), ("train-step", 3.5))]
+        rows += [dict(size="10B", mode="forward", mean_ms=1400.0 * f, std_ms=1.0, precision=p, status="ok")]
+        rows += [dict(size="10B", mode=m, precision=p, status="OOM") for m in ("forward-backward", "train-step")]
+    common = dict(context_length=512, batch_size=4, warmup=5, steps=10, peak_memory_mib=100.0, device_memory_gib=79.2)
+    return pd.DataFrame([{**common, **r} for r in rows])
+
+
+def test_2026_timing_names_the_optimizer_step_and_the_reason_for_out_of_memory(tmp_path):
+    _rows_2026_with_oom().to_csv(tmp_path / "by_size_raw.csv", index=False)
+    a = build("benchmarking_script.b.2026", Results(tmp_path))
+    assert a.answered and jargon(a.text) == [] and jargon(a.caveat) == []
+    assert "training step with AdamW" in a.text and "70.00 ms (small) to 1,050 ms (xl)" in a.text
+    assert "the optimizer step, the training step less the forward+backward, adds 10.00 ms to 150 ms, 14% of the step" in a.text
+    assert ("10B runs out of memory for the forward+backward and training step: the analytic peak of its fp32 training step "
+            "is 206 GiB, of which the parameters, gradients and AdamW state alone take 191 GiB before any activation, more "
+            "than the GPU's 79 GiB; its forward fits (1,400 ms).") in a.text
+    assert "optimizer step is not timed" not in a.caveat and "no 10B" not in a.caveat
+    assert "training step (ms)" in a.table and "optimizer step (ms)" in a.table
+
+
+def test_2025_timing_keeps_to_the_2025_sizes_and_context(tmp_path):
+    raw = _rows_2026_with_oom()
+    pd.concat([raw, raw.assign(context_length=256)]).to_csv(tmp_path / "by_size_raw.csv", index=False)
+    a = build("benchmarking_script.b", Results(tmp_path))
+    assert "at context 256" in a.text and "10B" not in a.text and "training step" not in a.text
+    assert list(a.table["size"]) == ["small", "2.7B"]
+
+
+def test_2026_precision_names_the_training_step_and_the_reason_for_out_of_memory(tmp_path):
+    _rows_2026_with_oom(("fp32", "bf16")).to_csv(tmp_path / "precision_raw.csv", index=False)
+    a = build("benchmarking_mixed_precision.c.2026", Results(tmp_path))
+    assert a.answered and jargon(a.text) == [] and jargon(a.caveat) == []
+    assert "The full training step with AdamW changes from 70.00 ms to 35.00 ms for small (2.00× faster)" in a.text
+    assert "10B runs out of memory for the forward+backward and training step in fp32 and bf16" in a.text
+    assert "206 GiB in fp32 and 209 GiB in bf16" in a.text and "bf16 autocast keeps them in fp32" in a.text
+    assert "no 10B" not in a.caveat
+    assert "10B" not in build("benchmarking_mixed_precision.c", Results(tmp_path)).text

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from cs336_systems.model import (
-    MODEL_SIZES, Embedding, Linear, ModelConfig, RMSNorm, RotaryEmbedding, TransformerLM, count_parameters,
+    MODEL_SIZES, SIZE_TABLES, Embedding, Linear, ModelConfig, RMSNorm, RotaryEmbedding, TransformerLM, count_parameters,
+    handout_name,
 )
 from cs336_systems.nn_utils import cross_entropy, softmax
 
@@ -117,6 +118,21 @@ def test_bad_inputs_raise_clear_errors():
 def test_model_sizes_table_has_the_handout_sizes():
     assert {"small", "medium", "large", "xl", "2.7B"} <= set(MODEL_SIZES)
     assert MODEL_SIZES["xl"] == dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25)
+
+
+def test_both_handouts_size_tables():
+    """The 2026 xl is the 2025 2.7B's shape under a new name; 10B is new; "xl" keeps its 2025 meaning."""
+    assert all(key in MODEL_SIZES for table in SIZE_TABLES.values() for key in table.values())
+    assert MODEL_SIZES[SIZE_TABLES["2026"]["xl"]] == MODEL_SIZES["2.7B"] != MODEL_SIZES["xl"]
+    assert MODEL_SIZES["10B"] == dict(d_model=4608, d_ff=12288, num_layers=50, num_heads=36)
+    assert handout_name("2.7B", "2026") == "xl" and handout_name("xl-2026", "2025") == "2.7B"
+    assert handout_name("xl", "2026") is None and handout_name("10B", "2025") is None
+    with torch.device("meta"):
+        small = count_parameters(TransformerLM.from_config(ModelConfig.from_size("small")))
+        ten_b = count_parameters(TransformerLM.from_config(ModelConfig.from_size("10B")))
+    assert small == 128_625_408
+    # 2 V d + L (4 d^2 + 3 d F + 2 d) + d at V = 10,000: about 12.8 billion.
+    assert ten_b == 2 * 10_000 * 4608 + 50 * (4 * 4608**2 + 3 * 4608 * 12288 + 2 * 4608) + 4608 == 12_832_823_808
 
 
 @pytest.mark.parametrize(

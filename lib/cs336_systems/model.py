@@ -18,21 +18,37 @@ from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.attention import AttentionFn, get_attention
 
-# Table 1 of the handout; the tiny ones make the CPU profile fast.
+# Table 1 of the handouts; the tiny ones make the CPU profile fast. "xl" keeps the 2025 meaning
+# (committed results and the course adapters use it); the 2026 handout's xl has the 2.7B's shape,
+# so "xl-2026" is that shape under its 2026 name.
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "small": dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
     "medium": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
     "large": dict(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
     "xl": dict(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
     "2.7B": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    "xl-2026": dict(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+    "10B": dict(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
     # CPU profile sizes
     "nano": dict(d_model=32, d_ff=128, num_layers=1, num_heads=2),
     "tiny": dict(d_model=64, d_ff=256, num_layers=2, num_heads=4),
     "mini": dict(d_model=128, d_ff=512, num_layers=4, num_heads=4),
 }
-HANDOUT_SIZES = ["small", "medium", "large", "xl", "2.7B"]
+# Each handout's Table 1: the name it prints -> our key in MODEL_SIZES.
+SIZE_TABLES: dict[str, dict[str, str]] = {
+    "2025": {"small": "small", "medium": "medium", "large": "large", "xl": "xl", "2.7B": "2.7B"},
+    "2026": {"small": "small", "medium": "medium", "large": "large", "xl": "xl-2026", "10B": "10B"},
+}
+# Every shape of both tables once, smallest first (the 2026 xl runs as 2.7B, the name earlier runs have).
+HANDOUT_SIZES = ["small", "medium", "large", "xl", "2.7B", "10B"]
 CPU_SIZES = ["nano", "tiny", "mini"]
 VOCAB_SIZE = 10_000
+
+
+def handout_name(size: str, handout: str) -> str | None:
+    """The name `handout`'s size table gives the shape of `size` ("2.7B" is the 2026 xl), or None."""
+    dims = MODEL_SIZES.get(size)
+    return next((name for name, key in SIZE_TABLES[handout].items() if MODEL_SIZES[key] == dims), None)
 
 
 @dataclass(frozen=True)

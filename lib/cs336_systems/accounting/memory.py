@@ -49,7 +49,7 @@ from cs336_systems.model import ModelConfig
 
 __all__ = [
     "FUSED_ATTENTION", "Dims", "batch_bytes", "block_saved_tensors", "describe_size", "head_saved_tensors", "memory_estimate",
-    "parameter_count", "residual_stream_bytes", "saved_activation_bytes", "tensor_shapes",
+    "parameter_count", "predicted_peaks", "residual_stream_bytes", "saved_activation_bytes", "tensor_shapes",
 ]
 
 FUSED_ATTENTION = ("sdpa", "flash_pytorch", "flash_triton")
@@ -356,3 +356,22 @@ def describe_size(size_bytes: int, config: ModelConfig, batch: int, context: int
             if elements * width <= size_bytes < elements * width + 512:
                 return f"{name}, {dtype}"
     return ""
+
+
+def predicted_peaks(rows: pd.DataFrame, autocast_device: str = "cuda") -> pd.DataFrame:
+    """Per benchmark row (size, context_length, batch_size, mode, precision[, attention, checkpoint_every]):
+    `predicted_peak_gib`, the analytic peak of its step, and `predicted_states_gib`, what parameters,
+    gradients and optimizer state take of it before any activation. NaN for rows without a size name."""
+    from cs336_systems.model import MODEL_SIZES
+
+    def one(r) -> tuple[float, float]:
+        if r.get("size") not in MODEL_SIZES:
+            return math.nan, math.nan
+        every = r.get("checkpoint_every")
+        config = ModelConfig.from_size(r["size"], context_length=int(r["context_length"]))
+        m = memory_estimate(config, int(r["batch_size"]), int(r["context_length"]), r["mode"], r.get("precision", "fp32"),
+                            r.get("attention", "naive"), None if pd.isna(every) else int(every), autocast_device)
+        return m["peak"] / 2**30, (m["parameters"] + m["gradients"] + m["optimizer_state"]) / 2**30
+
+    values = [one(r) for r in rows.to_dict("records")]
+    return pd.DataFrame(values, columns=["predicted_peak_gib", "predicted_states_gib"], index=rows.index)

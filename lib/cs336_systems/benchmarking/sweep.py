@@ -9,6 +9,7 @@ from itertools import product
 from pathlib import Path
 
 import pandas as pd
+import torch
 from tqdm import tqdm
 
 from cs336_systems.benchmarking.harness import BenchmarkConfig, run_benchmark
@@ -31,6 +32,19 @@ def sweep(configs: Iterable[BenchmarkConfig], desc: str = "benchmark", progress:
         if col not in df:
             df[col] = pd.NA
     return df
+
+
+def with_predicted_memory(df: pd.DataFrame, device) -> pd.DataFrame:
+    """`df` with the analytic peak of each row's step and the part of it parameters, gradients and optimizer
+    state take (`predicted_peak_gib`, `predicted_states_gib`), and on a GPU its capacity (`device_memory_gib`),
+    so that an out-of-memory row carries its reason."""
+    from cs336_systems.accounting.memory import predicted_peaks
+
+    device = torch.device(device)
+    out = pd.concat([df, predicted_peaks(df, "cuda" if device.type == "cuda" else "cpu")], axis=1)
+    if device.type == "cuda":
+        out["device_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
+    return out
 
 
 def save_results(df: pd.DataFrame, path: str | Path, **metadata) -> Path:

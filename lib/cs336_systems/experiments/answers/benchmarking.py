@@ -14,15 +14,22 @@ import pandas as pd
 
 from cs336_systems.accounting.flops import forward_flops
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
-from cs336_systems.model import MODEL_SIZES, ModelConfig
+from cs336_systems.accounting.memory import predicted_peaks
+from cs336_systems.model import MODEL_SIZES, SIZE_TABLES, ModelConfig, handout_name
 from cs336_systems.report.answers import Answer
 from cs336_systems.report.tables import fmt_ms
 
 NB_TIMING, NB_PROFILE, NB_PRECISION = "01_benchmarking_script", "02_nsys_profile", "04_benchmarking_mixed_precision"
 
 # The 2026 handout's size table (d_model, d_ff, layers, heads); its xl has the 2025 2.7B's shape.
-SIZES_2026 = {"small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16), "large": (1280, 5120, 36, 20),
-              "xl": (2560, 10240, 32, 32), "10B": (4608, 12288, 50, 36)}
+SIZES_2026 = {name: tuple(MODEL_SIZES[key][k] for k in ("d_model", "d_ff", "num_layers", "num_heads"))
+              for name, key in SIZE_TABLES["2026"].items()}
+# Each handout's default context ("unless otherwise specified").
+DEFAULT_CONTEXT = {"2025": 256, "2026": 512}
+MODE_WORDS = {"forward": "forward", "forward-backward": "forward+backward", "train-step": "training step"}
+# What a step keeps besides activations, by mode.
+STATE_WORDS = {"forward": "the parameters", "forward-backward": "the parameters and gradients",
+               "train-step": "the parameters, gradients and AdamW state"}
 # Sizes whose time per layer stays within this factor, while their FLOPs per layer spread at least
 # FLOP_SPREAD, are timed by their kernel launches rather than their arithmetic.
 LAYER_SPREAD, FLOP_SPREAD, MIN_POINTS = 1.5, 2.0, 3
@@ -79,21 +86,17 @@ def and_join(items: list[str]) -> str:
 
 def size_2026(size: str) -> str | None:
     """The 2026 handout's name for a size of the same shape, or None."""
-    dims = MODEL_SIZES.get(size)
-    if dims is None:
-        return None
-    shape = (dims["d_model"], dims["d_ff"], dims["num_layers"], dims["num_heads"])
-    return next((name for name, s in SIZES_2026.items() if s == shape), None)
+    return handout_name(size, "2026")
 
 
 def size_label(size: str, handout: str = "2025") -> str:
     """The size's name in the handout's size table: a 2026 answer calls the 2.7B shape 'xl'."""
-    return (size_2026(size) or size) if handout == "2026" else size
+    return handout_name(size, handout) or size
 
 
 def naming_2026(sizes) -> str:
     """The caveat line of a 2026 answer whose rows include the 2025 2.7B, named xl there."""
-    if not any(size_2026(s) == "xl" and s != "xl" for s in sizes):
+    if not any(s == "2.7B" for s in sizes):
         return ""
     d = SIZES_2026["xl"]
     return (f"xl here is the 2026 xl (d_model {d[0]}, d_ff {d[1]}, {d[2]} layers, {d[3]} heads), which this run has under "
@@ -247,7 +250,7 @@ def _spread_sentence(t: pd.DataFrame, steps: int, handout: str) -> str:
 
 
 def _timing_table(t: pd.DataFrame, handout: str) -> pd.DataFrame:
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "size": [size_label(s, handout) for s in t["size"]],
         "layers": t.layers,
         "forward (ms)": t.forward_mean_ms.round(2),
@@ -258,6 +261,10 @@ def _timing_table(t: pd.DataFrame, handout: str) -> pd.DataFrame:
         "forward ms per layer": (t.forward_mean_ms / t.layers).round(2),
         "forward TFLOP/s": [float(f"{x:.3g}") for x in t.flops / t.forward_mean_ms / 1e9],
     })
+    if handout == "2026" and "train-step_mean_ms" in t:
+        table["training step (ms)"] = t["train-step_mean_ms"].round(2)
+        table["optimizer step (ms)"] = (t["train-step_mean_ms"] - t["forward-backward_mean_ms"]).round(2)
+    return table
 
 
 def _timing_answer(raw: pd.DataFrame, where: str, handout: str, sweep: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
@@ -307,28 +314,99 @@ def _context_anomaly(sweep: pd.DataFrame, sizes: list[str], context: int, handou
 def benchmarking_script_b(results: Results) -> Answer:
     raw = results.table("by_size_raw")
     gpu = on_gpu(raw)
+    raw = _at_context(_rows_of(raw, "2025"), DEFAULT_CONTEXT["2025"])
     text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2025")
+    text = join_caveats(text, _oom_sentence(raw, "2025", gpu))
     return Answer(text=text, table=table, caveat=cpu_caveat(gpu, raw["size"]))
+
+
+def _rows_of(raw: pd.DataFrame, handout: str) -> pd.DataFrame:
+    """The rows of the handout's sizes (every size when the run has none of them)."""
+    keep = raw["size"].map(lambda s: handout_name(s, handout)).notna()
+    return raw[keep] if keep.any() else raw
 
 
 def _rows_2026(raw: pd.DataFrame) -> pd.DataFrame:
     """The rows of the 2026 sizes (every size when the run has none of them)."""
-    keep = raw["size"].map(size_2026).notna()
-    return raw[keep] if keep.any() else raw
+    return _rows_of(raw, "2026")
+
+
+def _at_context(raw: pd.DataFrame, context: int) -> pd.DataFrame:
+    """The rows at `context`, or at the table's first context when it has none there."""
+    if raw.empty or (raw.context_length == context).any():
+        return raw[raw.context_length == context] if len(raw) else raw
+    return raw[raw.context_length == raw.context_length.iloc[0]]
+
+
+def _with_predictions(raw: pd.DataFrame, gpu: bool) -> pd.DataFrame:
+    """The rows with their analytic peaks: the notebook's columns, else computed here."""
+    if "predicted_peak_gib" in raw and raw["predicted_peak_gib"].notna().all():
+        return raw
+    return pd.concat([raw.drop(columns=["predicted_peak_gib", "predicted_states_gib"], errors="ignore"),
+                      predicted_peaks(raw, "cuda" if gpu else "cpu")], axis=1)
+
+
+def _oom_sentence(raw: pd.DataFrame, handout: str, gpu: bool) -> str:
+    """For each size with a step that ran out of memory: which steps, the analytic peak of the largest, and what
+    parameters, gradients and optimizer state take of it before any activation. '' when all fit."""
+    if "status" not in raw or not (raw.status == "OOM").any():
+        return ""
+    rows = _with_predictions(raw, gpu)
+    several = rows["precision"].nunique() > 1
+    out = []
+    for size, g in rows[rows.status == "OOM"].groupby("size", sort=False):
+        modes = [m for m in MODE_WORDS if m in set(g["mode"])]
+        top = g[g["mode"] == modes[-1]].sort_values("precision", ascending=False)
+        precisions = list(top["precision"])
+        peaks = and_join([f"{r.predicted_peak_gib:.0f} GiB in {r.precision}" for r in top.itertuples()]) if several \
+            else f"{top.predicted_peak_gib.iloc[0]:.0f} GiB"
+        what = MODE_WORDS[modes[-1]] if several else f"{precisions[0]} {MODE_WORDS[modes[-1]]}"
+        text = (f"{size_label(size, handout)} runs out of memory for the {and_join([MODE_WORDS[m] for m in modes])}"
+                + (f" in {and_join(list(dict.fromkeys(g['precision'])))}" if several else "")
+                + f": the analytic peak of its {what} is {peaks}, of which {STATE_WORDS[modes[-1]]} alone take "
+                f"{top.predicted_states_gib.iloc[0]:.0f} GiB before any activation"
+                + (" (bf16 autocast keeps them in fp32)" if "bf16" in precisions else ""))
+        if "device_memory_gib" in g and g["device_memory_gib"].notna().any():
+            text += f", more than the GPU's {g['device_memory_gib'].max():.0f} GiB"
+        fits = rows[(rows["size"] == size) & (rows.status == "ok")]
+        if len(fits):
+            ran = fits.sort_values("precision", ascending=False).drop_duplicates("mode")
+            text += "; " + and_join([f"its {MODE_WORDS[r.mode]} fits ({fmt_ms(r.mean_ms)})" for r in ran.itertuples()])
+        out.append(text + ".")
+    return " ".join(out)
+
+
+def _train_step_sentence(t: pd.DataFrame, handout: str) -> str:
+    """The full training step and its optimizer step (training step less forward+backward), smallest and largest size."""
+    if "train-step_mean_ms" not in t or t["train-step_mean_ms"].isna().all():
+        return ""
+    s = t.dropna(subset=["train-step_mean_ms"]).reset_index(drop=True)
+    optimizer = s["train-step_mean_ms"] - s["forward-backward_mean_ms"]
+    first, last = s.iloc[0], s.iloc[-1]
+    text = (f"A full training step with AdamW (forward, loss, backward and the optimizer step) takes "
+            f"{fmt_ms(first['train-step_mean_ms'])} ({size_label(first['size'], handout)}) to "
+            f"{fmt_ms(last['train-step_mean_ms'])} ({size_label(last['size'], handout)})")
+    if (optimizer > 0).all():
+        share = 100 * optimizer / s["train-step_mean_ms"]
+        return (text + f"; the optimizer step, the training step less the forward+backward, adds "
+                f"{fmt_ms(optimizer.iloc[0])} to {fmt_ms(optimizer.iloc[-1])}, {span(share, '{:.0f}', '%')} of the step.")
+    lost = and_join([size_label(x, handout) for x in s.loc[optimizer <= 0, "size"]])
+    return text + f"; for {lost} it is no longer than the forward+backward, so the optimizer step is lost in their noise."
 
 
 @builds("benchmarking_script.b.2026")
 def benchmarking_script_b_2026(results: Results) -> Answer:
     """The 2026 sizes at the 2026 default context 512 where the context sweep has it."""
-    by_size = results.table("by_size_raw")
+    by_size = _rows_2026(results.table("by_size_raw"))
     gpu = on_gpu(by_size)
     raw, sweep = by_size, None
     if results.has("context_sweep_raw"):
         sweep = _rows_2026(results.table("context_sweep_raw"))
-        if (sweep.context_length == 512).any():
+        if (sweep.context_length == 512).any() and not (raw.context_length == 512).any():
             raw = sweep[sweep.context_length == 512]
-    raw = _rows_2026(raw)
+    raw = _at_context(raw, DEFAULT_CONTEXT["2026"])
     text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2026", sweep=sweep)
+    text = join_caveats(text, _train_step_sentence(_timing_rows(raw), "2026"), _oom_sentence(raw, "2026", gpu))
     context = int(raw.context_length.iloc[0])
     present = {size_2026(s) for s in raw["size"]}
     missing = [s for s in SIZES_2026 if s not in present]
@@ -837,6 +915,8 @@ def _precision_rows(raw: pd.DataFrame) -> pd.DataFrame:
     out["flops"] = [step_flops(s, b, c, "forward-backward") for s, b, c in zip(out["size"], out.batch, out.context)]
     out["speedup fwd"] = out["forward fp32"] / out["forward bf16"]
     out["speedup fb"] = out["forward-backward fp32"] / out["forward-backward bf16"]
+    if {"train-step fp32", "train-step bf16"} <= set(out):
+        out["speedup ts"] = out["train-step fp32"] / out["train-step bf16"]
     return out.sort_values("flops").reset_index(drop=True)
 
 
@@ -856,15 +936,14 @@ def _speedup_trend(t: pd.DataFrame) -> str:
 def _precision_answer(results: Results, handout: str) -> Answer:
     raw = results.table("precision_raw")
     gpu = on_gpu(raw)
-    if handout == "2026":
-        raw = _rows_2026(raw)
+    raw = _at_context(_rows_of(raw, handout), DEFAULT_CONTEXT[handout])
     t = _precision_rows(raw)
     where = machine(results, NB_PRECISION, gpu)
     first, last = t.iloc[0], t.iloc[-1]
     name = lambda s: size_label(s, handout)  # noqa: E731
 
-    def change(r):
-        f, b = r["forward-backward fp32"], r["forward-backward bf16"]
+    def change(r, mode="forward-backward"):
+        f, b = r[f"{mode} fp32"], r[f"{mode} bf16"]
         how = f"{times(f / b)} faster" if b < f else f"{times(b / f)} slower" if b > f else "no change"
         return f"from {fmt_ms(f)} to {fmt_ms(b)} for {name(r['size'])} ({how})"
 
@@ -890,7 +969,12 @@ def _precision_answer(results: Results, handout: str) -> Answer:
             text += (f" (the {a.layers}-layer {name(a.size)}, {fmt_ms(a.ms)}, is slower than the {b.layers}-layer "
                      f"{name(b.size)}, {fmt_ms(b.ms)})")
         text += (", so in bf16 these steps are bound by kernel launches (autocast adds cast kernels too), and the speed-ups "
-                 "measure how far each fp32 step is above that floor rather than the tensor cores' full gain on the matmuls.")
+                 "measure how far each fp32 step is above that floor rather than the tensor cores' full gain on the matmuls. ")
+    if handout == "2026" and "speedup ts" in t and t["speedup ts"].notna().any():
+        ts = t.dropna(subset=["speedup ts"])
+        text += (f"The full training step with AdamW changes {change(ts.iloc[0], 'train-step')} and "
+                 f"{change(ts.iloc[-1], 'train-step')}, the optimizer step itself running in fp32 in both. ")
+    text = join_caveats(text.strip(), _oom_sentence(raw, handout, gpu))
     table = pd.DataFrame({
         "size": t["size"].map(name), "layers": t.layers,
         "forward fp32 (ms)": t["forward fp32"].round(2), "forward bf16 (ms)": t["forward bf16"].round(2),
@@ -899,18 +983,22 @@ def _precision_answer(results: Results, handout: str) -> Answer:
         "fwd+bwd speed-up": t["speedup fb"].round(2),
         "fwd+bwd bf16 ms per layer": (t["forward-backward bf16"] / t.layers).round(2),
     })
+    if handout == "2026" and "speedup ts" in t:
+        table["train step fp32 (ms)"] = t["train-step fp32"].round(2)
+        table["train step bf16 (ms)"] = t["train-step bf16"].round(2)
+        table["train step speed-up"] = t["speedup ts"].round(2)
     caveat = cpu_caveat(gpu, t["size"])
     if not gpu:
         caveat = join_caveats(caveat, "On a CPU these bf16 timings say nothing about a GPU's tensor cores.")
     if handout == "2026":
-        present = {size_2026(s) for s in t["size"]}
+        present = {size_2026(s) for s in raw["size"]}
         missing = [s for s in SIZES_2026 if s not in present]
         caveat = join_caveats(
             f"This run has no {and_join(missing)} model{'s' * (len(missing) > 1)}." if missing else "",
             naming_2026(t["size"]),
             "" if int(first.context) == 512 else f"It is at context {int(first.context)}, not the 2026 default 512.",
             caveat)
-    return Answer(text=text.strip(), table=table, caveat=caveat)
+    return Answer(text=text, table=table, caveat=caveat)
 
 
 @builds("benchmarking_mixed_precision.c")
