@@ -1,6 +1,7 @@
 """A whole training step of the unchanged `TransformerLM`, built from the library's fast parts.
 
-`build_train_step(model, StepConfig(...))` returns a `TrainStep` whose `step(x, y) -> loss` runs
+`build_train_step(model, StepConfig(...))` (this library's `TransformerLM` or any model of its structure, the
+course's `BasicsTransformerLM` included: `model_parts`) returns a `TrainStep` whose `step(x, y) -> loss` runs
 zero_grad, the model's own modules in its order (each block plain or under activation checkpointing,
 per a memory plan), the fused LM head + cross-entropy (`linear_cross_entropy`, never the [N, V]
 logits), backward, and one `FusedAdamW` step. `torch_native_step` is the PyTorch baseline it is
@@ -12,6 +13,7 @@ Under a process group of several ranks the step is data parallel (`TrainStep`'s 
 
 from cs336_systems.training.train_step import (
     MemoryTerms,
+    ModelParts,
     RecomputePlan,
     StepConfig,
     TrainStep,
@@ -19,7 +21,9 @@ from cs336_systems.training.train_step import (
     fixed_memory_bytes,
     measure_block_activation_bytes,
     measure_block_memory,
+    model_parts,
     plan_recompute,
+    process_memory_cap_bytes,
     recompute_cost,
     torch_native_config,
     torch_native_step,
@@ -27,6 +31,7 @@ from cs336_systems.training.train_step import (
 
 __all__ = [
     "MemoryTerms",
+    "ModelParts",
     "RecomputePlan",
     "StepConfig",
     "TrainStep",
@@ -34,7 +39,9 @@ __all__ = [
     "fixed_memory_bytes",
     "measure_block_activation_bytes",
     "measure_block_memory",
+    "model_parts",
     "plan_recompute",
+    "process_memory_cap_bytes",
     "recompute_cost",
     "torch_native_config",
     "torch_native_step",

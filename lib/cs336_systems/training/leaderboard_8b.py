@@ -4,7 +4,7 @@ default (`--batch`).
 
     python -m cs336_systems.training.leaderboard_8b [--layers N] [--context T] [--rep MS] [--warmup MS]
                                                     [--variant ours|torch_native] [--state-dtype fp32|bf16] [--batch B]
-                                                    [--trace PATH.json.gz]
+                                                    [--trace PATH.json.gz] [--memory-gib G]
 
 prints what the handout's test measures, `triton.testing.do_bench(step, rep=30_000, warmup=10_000)`
 (its mean, in ms), the peak CUDA memory, the useful TFLOP/s (`useful_flops`), and the time from process
@@ -84,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--activation-memory-budget", type=float, default=None,
                    help=f"ours, compiled: the partitioner's budget (default {ACTIVATION_MEMORY_BUDGET}; 1 saves all)")
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
+    p.add_argument("--memory-gib", type=float, default=None,
+                   help="cap this process at this many GiB of the card (set_per_process_memory_fraction; "
+                        "the plan's budget honours it): a smaller card simulated on a larger one")
     p.add_argument("--json", default=None, help="also write rank 0's result to this JSON file")
     p.add_argument("--trace", default=None, help="profile one more step; rank 0's Chrome trace to this path")
     return p.parse_args(argv)
@@ -131,6 +134,9 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     # an indexed device: torch.cuda.set_device refuses a bare "cuda"
     device = ctx.device if ctx is not None else torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
+    if args.memory_gib is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total), device)
     torch.manual_seed(0)
     attention = "flash_triton" if args.variant == "ours" else "sdpa"
     model = TransformerLM(VOCAB, args.context, D_MODEL, args.layers, HEADS, D_FF, attention=attention,

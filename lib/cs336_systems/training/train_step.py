@@ -5,7 +5,15 @@
 
 The model object is used as it is: its own modules (`token_embeddings`, each of `layers`, `ln_final`,
 `lm_head.weight`) are called in the model's order, so its parameters, their names and shapes, and the
-function it computes are unchanged. What the step changes is how that function is run:
+function it computes are unchanged. The model is read by structure, not class (`model_parts`): this
+library's `TransformerLM`, or the course's `cs336_basics.model.BasicsTransformerLM` (same names and shapes,
+its own classes). On a model whose blocks compute attention in their own code (the course's calls its
+module-level `scaled_dot_product_attention` with a mask tensor) the step applies all that works on any
+block: the fused loss, FusedAdamW, the recompute plan over whole blocks, `compile_blocks`; the attention
+stays the block's own and no block keeps its attention output. Swapping it is left out on purpose: the
+course's function is one module global that every model of that module calls, and whether its mask is
+causal can only be known by reading the tensor. A model built with a pluggable `attn.attention` set to our
+FlashAttention gets that too. What the step changes is how that function is run:
 
 - the LM head and the cross-entropy are one fused op (`cs336_systems.fused_loss.linear_cross_entropy`),
   which never holds the [N, V] logits (at the 8B leaderboard shape they would be 10 GB in bf16);
@@ -34,7 +42,8 @@ on that step's real input (`measure_block_memory`: one extra forward and backwar
 when the blocks are, its graph dropped at once), the analytic fixed memory (`fixed_memory_bytes`), the
 peak model of `recompute_cost` and the budget: `StepConfig.memory_budget_bytes`, or when None, on
 CUDA the memory this process can still get (`torch.cuda.mem_get_info` free bytes plus what PyTorch's
-allocator already reserves) minus a 5 GiB margin, and on CPU no budget at all: the host is assumed to
+allocator already reserves, capped by `torch.cuda.set_per_process_memory_fraction`'s share of the card,
+`process_memory_cap_bytes`) minus a 5 GiB margin, and on CPU no budget at all: the host is assumed to
 have room, so every block keeps its activations. (A budget given explicitly is honoured on CPU too; that is how the tests make a mixed plan.)
 
 Host syncs inside `step()`: one for the token-id range check (`check_token_ids`, min/max of x and y
@@ -62,7 +71,6 @@ from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.fused_adamw import FusedAdamW
 from cs336_systems.fused_loss import default_chunk_tokens, linear_cross_entropy
-from cs336_systems.model import TransformerLM
 from cs336_systems.training.kept_attention import KeptAttentionOutput
 
 GIB = 1 << 30
@@ -150,6 +158,84 @@ class StepConfig:
 
 def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """What the step reads from a model, found by name and shape (`model_parts`): the sizes its checks and
+    memory model use. `context_length` and `num_heads` are None where the model does not say them."""
+
+    vocab_size: int
+    d_model: int
+    context_length: int | None
+    num_heads: int | None
+
+
+def model_parts(model: nn.Module) -> ModelParts:
+    """The structure the step runs, checked: `token_embeddings` (a module with a (vocab, d_model) `weight`),
+    `layers` (a sequence of modules, each (batch, seq, d_model) -> same), `ln_final` (a module) and `lm_head`
+    (a module whose only parameter is a (vocab, d_model) `weight`, used as h @ weight^T by the fused loss).
+    This library's `TransformerLM` and the course's `BasicsTransformerLM` both have it, with the same
+    parameter names and shapes; their classes are not looked at (as `distributed.fsdp` shards by structure).
+    A head that is not h @ weight^T is found at the first step: loss and gradients would differ from the
+    model's own forward, so `lm_head` is probed once here (one one-hot row, exact in any dtype). TypeError
+    naming what is missing."""
+    def fail(problem: str):
+        raise TypeError(f"build_train_step needs a language model with token_embeddings, layers, ln_final and a "
+                        f"bias-free lm_head (as cs336_systems.model.TransformerLM and the course's "
+                        f"BasicsTransformerLM): {type(model).__name__} {problem}")
+
+    if not isinstance(model, nn.Module):
+        fail("is not an nn.Module")
+    for name in ("token_embeddings", "layers", "ln_final", "lm_head"):
+        if not isinstance(getattr(model, name, None), nn.Module):
+            fail(f"has no module `{name}`")
+    embedding, head = getattr(model.token_embeddings, "weight", None), getattr(model.lm_head, "weight", None)
+    if not (isinstance(embedding, torch.Tensor) and embedding.dim() == 2):
+        fail("has no 2-D token_embeddings.weight")
+    if not (isinstance(head, torch.Tensor) and head.shape == embedding.shape):
+        fail(f"has no lm_head.weight of token_embeddings.weight's shape {tuple(embedding.shape)}")
+    if [name for name, _ in model.lm_head.named_parameters()] != ["weight"]:
+        fail("has an lm_head with parameters besides its weight (a bias): the fused loss computes h @ weight^T")
+    if not all(isinstance(block, nn.Module) for block in model.layers):
+        fail("has layers that are not modules")
+    _check_head_is_linear(model.lm_head, head, fail)
+    return ModelParts(head.shape[0], head.shape[1], _config_value(model, "context_length"), _num_heads(model))
+
+
+def _check_head_is_linear(lm_head: nn.Module, weight: torch.Tensor, fail) -> None:
+    # lm_head(e_0) is weight[:, 0] for h @ weight^T: one product with a single one, exact in any dtype
+    # (TF32 rounds fp32 weights, hence the loose tolerance: a scaled or shifted head is far off it)
+    if weight.is_meta:
+        return
+    probe = torch.zeros(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    probe[0, 0] = 1
+    with torch.no_grad():
+        out = lm_head(probe)
+    expected = weight[:, 0].unsqueeze(0)
+    if out.shape != expected.shape or not torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-6):
+        fail("has an lm_head that does not compute h @ lm_head.weight^T")
+
+
+def _config_value(model: nn.Module, name: str) -> int | None:
+    """`name` from the model's config (our `ModelConfig`, or the course's dict of constructor arguments) or
+    the model itself."""
+    config = getattr(model, "config", None)
+    value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+    return value if value is not None else getattr(model, name, None)
+
+
+def _num_heads(model: nn.Module) -> int | None:
+    """The config's `num_heads`, else the first block's `attn.num_heads`."""
+    blocks = list(model.layers)
+    first = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
+    return _config_value(model, "num_heads") or first
+
+
+def attention_of(block: nn.Module):
+    """The block's pluggable attention function (`block.attn.attention`, as our `TransformerLM`'s), or None
+    where its attention is its own code."""
+    return getattr(getattr(block, "attn", None), "attention", None)
 
 
 @dataclass(frozen=True)
@@ -284,7 +370,7 @@ def param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: int, seq: int,
+def fixed_memory_bytes(model: nn.Module, state_dtype: torch.dtype, batch: int, seq: int,
                        loss_chunk_tokens: int | None = None, world_size: int = 1, bucket_bytes: int = 0) -> int:
     """Memory of a step that does not depend on the recompute plan, counted from the shapes:
     parameters; their gradients (same dtype; when data parallel, a rank's 1/world_size of them plus three
@@ -309,7 +395,7 @@ def fixed_memory_bytes(model: TransformerLM, state_dtype: torch.dtype, batch: in
     return params + gradient_bytes(model, world_size, bucket_bytes) + states + loss + streams
 
 
-def gradient_bytes(model: TransformerLM, world_size: int = 1, bucket_bytes: int = 0) -> int:
+def gradient_bytes(model: nn.Module, world_size: int = 1, bucket_bytes: int = 0) -> int:
     """A rank's gradients at their most: all of them on one rank; with N ranks its 1/N share (a contiguous
     run of parameters, `assign_contiguous`) and three buckets in flight, capped at all of them."""
     params = param_bytes(model)
@@ -318,25 +404,39 @@ def gradient_bytes(model: TransformerLM, world_size: int = 1, bucket_bytes: int 
     return min(params, -(-params // world_size) + 3 * bucket_bytes)
 
 
-def kept_attention_bytes(model: TransformerLM, batch: int, seq: int) -> int:
+def kept_attention_bytes(model: nn.Module, batch: int, seq: int) -> int:
     """What a recomputed block keeps when it keeps its attention's output: O, (batch, seq, d_model) in the
     parameters' dtype, and L, (batch, heads, seq) fp32."""
     weight = model.lm_head.weight
-    return batch * seq * (weight.shape[1] * weight.element_size() + model.config.num_heads * 4)
+    return batch * seq * (weight.shape[1] * weight.element_size() + _num_heads(model) * 4)
+
+
+def process_memory_cap_bytes(device: torch.device) -> int:
+    """The bytes this process's caching allocator may hold on `device`: the card's total memory times the
+    per-process fraction (`torch.cuda.set_per_process_memory_fraction`, 1 when never set), which is how a
+    smaller card is simulated on a larger one; past it the allocator raises out-of-memory however much the
+    card has free. A torch without `get_per_process_memory_fraction` reads as uncapped."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    fraction = get_fraction(device) if get_fraction is not None else 1.0
+    return int(total * fraction)
 
 
 def default_budget_bytes(device: torch.device) -> int | None:
-    """On CUDA: free device memory plus what PyTorch already reserves, minus a 5 GiB margin; None on CPU."""
+    """On CUDA: what this process can still get, the smaller of the free device memory plus what PyTorch
+    already reserves and the process's cap (`process_memory_cap_bytes`; the cap bounds the reserved bytes,
+    so it includes them), minus a 5 GiB margin; None on CPU."""
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - CUDA_MARGIN_BYTES
+    available = min(free + torch.cuda.memory_reserved(device), process_memory_cap_bytes(device))
+    return available - CUDA_MARGIN_BYTES
 
 
-def check_batch(x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_length: int,
+def check_batch(x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_length: int | None,
                 check_ids: bool = True) -> None:
     """ValueError naming the problem: x, y must be (batch, seq) int64 of equal shapes, seq at most the
-    context length, x's ids in [0, vocab), y's in [0, vocab) or the ignore index -100. The id check
+    context length (where known), x's ids in [0, vocab), y's in [0, vocab) or the ignore index -100. The id check
     reads min and max of both back in one host sync (skipped with check_ids=False)."""
     for name, t in (("x", x), ("y", y)):
         if not isinstance(t, torch.Tensor):
@@ -347,7 +447,7 @@ def check_batch(x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_lengt
             raise ValueError(f"{name} must hold int64 token ids, got {t.dtype}")
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same shape, got x {tuple(x.shape)} and y {tuple(y.shape)}")
-    if x.shape[1] > context_length:
+    if context_length is not None and x.shape[1] > context_length:
         raise ValueError(f"sequence length {x.shape[1]} exceeds the model's context_length {context_length}")
     if x.numel() == 0:
         raise ValueError(f"empty batch {tuple(x.shape)}")
@@ -397,8 +497,9 @@ class TrainStep(OptimizerStep):
     set for its own parameters only. The returned loss is the rank's own batch's. With one rank none of
     this is built."""
 
-    def __init__(self, model: TransformerLM, config: StepConfig):
+    def __init__(self, model: nn.Module, config: StepConfig):
         self.model = model
+        self.parts = model_parts(model)
         self.config = config
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if config.optimizer == "fused_adamw":
@@ -443,13 +544,14 @@ class TrainStep(OptimizerStep):
 
     def attention_keepable(self) -> bool:
         """Whether recomputed blocks can keep their attention's output: asked for, and every layer runs our
-        FlashAttention (the keeping reuses its output and logsumexp)."""
+        FlashAttention (the keeping reuses its output and logsumexp) through a pluggable `attn.attention`.
+        A block whose attention is its own code (the course's module-level function) never does."""
         from cs336_systems.attention import get_attention
         from cs336_systems.attention.flash_triton import flash_attention
 
         ours = (get_attention("flash_triton"), flash_attention)
         return self.config.keep_attention and all(
-            isinstance(block.attn.attention, KeptAttentionOutput) or block.attn.attention in ours
+            isinstance(attention_of(block), KeptAttentionOutput) or attention_of(block) in ours
             for block in self.model.layers)
 
     def make_plan(self, x: torch.Tensor) -> RecomputePlan:
@@ -512,7 +614,7 @@ class TrainStep(OptimizerStep):
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         model = self.model
-        check_batch(x, y, model.config.vocab_size, model.config.context_length, self.config.check_token_ids)
+        check_batch(x, y, self.parts.vocab_size, self.parts.context_length, self.config.check_token_ids)
         plan = self.plan_for(x)
         self.optimizer.zero_grad(set_to_none=True)
         try:
@@ -569,9 +671,10 @@ def phase_times(marks: list) -> dict[str, float]:
     return {a: (e - s) * 1e3 for (a, s), (_, e) in zip(marks, marks[1:])}
 
 
-def build_train_step(model: TransformerLM, config: StepConfig | None = None) -> TrainStep:
-    if not isinstance(model, TransformerLM):
-        raise TypeError(f"build_train_step takes a cs336_systems.model.TransformerLM, got {type(model).__name__}")
+def build_train_step(model: nn.Module, config: StepConfig | None = None) -> TrainStep:
+    """The step for `model`: this library's `TransformerLM`, or any model of its structure (`model_parts`),
+    such as the course's `cs336_basics.model.BasicsTransformerLM`; TypeError naming what is missing."""
+    model_parts(model)
     return TrainStep(model, config if config is not None else StepConfig())
 
 
@@ -585,7 +688,7 @@ def torch_native_config(lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                       keep_attention=False)
 
 
-def torch_native_step(model: TransformerLM, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
+def torch_native_step(model: nn.Module, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
                       eps: float = 1e-8, weight_decay: float = 0.01, compile_blocks: bool = False) -> TrainStep:
     """`build_train_step` with `torch_native_config`."""
     return build_train_step(model, torch_native_config(lr, betas, eps, weight_decay, compile_blocks))
