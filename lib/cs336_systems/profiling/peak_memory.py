@@ -36,6 +36,8 @@ class SavedTensorCounter:
     excluded_storages: set[int]
     storages: dict[int, int] = field(default_factory=dict)  # data_ptr -> nbytes
     records: list[dict] = field(default_factory=list)
+    # Names the operation that made a saved tensor; by default its grad_fn's class.
+    made_by: Callable[[torch.Tensor], str] | None = None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
@@ -43,9 +45,10 @@ class SavedTensorCounter:
         new = ptr not in self.storages and ptr not in self.excluded_storages
         if new:
             self.storages[ptr] = storage.nbytes()
+        made_by = self.made_by(t) if self.made_by else type(t.grad_fn).__name__ if t.grad_fn is not None else "leaf"
         self.records.append(dict(
             shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."), bytes=storage.nbytes(),
-            made_by=type(t.grad_fn).__name__ if t.grad_fn is not None else "leaf", counted=new,
+            made_by=made_by, counted=new,
         ))
         return t
 
@@ -55,11 +58,24 @@ class SavedTensorCounter:
 
 
 @contextlib.contextmanager
-def count_saved_tensors(exclude: Iterable[torch.Tensor] = ()) -> Iterator[SavedTensorCounter]:
-    """Count the bytes autograd saves for backward inside the block (storages in `exclude` not counted)."""
-    counter = SavedTensorCounter({t.untyped_storage().data_ptr() for t in exclude})
+def count_saved_tensors(exclude: Iterable[torch.Tensor] = (),
+                        made_by: Callable[[torch.Tensor], str] | None = None) -> Iterator[SavedTensorCounter]:
+    """Count the bytes autograd saves for backward inside the block (storages in `exclude` not counted);
+    `made_by` names each saved tensor's maker in the records."""
+    counter = SavedTensorCounter({t.untyped_storage().data_ptr() for t in exclude}, made_by=made_by)
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
         yield counter
+
+
+def recorded_trace(fn: Callable[[], object]):
+    """`fn()` recorded by torch.profiler on the CPU with its memory events, as `trace.load_trace`'s table
+    (its "[memory]" events are allocations and frees, by bytes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        path = Path(tmp) / "memory_trace.json"
+        prof.export_chrome_trace(str(path))
+        return load_trace(path)
 
 
 def peak_allocated_bytes(fn: Callable[[], object], device: torch.device) -> int:
@@ -71,12 +87,7 @@ def peak_allocated_bytes(fn: Callable[[], object], device: torch.device) -> int:
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - start
-    with tempfile.TemporaryDirectory() as tmp:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-        path = Path(tmp) / "memory_trace.json"
-        prof.export_chrome_trace(str(path))
-        memory = load_trace(path)
+    memory = recorded_trace(fn)
     memory = memory[memory["kind"] == "memory"]
     if memory.empty:
         return 0

@@ -22,9 +22,7 @@ the analytic count of `accounting.memory.block_saved_tensors`.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -34,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from cs336_systems.accounting.memory import block_saved_tensors
 from cs336_systems.model import ModelConfig, TransformerBlock
-from cs336_systems.profiling.trace import load_trace
+from cs336_systems.profiling.peak_memory import count_saved_tensors, recorded_trace
 
 
 class _Producers(TorchFunctionMode):
@@ -105,24 +103,19 @@ def _module_stack(root: nn.Module) -> Iterator[list[str]]:
 def saved_by_operation(block: nn.Module, x: torch.Tensor) -> tuple[pd.DataFrame, torch.Tensor, torch.Tensor]:
     """One row per distinct storage `block(x)` saves for backward: the operation that made it, shape,
     dtype, bytes. Returns the table, the block's input (requires grad) and its output (graph kept)."""
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    rows: dict[int, dict] = {}
     inp = x.detach().requires_grad_(True)
+    source = inp.untyped_storage().data_ptr()
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in params and ptr not in rows:
-            made_by = "block input" if ptr == inp.untyped_storage().data_ptr() else producers.maker(t)
-            rows[ptr] = dict(operation=made_by, shape="×".join(map(str, t.shape)),
-                             dtype=str(t.dtype).removeprefix("torch."), bytes=storage.nbytes())
-        return t
+    def made_by(t: torch.Tensor) -> str:
+        return "block input" if t.untyped_storage().data_ptr() == source else producers.maker(t)
 
     with _module_stack(block) as modules, torch.enable_grad():
         producers = _Producers(modules)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), producers:
+        with count_saved_tensors(exclude=block.parameters(), made_by=made_by) as counter, producers:
             out = block(inp)
-    return pd.DataFrame(list(rows.values()), columns=["operation", "shape", "dtype", "bytes"]), inp, out
+    rows = [dict(operation=r["made_by"], shape="×".join(map(str, r["shape"])), dtype=r["dtype"], bytes=r["bytes"])
+            for r in counter.records if r["counted"]]
+    return pd.DataFrame(rows, columns=["operation", "shape", "dtype", "bytes"]), inp, out
 
 
 def by_operation(saved: pd.DataFrame) -> pd.DataFrame:
@@ -147,14 +140,12 @@ def allocation_changes(steps: dict[str, Callable[[], object]], device: torch.dev
             torch.cuda.synchronize(device)
             changes[name] = torch.cuda.memory_allocated(device) - before
         return changes
-    with tempfile.TemporaryDirectory() as tmp:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-            for name, fn in steps.items():
-                with torch.profiler.record_function(name):
-                    fn()
-        path = Path(tmp) / "memory_trace.json"
-        prof.export_chrome_trace(str(path))
-        trace = load_trace(path)
+    def all_steps() -> None:
+        for name, fn in steps.items():
+            with torch.profiler.record_function(name):
+                fn()
+
+    trace = recorded_trace(all_steps)
     memory = trace[trace["kind"] == "memory"]
     changes = {}
     for name in steps:

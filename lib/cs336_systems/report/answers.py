@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336_systems.report.files import read_json, write_atomic
+
 ANSWERS_FILE = "answers.json"
 TABLES_FOLDER = "answers"
 # A support table is the one table a grader reads beside the answer; sweeps stay in the notebook.
@@ -74,7 +76,7 @@ def record_answer(results_dir: Path, notebook: str, key: str, answer: Answer) ->
     records.append(record)
     records.sort(key=lambda r: (r["notebook"], r["key"]))
     results_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, indent=2))
+    write_atomic(path, json.dumps(records, indent=2))
     return record
 
 
@@ -83,11 +85,8 @@ def load_answers(results_dir: Path) -> dict[str, dict]:
     path = Path(results_dir) / ANSWERS_FILE
     if not path.exists():
         return {}
-    try:
-        records = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is damaged ({err}); delete it and re-run the notebooks, or rebuild it with "
-                         "`python -m cs336_systems.experiments.answers <report folder>`") from err
+    records = read_json(path, "delete it and re-run the notebooks, or rebuild it with "
+                              "`python -m cs336_systems.experiments.answers <report folder>`")
     return {r["key"]: r for r in records}
 
 

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from cs336_systems.report.environment import environment_info, repo_root, resolve_profile
+from cs336_systems.report.files import DamagedReportFile, locked, read_json, write_atomic
 
 
 @dataclass
@@ -185,21 +186,10 @@ def to_html(executed: Path, html_path: Path | None = None) -> Path:
     return html_path
 
 
-class DamagedReportFile(ValueError):
-    """A JSON file of a report folder that cannot be read."""
-
-
 RUNS_REMEDY = ("move it aside or delete it, then re-run the notebooks (each run adds its record) or rebuild "
                "the index with --index-only, which then lists only the notebooks re-run since")
 ENVIRONMENT_REMEDY = ("move it aside or delete it: the next notebook run writes it again, and --index-only "
                       "without it shows this machine's environment")
-
-
-def read_json(path: Path, remedy: str):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DamagedReportFile(f"{path} is damaged ({err}); {remedy}") from err
 
 
 def read_runs(runs_path: Path) -> dict[str, dict]:
@@ -210,29 +200,6 @@ def read_runs(runs_path: Path) -> dict[str, dict]:
     if not (isinstance(records, list) and all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in records)):
         raise DamagedReportFile(f"{runs_path} is damaged (not a list of records with a name); {RUNS_REMEDY}")
     return {r["name"]: r for r in records}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """`text` into `path` through a temporary file, so a reader sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """The block under an exclusive lock of `path`.lock (no lock where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def move(src: Path, dst: Path) -> None:
@@ -283,7 +250,7 @@ def merge_results(staged: Path, results: Path, notebook: str) -> None:
     for name in RECORD_FILES:
         target = results / name
         ours = read_json(staged / name, "it was written by this run") if (staged / name).exists() else []
-        theirs = read_json(target, f"move it aside or delete it and re-run the notebooks") if target.exists() else []
+        theirs = read_json(target, "move it aside or delete it and re-run the notebooks") if target.exists() else []
         merged = [r for r in theirs if r.get("notebook") != notebook] + ours
         if merged or target.exists():
             results.mkdir(parents=True, exist_ok=True)

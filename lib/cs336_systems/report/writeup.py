@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
 from cs336_systems.report.answers import load_answers, support_table
 from cs336_systems.report.deliverables import HANDOUT_TITLES, PROBLEM_POINTS, Deliverable, deliverables
+from cs336_systems.report.files import read_json
 
 HANDOUTS = ("2026", "2025")
 
@@ -225,12 +225,7 @@ def build_handout_writeup(report_dir: Path, env: dict[str, str], runs: list[dict
 
 
 def _load_json(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is damaged ({err}); fix or delete it") from err
+    return read_json(path, "fix or delete it") if path.exists() else []
 
 
 def build_writeup(report_dir: Path, env: dict[str, str], runs: list[dict] = ()) -> list[Path]:

@@ -103,6 +103,22 @@ def builds(*keys: str) -> Callable[[Builder], Builder]:
     return register
 
 
+def builds_each_handout(key: str) -> Callable[[Callable[[Results, str], Answer]], Callable[[Results, str], Answer]]:
+    """Registers `fn(results, handout)` as the answer to `key` (the 2025 sub-part, handout "2025") and to
+    `key.2026` (the sub-part at the 2026 handout's settings, handout "2026")."""
+
+    def register(fn: Callable[[Results, str], Answer]) -> Callable[[Results, str], Answer]:
+        for handout, answer_key in (("2025", key), ("2026", f"{key}.2026")):
+            def answer(results: Results, handout: str = handout) -> Answer:
+                return fn(results, handout)
+
+            answer.__name__ = f"{fn.__name__}[{handout}]"
+            builds(answer_key)(answer)
+        return fn
+
+    return register
+
+
 def build(key: str, results: Results) -> Answer:
     """The answer to `key` from `results`; a run that cannot answer gives `Answer.not_answered(reason)`."""
     if key not in BUILDERS:

@@ -9,6 +9,7 @@ import pandas as pd
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
 from cs336_systems.report.answers import MAX_SUPPORT_ROWS, Answer
 from cs336_systems.report.tables import fmt_ms
+from cs336_systems.experiments.answers.words import and_join
 
 # The 2026 handout's model sizes; its small, medium and large are the 2025 ones.
 SIZES_2026 = {
@@ -73,11 +74,6 @@ def ms_span(values) -> str:
     """'a–b ms' (or 'a ms')."""
     text = span(values, fmt=lambda x: fmt_ms(x).removesuffix(" ms"))
     return f"{text} ms"
-
-
-def listing(items: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def on_machine(results: Results, notebook: str) -> str:
@@ -289,7 +285,7 @@ def compiled_model_text(both: pd.DataFrame, sizes: list[str]) -> str:
                          f"({span(by)} over the {len(by)} sizes)")
         else:
             parts.append(f"{MODE_NAMES.get(mode, mode)} {ratio(by[first])} for {first}")
-    return listing(parts)
+    return and_join(parts)
 
 
 def whole_model_text(ok: pd.DataFrame, scope: str) -> str:
@@ -368,9 +364,9 @@ def torch_compile_model_2026(results: Results) -> Answer:
     contexts = set(df.context_length)
     notes = []
     if missing:
-        notes.append(f"This run does not include the 2026 size{'s' if len(missing) > 1 else ''} {listing(missing)}.")
+        notes.append(f"This run does not include the 2026 size{'s' if len(missing) > 1 else ''} {and_join(missing)}.")
     if CONTEXT_2026 not in contexts:
-        notes.append(f"It ran at context {listing([str(c) for c in sorted(contexts)])}, not the 2026 handout's default "
+        notes.append(f"It ran at context {and_join([str(c) for c in sorted(contexts)])}, not the 2026 handout's default "
                      f"{CONTEXT_2026}.")
     if not have:
         notes.append("None of its model sizes is a 2026 size, so the rows shown are the sizes it ran.")
@@ -385,8 +381,8 @@ def case_summary(raw: pd.DataFrame) -> str:
     """The cases of the accuracy table in words: count, dtypes, shapes."""
     cases = raw.drop_duplicates(["implementation", "shape_q", "shape_kv", "dtype", "is_causal"])
     shapes = cases.drop_duplicates(["shape_q", "shape_kv"])
-    shape_text = listing([q if q == kv else f"Q {q} against K, V {kv}" for q, kv in zip(shapes.shape_q, shapes.shape_kv)])
-    dtypes = listing([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(cases.dtype)])
+    shape_text = and_join([q if q == kv else f"Q {q} against K, V {kv}" for q, kv in zip(shapes.shape_q, shapes.shape_kv)])
+    dtypes = and_join([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(cases.dtype)])
     causal = {str(c) for c in cases.is_causal}
     flags = "causal and not" if causal == {"True", "False"} else "causal" if causal == {"True"} else "not causal"
     return f"{dtypes}, {flags}; shapes {shape_text}"
@@ -416,7 +412,7 @@ def accuracy_table(raw: pd.DataFrame, impl: str, tensors: list[str], causal: boo
 def worst_errors(table: pd.DataFrame, tensor: str) -> str:
     """'3.5e-07 (fp32), 2.1e-04 (fp16) and 1.7e-03 (bf16)' for one tensor's column."""
     col = table.groupby("precision", sort=False)[f"worst relative error {tensor}"].max()
-    return listing([f"{v:.1e} ({p})" for p, v in col.items()])
+    return and_join([f"{v:.1e} ({p})" for p, v in col.items()])
 
 
 def within(table: pd.DataFrame) -> str:
@@ -533,7 +529,7 @@ def flash_backward(results: Results) -> Answer:
          "worst relative error dK": "max", "worst relative error dV": "max"}).reset_index()
     main = table[table.implementation == impls[0][1]]
     grads = main[["worst relative error dQ", "worst relative error dK", "worst relative error dV"]].max(axis=1)
-    worst = listing([f"{v:.1e} ({p})" for p, v in zip(main.precision, grads)])
+    worst = and_join([f"{v:.1e} ({p})" for p, v in zip(main.precision, grads)])
     text = (
         "`cs336_systems.attention.flash_pytorch.flash_backward_reference` computes D = rowsum(O ∘ dO), recomputes "
         "S and P = exp(S − L) from Q, K and the saved L, and returns dQ, dK, dV by equations 13–19; "
@@ -594,10 +590,10 @@ def skipped_text(table: pd.DataFrame) -> str:
     skipped = table[(table.impl == "pytorch") & (table.status != "ok")]
     if skipped.empty:
         return ""
-    where = listing([f"{DTYPE_NAMES.get(dt, dt)} N = {n:,}" for dt, n in
+    where = and_join([f"{DTYPE_NAMES.get(dt, dt)} N = {n:,}" for dt, n in
                      skipped.drop_duplicates(["dtype", "seq_len"])[["dtype", "seq_len"]].itertuples(index=False)])
     return (f" (the materialised attention did not run at {len(skipped)} points, {where}: "
-            f"{listing(sorted(set(skipped.status.str.replace('skipped: memory', 'its predicted memory exceeded the budget'))))})")
+            f"{and_join(sorted(set(skipped.status.str.replace('skipped: memory', 'its predicted memory exceeded the budget'))))})")
 
 
 def overhead_text(table: pd.DataFrame) -> str:
@@ -633,17 +629,17 @@ def flash_benchmarking(results: Results) -> Answer:
         raise NotAnswered("ours and the PyTorch attention never both ran")
     n_points = table.drop_duplicates(["dtype", "head_dim", "seq_len"]).shape[0]
     grid = (f"batch 1, causal, {n_points} points: N = {table.seq_len.min():,}–{table.seq_len.max():,}, "
-            f"d = {span(table.head_dim, fmt=count)}, {listing([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(table.dtype)])}")
+            f"d = {span(table.head_dim, fmt=count)}, {and_join([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(table.dtype)])}")
     ours = table[(table.impl == "triton") & (table.status == "ok")].forward_backward_ms
     how = "medians of a few timed calls" if is_cpu_run(results, nb) else "do_bench medians"
     text = (f"{on_machine(results, nb)} ({grid}; {how}), our FlashAttention-2 takes {ms_span(ours)} per "
             f"forward+backward, and the materialised PyTorch attention takes "
-            + listing([f"{span(1 / g.ratio)} as long in {DTYPE_NAMES.get(dt, dt)}" for dt, g in vs_pt.items()])
+            + and_join([f"{span(1 / g.ratio)} as long in {DTYPE_NAMES.get(dt, dt)}" for dt, g in vs_pt.items()])
             + f"{skipped_text(table)}.")
     vs_sdpa = versus_text(table, "sdpa")
     if vs_sdpa:
         text += (" Against PyTorch's fastest fused backend of `scaled_dot_product_attention` at each point, ours / SDPA "
-                 "forward+backward is " + listing([
+                 "forward+backward is " + and_join([
                      f"{span(g.ratio)} in {DTYPE_NAMES.get(dt, dt)} (ours faster at {int((g.ratio < 1).sum())} of {len(g)} "
                      f"points{sole_backend(results, dt)})" for dt, g in vs_sdpa.items()]) + ".")
     text += overhead_text(table)
@@ -708,7 +704,7 @@ def leaderboard_sentence(df: pd.DataFrame, config, lead: str) -> str:
                  f"{ratio(ours.fwd_bwd_mean_ms / r.fwd_bwd_mean_ms)})" for i, r in others.iterrows()]
     if described:
         described[0] = described[0].replace(" for ", " for PyTorch's fastest, ", 1)
-        text += ", against " + listing(described)
+        text += ", against " + and_join(described)
     return text + "."
 
 

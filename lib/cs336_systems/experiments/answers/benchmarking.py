@@ -13,11 +13,12 @@ import numpy as np
 import pandas as pd
 
 from cs336_systems.accounting.flops import forward_flops
-from cs336_systems.experiments.answers import NotAnswered, Results, builds
+from cs336_systems.experiments.answers import NotAnswered, Results, builds, builds_each_handout
 from cs336_systems.accounting.memory import predicted_peaks
 from cs336_systems.model import MODEL_SIZES, SIZE_TABLES, ModelConfig, handout_name
 from cs336_systems.report.answers import Answer
 from cs336_systems.report.tables import fmt_ms
+from cs336_systems.experiments.answers.words import and_join, pct
 
 NB_TIMING, NB_PROFILE, NB_PRECISION = "01_benchmarking_script", "02_nsys_profile", "04_benchmarking_mixed_precision"
 
@@ -68,17 +69,6 @@ def span(values, fmt: str = "{:.2f}", unit: str = "") -> str:
     """'a–b' for a range of values, 'a' when they print the same."""
     lo, hi = fmt.format(min(values)), fmt.format(max(values))
     return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
-
-
-def pct(x: float, digits: int = 1) -> str:
-    """A share as a percentage: 0.545 -> '54.5%'."""
-    return f"{100 * x:.{digits}f}%"
-
-
-def and_join(items: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    items = list(items)
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 # ------------------------------------------------------------------------------------------ sizes
@@ -183,6 +173,7 @@ HARNESS = ("`cs336_systems.benchmarking` (`BenchmarkConfig`, `run_benchmark`; on
            "then times `steps` steps with `timeit.default_timer`, calling `torch.cuda.synchronize()` after each")
 
 
+@builds_each_handout("benchmarking_script.a")
 def _harness_answer(results: Results, handout: str) -> Answer:
     rows = results.table("by_size_raw")
     gpu = on_gpu(rows)
@@ -199,16 +190,6 @@ def _harness_answer(results: Results, handout: str) -> Answer:
         caveat = ("Notebook 01 times forward and forward+backward only; the full training step with the optimizer is "
                   "timed under the profiler in notebook 02.")
     return Answer(text=text, caveat=caveat)
-
-
-@builds("benchmarking_script.a")
-def benchmarking_script_a(results: Results) -> Answer:
-    return _harness_answer(results, "2025")
-
-
-@builds("benchmarking_script.a.2026")
-def benchmarking_script_a_2026(results: Results) -> Answer:
-    return _harness_answer(results, "2026")
 
 
 def _timing_rows(raw: pd.DataFrame) -> pd.DataFrame:
@@ -550,6 +531,7 @@ def _pick_row(df: pd.DataFrame, detail: tuple[str, int] | None) -> pd.Series:
     return df.iloc[0]
 
 
+@builds_each_handout("nsys_profile.a")
 def _nsys_a(results: Results, handout: str) -> Answer:
     compare = results.table("forward_time_vs_harness")
     gpu, unit = _profile_unit(results)
@@ -592,21 +574,12 @@ def _nsys_a(results: Results, handout: str) -> Answer:
     return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, both["size"])))
 
 
-@builds("nsys_profile.a")
-def nsys_profile_a(results: Results) -> Answer:
-    return _nsys_a(results, "2025")
-
-
-@builds("nsys_profile.a.2026")
-def nsys_profile_a_2026(results: Results) -> Answer:
-    return _nsys_a(results, "2026")
-
-
 def _matmul_count(size: str) -> tuple[int, int]:
     n = layers(size)
     return 7 * n + 1, 2 * n
 
 
+@builds_each_handout("nsys_profile.b")
 def _nsys_b(results: Results, handout: str) -> Answer:
     top = results.table("top_kernels")
     gpu, unit = _profile_unit(results)
@@ -649,16 +622,7 @@ def _nsys_b(results: Results, handout: str) -> Answer:
     return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, top["size"])))
 
 
-@builds("nsys_profile.b")
-def nsys_profile_b(results: Results) -> Answer:
-    return _nsys_b(results, "2025")
-
-
-@builds("nsys_profile.b.2026")
-def nsys_profile_b_2026(results: Results) -> Answer:
-    return _nsys_b(results, "2026")
-
-
+@builds_each_handout("nsys_profile.c")
 def _nsys_c(results: Results, handout: str) -> Answer:
     nm = results.table("non_matmul_forward")
     shares = results.table("forward_category_shares")
@@ -690,16 +654,7 @@ def _nsys_c(results: Results, handout: str) -> Answer:
     return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, shares["size"])))
 
 
-@builds("nsys_profile.c")
-def nsys_profile_c(results: Results) -> Answer:
-    return _nsys_c(results, "2025")
-
-
-@builds("nsys_profile.c.2026")
-def nsys_profile_c_2026(results: Results) -> Answer:
-    return _nsys_c(results, "2026")
-
-
+@builds_each_handout("nsys_profile.d")
 def _nsys_d(results: Results, handout: str) -> Answer:
     wide = results.table("category_shares_inference_vs_training")
     gpu, unit = _profile_unit(results)
@@ -753,16 +708,7 @@ def _nsys_d(results: Results, handout: str) -> Answer:
     return Answer(text=text.strip(), table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, wide["size"])))
 
 
-@builds("nsys_profile.d")
-def nsys_profile_d(results: Results) -> Answer:
-    return _nsys_d(results, "2025")
-
-
-@builds("nsys_profile.d.2026")
-def nsys_profile_d_2026(results: Results) -> Answer:
-    return _nsys_d(results, "2026")
-
-
+@builds_each_handout("nsys_profile.e")
 def _nsys_e(results: Results, handout: str) -> Answer:
     if not results.has("softmax_vs_matmuls"):
         reason = results.not_run(NB_PROFILE).get("(e) softmax against the matmuls")
@@ -792,16 +738,6 @@ def _nsys_e(results: Results, handout: str) -> Answer:
         "softmax_over_matmuls_time": "softmax / matmuls, time", "softmax_over_matmuls_flops": "softmax / matmuls, FLOPs (%)",
         "time_ratio_over_flop_ratio": "time ratio / FLOP ratio"}).round(3)
     return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, a["size"])))
-
-
-@builds("nsys_profile.e")
-def nsys_profile_e(results: Results) -> Answer:
-    return _nsys_e(results, "2025")
-
-
-@builds("nsys_profile.e.2026")
-def nsys_profile_e_2026(results: Results) -> Answer:
-    return _nsys_e(results, "2026")
 
 
 # ================================================================== mixed_precision_accumulation

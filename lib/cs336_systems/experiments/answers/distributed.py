@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from cs336_systems.experiments.answers import NotAnswered, Results, builds
+from cs336_systems.experiments.answers import NotAnswered, Results, builds, builds_each_handout
 from cs336_systems.report.answers import Answer
+from cs336_systems.experiments.answers.words import pct
 
 NB_ALLREDUCE = "12_distributed_communication"
 NB_NAIVE = "13_naive_ddp"
@@ -43,10 +44,6 @@ def _x(r: float) -> str:
 
 def _gb(x: float, unit: str = "GB") -> str:
     return f"{x:.2f} {unit}" if unit == "GB" else f"{x:.3f} {unit}"
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
 
 
 def _inside_spread(a: float, a_std: float, b: float, b_std: float) -> bool:
@@ -263,7 +260,7 @@ def _backend_sentence(g: pd.DataFrame, backend: str, where: str) -> str:
                  "bytes: no measurable per-call cost)")
     elif share == share:
         text += (f" (time = α + S/β through the two smallest sizes at {int(g.world_size.min())} processes gives a "
-                 f"per-call cost α of {_ms(alpha)}, {_pct(share)} of the {small['size'].iloc[0]} time)")
+                 f"per-call cost α of {_ms(alpha)}, {pct(share)} of the {small['size'].iloc[0]} time)")
     if len(large) > 1:
         text += (f"; at {lo['size']} the time goes from {_ms(lo.mean_ms)} with {lo.world_size} processes to "
                  f"{_ms(hi.mean_ms)} with {hi.world_size}, {_x(hi.mean_ms / lo.mean_ms)}, while the ring's traffic per "
@@ -415,6 +412,7 @@ def _naive_flat(results: Results) -> tuple[Setup, pd.DataFrame, pd.DataFrame]:
     return setup, df, ok
 
 
+@builds_each_handout("naive_ddp_benchmarking")
 def _naive_benchmarking(results: Results, handout: str) -> Answer:
     setup, df, ok = _naive_flat(results)
     base, naive = ok.loc["no-communication"], ok.loc["naive"]
@@ -422,24 +420,13 @@ def _naive_benchmarking(results: Results, handout: str) -> Answer:
             f"optimizer step, with a device synchronize between them, and the same step without communication is the "
             f"baseline. Naive DDP, one all-reduce per parameter tensor ({int(naive.all_reduce_calls)} calls) after the "
             f"backward pass, takes {_ms(naive.step_ms)} ± {naive.step_std_ms:.1f} ms per training step, of which "
-            f"{_ms(naive.sync_ms)} ({_pct(naive.sync_fraction)}) is spent communicating gradients; the baseline step "
+            f"{_ms(naive.sync_ms)} ({pct(naive.sync_fraction)}) is spent communicating gradients; the baseline step "
             f"takes {_ms(base.step_ms)}.{_noise_note(base, {'naive DDP': naive})}")
     table = _steps_table(df, {"no-communication": "no communication (baseline)", "naive": "naive (per parameter)"})
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
 
 
-@builds("naive_ddp_benchmarking")
-def naive_ddp_benchmarking(results: Results) -> Answer:
-    """Naive DDP's step time and communication share."""
-    return _naive_benchmarking(results, "2025")
-
-
-@builds("naive_ddp_benchmarking.2026")
-def naive_ddp_benchmarking_2026(results: Results) -> Answer:
-    """As for 2025, with the 2026 model named in the caveat when it did not run."""
-    return _naive_benchmarking(results, "2026")
-
-
+@builds_each_handout("minimal_ddp_flat_benchmarking")
 def _flat_benchmarking(results: Results, handout: str) -> Answer:
     setup, df, ok = _naive_flat(results)
     naive, flat = ok.loc["naive"], ok.loc["flat"]
@@ -447,7 +434,7 @@ def _flat_benchmarking(results: Results, handout: str) -> Answer:
     saved = naive.sync_ms - flat.sync_ms
     text = (f"With one all-reduce of all {_bytes(setup.gradient_bytes)} of flattened gradients, a step of "
             f"{_model_name(setup.size)} on {setup.ranks} takes {_ms(flat.step_ms)} ± {flat.step_std_ms:.1f} ms, of which "
-            f"{_ms(flat.sync_ms)} ({_pct(flat.sync_fraction)}) is communication, against {_ms(naive.step_ms)} ± "
+            f"{_ms(flat.sync_ms)} ({pct(flat.sync_fraction)}) is communication, against {_ms(naive.step_ms)} ± "
             f"{naive.step_std_ms:.1f} ms and {_ms(naive.sync_ms)} with {int(naive.all_reduce_calls)} per-parameter "
             f"all-reduces: the flat step is {_x(flat.step_ms / naive.step_ms)} the naive one. ")
     if saved > 0:
@@ -467,21 +454,10 @@ def _flat_benchmarking(results: Results, handout: str) -> Answer:
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
 
 
-@builds("minimal_ddp_flat_benchmarking")
-def minimal_ddp_flat_benchmarking(results: Results) -> Answer:
-    """Flat DDP against naive DDP."""
-    return _flat_benchmarking(results, "2025")
-
-
-@builds("minimal_ddp_flat_benchmarking.2026")
-def minimal_ddp_flat_benchmarking_2026(results: Results) -> Answer:
-    """As for 2025, with the 2026 model named in the caveat when it did not run."""
-    return _flat_benchmarking(results, "2026")
-
-
 # ---------------------------------------------------------------- 14: overlapping individual all-reduces
 
 
+@builds_each_handout("ddp_overlap_individual_parameters_benchmarking.a")
 def _individual_benchmarking(results: Results, handout: str) -> Answer:
     df = results.table("overlap_individual_step")
     setup = _setup(results, NB_INDIVIDUAL, "overlap_individual_setup")
@@ -508,18 +484,7 @@ def _individual_benchmarking(results: Results, handout: str) -> Answer:
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
 
 
-@builds("ddp_overlap_individual_parameters_benchmarking.a")
-def individual_benchmarking(results: Results) -> Answer:
-    """Overlapping DDP's step against naive and flat."""
-    return _individual_benchmarking(results, "2025")
-
-
-@builds("ddp_overlap_individual_parameters_benchmarking.a.2026")
-def individual_benchmarking_2026(results: Results) -> Answer:
-    """As for 2025, with the 2026 model named in the caveat when it did not run."""
-    return _individual_benchmarking(results, "2026")
-
-
+@builds_each_handout("ddp_overlap_individual_parameters_benchmarking.b")
 def _timelines(results: Results, handout: str) -> Answer:
     o = results.table("timeline_overlap").set_index("flavour")
     if not {"naive", "individual"} <= set(o.index):
@@ -528,27 +493,15 @@ def _timelines(results: Results, handout: str) -> Answer:
     naive, ind = o.loc["naive"], o.loc["individual"]
     lanes = "CUDA stream" if setup.on_gpus else "gloo threads"
     text = (f"In one profiled step of each on rank 0 ({_model_name(setup.size)}, {setup.ranks}), "
-            f"{_pct(naive.share_inside_backward)} of naive DDP's all-reduce time ({int(naive.communication_spans)} calls) "
+            f"{pct(naive.share_inside_backward)} of naive DDP's all-reduce time ({int(naive.communication_spans)} calls) "
             f"falls inside the backward pass and its last all-reduce ends {_ms(naive.after_backward_ms)} after it, while "
-            f"{_pct(ind.share_inside_backward)} of the overlapping DDP's ({int(ind.communication_spans)} calls) runs "
+            f"{pct(ind.share_inside_backward)} of the overlapping DDP's ({int(ind.communication_spans)} calls) runs "
             f"during the backward pass, on its own {lanes} beside the compute, and its last ends "
             f"{_ms(ind.after_backward_ms)} after it.")
     caveat = ("The two timelines are drawn from torch.profiler traces of one step each, not Nsight Systems screenshots; "
               "the profiler slows a step, so these times are longer than the benchmark's.")
     return Answer(text=text, figure=results.figure("timeline_naive_vs_individual"),
                   caveat=f"{caveat} {_run_caveat(setup, handout)}".strip())
-
-
-@builds("ddp_overlap_individual_parameters_benchmarking.b")
-def individual_timelines(results: Results) -> Answer:
-    """Profiled timelines of naive and overlapping DDP (figure)."""
-    return _timelines(results, "2025")
-
-
-@builds("ddp_overlap_individual_parameters_benchmarking.b.2026")
-def individual_timelines_2026(results: Results) -> Answer:
-    """As for 2025, with the 2026 model named in the caveat when it did not run."""
-    return _timelines(results, "2026")
 
 
 # ---------------------------------------------------------------- 15: bucketed DDP
@@ -723,6 +676,7 @@ def _memory_unit(df: pd.DataFrame) -> str:
     return "GB" if "peak_GB" in df else "MB"
 
 
+@builds_each_handout("optimizer_state_sharding_accounting.a")
 def _sharding_memory(results: Results, handout: str) -> Answer:
     raw = results.table("sharding_memory_breakdown")
     unit = _memory_unit(raw)
@@ -769,18 +723,7 @@ def _sharding_memory(results: Results, handout: str) -> Answer:
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
 
 
-@builds("optimizer_state_sharding_accounting.a")
-def sharding_memory(results: Results) -> Answer:
-    """Peak memory at the three points, with and without sharding, broken down."""
-    return _sharding_memory(results, "2025")
-
-
-@builds("optimizer_state_sharding_accounting.a.2026")
-def sharding_memory_2026(results: Results) -> Answer:
-    """As for 2025, with the 2026 model named in the caveat when it did not run."""
-    return _sharding_memory(results, "2026")
-
-
+@builds_each_handout("optimizer_state_sharding_accounting.b")
 def _sharding_time(results: Results, handout: str) -> Answer:
     df = results.table("sharding_step_time")
     ok = df[df.status == "ok"].set_index("optimizer")
@@ -807,18 +750,6 @@ def _sharding_time(results: Results, handout: str) -> Answer:
             "sync_ms": "exposed gradient all-reduce (ms)", "optimizer_ms": "optimizer step incl. broadcasts (ms)"}
     table = ok[[c for c in cols if c in ok]].rename(index=names, columns=cols).rename_axis("optimizer").reset_index().round(1)
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
-
-
-@builds("optimizer_state_sharding_accounting.b")
-def sharding_time(results: Results) -> Answer:
-    """Iteration time with and without sharding, next to ZeroRedundancyOptimizer."""
-    return _sharding_time(results, "2025")
-
-
-@builds("optimizer_state_sharding_accounting.b.2026")
-def sharding_time_2026(results: Results) -> Answer:
-    """As for 2025, with the 2026 model named in the caveat when it did not run."""
-    return _sharding_time(results, "2026")
 
 
 @builds("optimizer_state_sharding_accounting.c")
@@ -924,7 +855,7 @@ def _measured_saving(results: Results, setup: Setup) -> str:
     if pd.notna(r.peak) and pd.notna(f.peak):
         drop = (r.peak - f.peak) / scale
         text += (f", and the allocator's peak falls from {r.peak / scale:.2f} to {f.peak / scale:.2f} {unit}, "
-                 f"{drop:.2f} {unit} ({_pct(drop / (expected * 1e9 / scale))} of the expected saving), the peak also "
+                 f"{drop:.2f} {unit} ({pct(drop / (expected * 1e9 / scale))} of the expected saving), the peak also "
                  "holding what the analysis ignores, the gathered weights and gradient buffers of the modules in flight")
     return text + "."
 

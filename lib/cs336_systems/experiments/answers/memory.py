@@ -12,8 +12,9 @@ import re
 
 import pandas as pd
 
-from cs336_systems.experiments.answers import NotAnswered, Results, builds
+from cs336_systems.experiments.answers import NotAnswered, Results, builds, builds_each_handout
 from cs336_systems.report.answers import Answer
+from cs336_systems.experiments.answers.words import and_join
 
 PROFILING = "05_memory_profiling"
 CHECKPOINTING = "06_gradient_checkpointing"
@@ -27,11 +28,6 @@ MODEL_KEYS = ("d_model", "d_ff", "num_layers", "num_heads")
 
 # ---------------------------------------------------------------- shared wording
 
-def _join(items) -> str:
-    items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def _num(x: float) -> str:
     """A size for prose: three significant digits, thousands separated (0.0625, 2.65, 174, 8,551)."""
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
@@ -39,7 +35,7 @@ def _num(x: float) -> str:
 
 def _contexts(contexts) -> str:
     contexts = list(contexts)
-    return f"context{'s' if len(contexts) > 1 else ''} {_join(contexts)}"
+    return f"context{'s' if len(contexts) > 1 else ''} {and_join(contexts)}"
 
 
 def _dims(model: dict) -> str:
@@ -112,7 +108,7 @@ def _missing_2026(contexts) -> str:
     missing = [c for c in CONTEXTS_2026 if c not in set(contexts)]
     if not missing:
         return ""
-    return (f"The 2026 handout asks for contexts {_join(CONTEXTS_2026)}; this run measured "
+    return (f"The 2026 handout asks for contexts {and_join(CONTEXTS_2026)}; this run measured "
             f"{_contexts(sorted(set(contexts)))}, so {_contexts(missing)} {'is' if len(missing) == 1 else 'are'} missing.")
 
 
@@ -148,6 +144,7 @@ def _measured_snapshots(results: Results) -> pd.DataFrame:
     return phases
 
 
+@builds_each_handout("memory_profiling.a")
 def _timelines(results: Results, handout: str) -> Answer:
     phases = _measured_snapshots(results)
     model = _model(results, PROFILING, "memory_model")
@@ -190,18 +187,8 @@ def _timelines(results: Results, handout: str) -> Answer:
         note = "The figure here is the training step's timeline; the inference timeline is the notebook's other figure."
     context_note = ""
     if handout == "2026" and context not in CONTEXTS_2026:
-        context_note = f"The timelines are at context {context}; the 2026 handout's contexts are {_join(CONTEXTS_2026)}."
+        context_note = f"The timelines are at context {context}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
     return Answer(text=text, figure=figure, caveat=_caveat(note, context_note, _model_caveat(model, handout)))
-
-
-@builds("memory_profiling.a")
-def timelines_2025(results: Results) -> Answer:
-    return _timelines(results, "2025")
-
-
-@builds("memory_profiling.a.2026")
-def timelines_2026(results: Results) -> Answer:
-    return _timelines(results, "2026")
 
 
 # ---------------------------------------------------------------- (b), (c) peaks
@@ -241,6 +228,7 @@ def _fixed_state(peaks: pd.DataFrame, suffix: str) -> tuple[float, float]:
     return params, 2 * params + state
 
 
+@builds_each_handout("memory_profiling.b")
 def _peak_answer(results: Results, handout: str) -> Answer:
     peaks, suffix, unit = _peaks(results)
     model = _model(results, PROFILING, "memory_model")
@@ -250,12 +238,12 @@ def _peak_answer(results: Results, handout: str) -> Answer:
     fwd, train = table.columns[1], table.columns[2]
     params, fixed = _fixed_state(peaks, suffix)
     text = (f"Peak memory of {_model_name(model, handout)} in fp32 at batch {int(model.get('batch', 4))}, measured "
-            f"{_on(results, PROFILING)}: for a forward pass {_join(_fmt_peak(v, unit) for v in table[fwd])} and for a full "
-            f"training step {_join(_fmt_peak(v, unit) for v in table[train])} at {_contexts(contexts)}.")
+            f"{_on(results, PROFILING)}: for a forward pass {and_join(_fmt_peak(v, unit) for v in table[fwd])} and for a full "
+            f"training step {and_join(_fmt_peak(v, unit) for v in table[train])} at {_contexts(contexts)}.")
     ok = [(c, v) for c, v in zip(contexts, table[train]) if not isinstance(v, str)]
     if ok:
         text += (f" Parameters take {params:.2f} {unit}, and parameters, gradients and AdamW state together {fixed:.2f} "
-                 f"{unit} at every context; the training step's peak is {_join(f'{v - fixed:.2f} {unit}' for _, v in ok)} "
+                 f"{unit} at every context; the training step's peak is {and_join(f'{v - fixed:.2f} {unit}' for _, v in ok)} "
                  f"above that at {_contexts(c for c, _ in ok)}: what the step itself adds at its peak (saved activations and "
                  "temporaries).")
         text += _lower_at_longer(peaks, ok, suffix, unit)
@@ -272,7 +260,7 @@ def _out_of_memory(peaks: pd.DataFrame, contexts, suffix: str, unit: str, precis
     if failed.empty:
         return ""
     at = sorted(failed.context_length.unique())
-    predicted = _join(f"{float(r[f'predicted_{suffix}']):,.1f} {unit}" + (f" ({r.precision})" if len(precisions) > 1 else "")
+    predicted = and_join(f"{float(r[f'predicted_{suffix}']):,.1f} {unit}" + (f" ({r.precision})" if len(precisions) > 1 else "")
                       for _, r in failed.sort_values(["context_length", "precision"], ascending=[True, False]).iterrows())
     return (f" At {_contexts(at)} the training step ran out of the GPU's memory"
             + (" in both precisions" if len(precisions) > 1 and len(failed) == len(at) * len(precisions) else "")
@@ -309,16 +297,7 @@ def _estimate_2048(peaks: pd.DataFrame, model: dict, run, handout: str, unit: st
             f"at {fwd:.1f} {unit} for the forward pass and {train:.1f} {unit} for the training step.")
 
 
-@builds("memory_profiling.b")
-def peaks_2025(results: Results) -> Answer:
-    return _peak_answer(results, "2025")
-
-
-@builds("memory_profiling.b.2026")
-def peaks_2026(results: Results) -> Answer:
-    return _peak_answer(results, "2026")
-
-
+@builds_each_handout("memory_profiling.c")
 def _mixed_answer(results: Results, handout: str) -> Answer:
     peaks, suffix, unit = _peaks(results)
     if "bf16" not in set(peaks.precision):
@@ -336,10 +315,10 @@ def _mixed_answer(results: Results, handout: str) -> Answer:
     _, fixed = _fixed_state(peaks, suffix)
 
     def listed(mode: str, precision: str) -> str:
-        return _join(f"{value[(c, mode, precision)]:.2f}" for c in both[mode])
+        return and_join(f"{value[(c, mode, precision)]:.2f}" for c in both[mode])
 
     def activations(precision: str) -> str:
-        return _join(f"{act[(c, precision)]:.2f}" for c in both["train-step"])
+        return and_join(f"{act[(c, precision)]:.2f}" for c in both["train-step"])
 
     same = both["forward"] == both["train-step"]
     parts = [f"{listed(m, 'bf16')} {unit} for {name} (fp32: {listed(m, 'fp32')})" + ("" if same else f" at {_contexts(both[m])}")
@@ -349,7 +328,7 @@ def _mixed_answer(results: Results, handout: str) -> Answer:
     train = both["train-step"]
     if train:
         change = {c: value[(c, "train-step", "bf16")] / value[(c, "train-step", "fp32")] - 1 for c in train}
-        text += (f": a change of {_join(f'{100 * change[c]:+.1f}%' for c in train)} for the training step. "
+        text += (f": a change of {and_join(f'{100 * change[c]:+.1f}%' for c in train)} for the training step. "
                  + ("Mixed precision does not change memory much here" if max(map(abs, change.values())) < 0.10
                     else "Mixed precision changes memory noticeably here")
                  + f": the fp32 parameters, gradients and AdamW state ({fixed:.2f} {unit}) stay as they are and only the "
@@ -363,18 +342,9 @@ def _mixed_answer(results: Results, handout: str) -> Answer:
     return Answer(text=text, table=table, caveat=caveat)
 
 
-@builds("memory_profiling.c")
-def mixed_2025(results: Results) -> Answer:
-    return _mixed_answer(results, "2025")
-
-
-@builds("memory_profiling.c.2026")
-def mixed_2026(results: Results) -> Answer:
-    return _mixed_answer(results, "2026")
-
-
 # ---------------------------------------------------------------- (d) residual stream
 
+@builds_each_handout("memory_profiling.d")
 def _residual_answer(results: Results, handout: str) -> Answer:
     residual = results.table("residual_stream_size")
     model = _model(results, PROFILING, "memory_model")
@@ -389,7 +359,7 @@ def _residual_answer(results: Results, handout: str) -> Answer:
     text = (f"A residual-stream activation of {_model_name(model, handout)} holds batch × context × d_model single-precision "
             f"numbers of 4 bytes: at context {first['context']}, {batch} × {first['context']} × {d} × 4 = "
             f"{first['bytes']:,} bytes = {first['bytes']:,} / 1024² = **{_num(first['bytes'] / MIB)} MiB**"
-            + (f"; at {_contexts(r['context'] for r in others)}, {_join(_mib(r) for r in others)} MiB." if others else "."))
+            + (f"; at {_contexts(r['context'] for r in others)}, {and_join(_mib(r) for r in others)} MiB." if others else "."))
     if handout == "2026":
         text += " (The 2026 handout's default context is 512; its memory profiles use 128 and 2048.)"
     return Answer(text=text, table=table, caveat=_model_caveat(model, handout))
@@ -399,18 +369,9 @@ def _mib(row: dict) -> str:
     return _num(row["bytes"] / MIB)
 
 
-@builds("memory_profiling.d")
-def residual_2025(results: Results) -> Answer:
-    return _residual_answer(results, "2025")
-
-
-@builds("memory_profiling.d.2026")
-def residual_2026(results: Results) -> Answer:
-    return _residual_answer(results, "2026")
-
-
 # ---------------------------------------------------------------- (e) largest allocations
 
+@builds_each_handout("memory_profiling.e")
 def _largest_answer(results: Results, handout: str) -> Answer:
     if not results.has("largest_allocations_forward"):
         raise NotAnswered("the largest allocations are read from a CUDA memory snapshot of a forward pass, and this run "
@@ -421,7 +382,7 @@ def _largest_answer(results: Results, handout: str) -> Answer:
     top_size = largest.size_mib.max()
     top = largest[largest.size_mib == top_size]
     shapes = [_tensor_words(s) for s in dict.fromkeys(top.looks_like.fillna("")) if s]
-    made = _join(f"`{r.label}`" + (f" (`{r.code.strip()}`)" if isinstance(getattr(r, "code", None), str) else "")
+    made = and_join(f"`{r.label}`" + (f" (`{r.code.strip()}`)" if isinstance(getattr(r, "code", None), str) else "")
                  + f" ({r.count} times)" for r in top.itertuples())
     nxt = largest[largest.size_mib < top_size].drop_duplicates("size_mib").head(2)
     text = (f"In the forward-pass snapshot of {_model_name(model, handout)} at batch {int(model.get('batch', 4))}, context "
@@ -429,7 +390,7 @@ def _largest_answer(results: Results, handout: str) -> Answer:
             + (f", {' or '.join(shapes)} tensors" if shapes else "")
             + f"; their stack traces lead to {made}.")
     if len(nxt):
-        text += " Next come " + _join(
+        text += " Next come " + and_join(
             f"{r.size_mib:,.1f} MiB ({_tensor_words(r.looks_like)})" if isinstance(r.looks_like, str) and r.looks_like
             else f"{r.size_mib:,.1f} MiB" for r in nxt.itertuples()) + "."
     table = largest.rename(columns={"size_mib": "size (MiB)", "label": "made at", "count": "allocations",
@@ -437,7 +398,7 @@ def _largest_answer(results: Results, handout: str) -> Answer:
     table["size (MiB)"] = table["size (MiB)"].round(2)
     context_note = ""
     if handout == "2026" and context not in CONTEXTS_2026:
-        context_note = f"The snapshot is at context {context}; the 2026 handout's contexts are {_join(CONTEXTS_2026)}."
+        context_note = f"The snapshot is at context {context}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
     return Answer(text=text, table=table, caveat=_caveat(context_note, _model_caveat(model, handout)))
 
 
@@ -445,16 +406,6 @@ def _tensor_words(looks_like: str) -> str:
     """'B×S×F (SwiGLU hidden), fp32' -> 'fp32 B×S×F (SwiGLU hidden)'."""
     shape, _, dtype = looks_like.rpartition(", ")
     return f"{dtype} {shape}" if shape else looks_like
-
-
-@builds("memory_profiling.e")
-def largest_2025(results: Results) -> Answer:
-    return _largest_answer(results, "2025")
-
-
-@builds("memory_profiling.e.2026")
-def largest_2026(results: Results) -> Answer:
-    return _largest_answer(results, "2026")
 
 
 # ---------------------------------------------------------------- (f) one block's saved tensors and gradients
@@ -479,7 +430,7 @@ def block_saved(results: Results) -> Answer:
         f"attention) at batch {int(row.batch)}, context {context} saves **{_num(saved)} MiB** for the backward, measured "
         f"{_on(results, PROFILING)} with autograd's saved-tensor hooks (the analytic count gives "
         f"{_num(row.analytic_saved_bytes / MIB)} MiB). The five largest contributions, by the operation that made the "
-        "tensor, are " + _join(f"`{r.operation}` ({_num(r.bytes / MIB)} MiB, {100 * r.share:.1f}%)" for r in top.itertuples())
+        "tensor, are " + and_join(f"`{r.operation}` ({_num(r.bytes / MIB)} MiB, {100 * r.share:.1f}%)" for r in top.itertuples())
         + f", together {100 * top.share.sum():.1f}% of it.\n\n"
         f"Over the block's backward, allocated memory changes by {'+' if row.backward_change_bytes >= 0 else '-'}"
         f"{_num(abs(row.backward_change_bytes) / MIB)} MiB while the {_num(row.saved_freed_bytes / MIB)} MiB of saved "
@@ -602,7 +553,7 @@ def checkpoint_block_size(results: Results) -> Answer:
            "smaller size. " if k_star < 1.5 else f"groups of about **{round(k_star)} blocks** balance the two terms. ")
         + f"Measured {_on(results, CHECKPOINTING)} ({str(model.get('mode', 'forward-backward')).replace('-', ' and ')}): "
         + "; ".join(f"{_size_words(name)} {r[col]:.2f} {unit}" for name, r in ok.iterrows())
-        + (f"; {_join(_size_words(r.checkpoint) for r in failed.itertuples())} ran out of memory" if len(failed) else "")
+        + (f"; {and_join(_size_words(r.checkpoint) for r in failed.itertuples())} ran out of memory" if len(failed) else "")
         + f". The lowest measured peak is {_size_words(best)} ({ok.loc[best, col]:.2f} {unit})"
         + (f", {_num(ok.loc[one, col] - ok.loc[best, col])} {unit} ({100 * (1 - ok.loc[best, col] / ok.loc[one, col]):.1f}%) "
            f"below {_size_words(one)}." if best != one else ", and the next smaller and larger sizes measure higher.")
@@ -628,7 +579,7 @@ def _per_block_step(ok: pd.DataFrame, col: str, unit: str, a_mib: float) -> str:
         return ""
     scale = 1024 if unit == "GiB" else 1
     words = [f"{_num(v)} {unit}" for v in steps]
-    added = f"{words[0]}{' each time' if len(words) > 1 else ''}" if len(set(words)) == 1 else _join(words)
+    added = f"{words[0]}{' each time' if len(words) > 1 else ''}" if len(set(words)) == 1 else and_join(words)
     return (f" Each further block per group adds {added} to the peak, against "
             f"a = {_num(a_mib / scale)} {unit} of one block's saved activations.")
 
