@@ -35,13 +35,16 @@ def test_record_rows_one_change_each_and_the_committed_columns(tiny):
     assert list(df.status) == ["ok", "ok"] and df.vs_baseline.iloc[0] == 1.0
     assert list(df.blocks_recomputed) == [2, 0]  # the baseline recomputes every block; on CPU the plan keeps all
     assert (df.ceiling_fraction == df.tflops / 2.0).all()
-    out = rec.leaderboard_rows(df, 2.0, 1, "cpu")
-    assert list(out.columns) == ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device"]
+    out = rec.leaderboard_rows(df, 2.0, 1, "cpu", rep_ms=3000, warmup_ms=500)
+    assert list(out.columns) == ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device",
+                                 "rep_ms", "warmup_ms"]
+    assert list(out.rep_ms) == [3000, 3000] and list(out.warmup_ms) == [500, 500]
     two = pd.DataFrame([dict(variant="ours", ms=9.0, peak_gib=1.0, useful_tflops=3.0, world_size=2, device="gpu",
-                             status="ok", note=""),
+                             rep_ms=30000, warmup_ms=10000, status="ok", note=""),
                         dict(variant="torch_native", world_size=2, status="failed", note="out of memory")])
     both = rec.leaderboard_rows(df, 2.0, 1, "cpu", torchrun_results=two)
     assert list(both.world_size) == [1, 1, 2] and both.step_ms.iloc[-1] == 9.0 and both.tflops.iloc[-1] == 3.0
+    assert both.rep_ms.iloc[-1] == 30000 and both.warmup_ms.iloc[-1] == 10000  # each run's own do_bench settings
     # the rows train the model (the record does not restore it), but never change its structure
     assert {n: p.shape for n, p in model.named_parameters()} == {n: p.shape for n, p in before.items()}
     # every row changes one thing from the one before it (torch's AdamW keeps its states in the parameters'
@@ -163,3 +166,23 @@ def test_two_gpu_tool_records_each_failed_run_and_goes_on(tmp_path):
     assert list(zip(rows.variant, rows.world_size)) == [("ours", 2), ("ours", 1), ("torch_native", 2)]
     assert (rows.status == "failed").all() and rows.note.str.contains("CUDA").all()
     assert not (tmp_path / "leaderboard_8b_two_gpus_streams.csv").exists()  # no trace, no stream tables
+
+
+def test_leaderboard_answer_states_how_each_row_was_timed(tmp_path):
+    """The 2026 leaderboard answer names the do_bench settings of the rows it reads: the handout's where the
+    notebook ran its two-GPU steps that way, the shorter ones otherwise, never the handout's by assumption."""
+    from cs336_systems.experiments.answers import Results, build
+
+    def answer(rep, warmup):
+        pd.DataFrame([dict(variant="ours", step_ms=4500.0, peak_gib=120.0, tflops=500.0, ceiling_tflops=700.0,
+                           world_size=2, device="NVIDIA H200", rep_ms=rep, warmup_ms=warmup),
+                      dict(variant="torch_native", step_ms=5600.0, peak_gib=90.0, tflops=400.0, ceiling_tflops=700.0,
+                           world_size=2, device="NVIDIA H200", rep_ms=rep, warmup_ms=warmup)]
+                     ).to_csv(tmp_path / "leaderboard_8b.csv", index=False)
+        return build("leaderboard.2026", Results(tmp_path))
+
+    handout = answer(30000, 10000)
+    assert "4,500.0 ms" in handout.text and "rep=30000, warmup=10000)`, as the handout times it" in handout.text
+    assert "0.804×" in handout.text and not handout.caveat
+    shorter = answer(3000, 500)
+    assert "rep=3000, warmup=500)`, shorter than the handout's" in shorter.text

@@ -154,22 +154,27 @@ def run_record(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, rows=RECO
     return df[RECORD_COLUMNS]
 
 
-LEADERBOARD_COLUMNS = ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device"]
+LEADERBOARD_COLUMNS = ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device",
+                       "rep_ms", "warmup_ms"]
 
 
 def leaderboard_rows(record: pd.DataFrame, ceiling_tflops: float | None, world_size: int, device: str,
-                     torchrun_results: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The committed `leaderboard_8b.csv`: the baseline and the final step of the record, then the runs of
-    `torchrun_step` that succeeded (their own world size and device)."""
+                     torchrun_results: pd.DataFrame | None = None, rep_ms: int | None = None,
+                     warmup_ms: int | None = None) -> pd.DataFrame:
+    """The committed `leaderboard_8b.csv`: the baseline and the final step of the record (timed by
+    `do_bench(rep=rep_ms, warmup=warmup_ms)`), then the runs of `torchrun_step` that succeeded (their own
+    world size, device and do_bench settings)."""
     picked = record[record.variant.isin(["torch_native", "ours"])].copy()
     picked["ceiling_tflops"] = ceiling_tflops
     picked["world_size"] = world_size
     picked["device"] = device
+    picked["rep_ms"] = rep_ms
+    picked["warmup_ms"] = warmup_ms
     parts = [picked[LEADERBOARD_COLUMNS]]
     if torchrun_results is not None and len(torchrun_results):
         ran = torchrun_results[torchrun_results.status == "ok"].rename(columns=dict(ms="step_ms", useful_tflops="tflops"))
         if len(ran):
-            parts.append(ran.assign(ceiling_tflops=ceiling_tflops)[LEADERBOARD_COLUMNS])
+            parts.append(ran.assign(ceiling_tflops=ceiling_tflops).reindex(columns=LEADERBOARD_COLUMNS))
     return pd.concat(parts, ignore_index=True)
 
 

@@ -178,7 +178,8 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     plan = getattr(step_obj, "plans", {}).get((args.batch, args.context))
     flops = useful_flops(matmul_params, args.layers, args.batch * args.context, args.context)
     result = dict(variant=args.variant, batch=args.batch, world_size=world, layers=args.layers, context=args.context,
-                  params=n_params, ms=ms, peak_gib=peak / 2**30, useful_tflops=flops / (ms * 1e-3) / 1e12,
+                  params=n_params, ms=ms, rep_ms=args.rep, warmup_ms=args.warmup, peak_gib=peak / 2**30,
+                  useful_tflops=flops / (ms * 1e-3) / 1e12,
                   seconds_to_first_timed_step=to_first_timed,
                   plan=list(plan.recompute) if plan is not None else None,
                   attention_kept=bool(plan is not None and plan.keep_attention))
