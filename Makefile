@@ -2,6 +2,7 @@
 #   make report                 set up (first time) and regenerate the report for this machine
 #   make test                   the test suite (CPU; GPU tests skip without CUDA); what CI runs
 #   make test-fast              the unit tests without the notebook runs and the multi-process jobs
+#   make lint                   ruff's checks and format, the import layers (tools/lint_fix.sh applies fixes)
 #   make report PROFILE=gpu NOTEBOOKS=01,03    a subset, a given profile
 #   make lab | pdf | sync-notebooks | wheelhouse | clean
 # On a node whose Python already has torch (e.g. an offline GPU node): make report PYTHON=python3
@@ -27,7 +28,7 @@ else
 SETUP :=
 endif
 
-.PHONY: setup report test test-fast lab sync-notebooks html pdf wheelhouse install-offline clean
+.PHONY: setup report test test-fast lint lab sync-notebooks html pdf wheelhouse install-offline clean
 
 setup: $(SETUP)
 
@@ -53,6 +54,13 @@ test: $(SETUP)
 # Markers in pyproject.toml: `slow` runs the notebooks, `multiprocess` starts distributed jobs.
 test-fast: $(SETUP)
 	$(PYTHON) -m pytest -q -ra -m "not slow and not multiprocess"
+
+# ruff's rules and formatter as pyproject.toml's [tool.ruff] sets them (tools/lint_fix.sh applies what can be
+# applied), then the import rules of the library (tools/import_layers.py; tests/test_import_layers.py runs it too).
+lint: $(SETUP)
+	$(PYTHON) -m ruff check --output-format concise .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) tools/import_layers.py
 
 # jupytext's server extension (installed with jupytext) reads notebooks/jupytext.toml: saving a notebook
 # in JupyterLab writes its NN_*.py too; opening one reads the cells from the .py (and refuses, showing

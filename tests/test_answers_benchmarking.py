@@ -90,8 +90,8 @@ def test_two_sizes_give_no_trend(tmp_path):
 
 
 def test_warmup_words_follow_the_numbers(tmp_path):
-    """The CPU run that once read 'within 5% of' for 829 and 299 ms against 800 ms, and '0×' for a first step
-    shorter than a steady one."""
+    """Words that follow the numbers: 829 and 299 ms are not 'within 5% of' 800 ms, and a first step shorter
+    than a steady one is not '0×' of it."""
     pd.DataFrame([dict(size="nano", warmup=w, steps=4, mean_ms=m, std_ms=s, median_ms=m, min_ms=m)
                   for w, m, s in ((0, 900.0, 300.0), (1, 829.0, 40.0), (2, 299.0, 30.0), (5, 800.0, 20.0))]).to_csv(
         tmp_path / "warmup.csv", index=False)

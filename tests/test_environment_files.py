@@ -13,7 +13,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Installed only through an extra: `pip install .` must not pull any of them.
-EXTRAS_ONLY = {"papermill", "nbconvert", "nbformat", "ipykernel", "jupytext", "jupyterlab", "transformers"}
+EXTRAS_ONLY = {"papermill", "nbconvert", "nbformat", "ipykernel", "jupytext", "jupyterlab", "transformers", "ruff"}
 
 
 def _normalise(requirement: str) -> str:

@@ -220,9 +220,9 @@ def test_tma_compatible():
         (128, 65536, 65536, torch.float16, 1, 9, True, True),
         (64, 4096, 4096, torch.bfloat16, 64, 9, True, False),  # short: the launch's host time outweighs the gain
         (128, 4096, 4096, torch.bfloat16, 16, 9, True, True),  # d = 128 from N = 4,096
-        (128, 4096, 4096, torch.bfloat16, 4, 9, True, True),  # 128 CTAs: from 4 heads on with the mask (v21)
+        (128, 4096, 4096, torch.bfloat16, 4, 9, True, True),  # 128 CTAs: from 4 heads on with the mask
         (128, 8192, 8192, torch.bfloat16, 2, 9, True, False),  # 2 heads: the Triton kernel's causal grid was faster
-        (128, 8192, 8192, torch.bfloat16, 2, 9, False, True),  # without the mask from 2 heads on (v21)
+        (128, 8192, 8192, torch.bfloat16, 2, 9, False, True),  # without the mask from 2 heads on
         (128, 4096, 4096, torch.bfloat16, 1, 9, False, False),  # 32 CTAs: the Triton kernel's split keys
         (128, 2048, 2048, torch.bfloat16, 64, 9, True, False),  # shorter: not measured
         (128, 16384, 16384, torch.bfloat16, 1, 9, True, True),  # d = 128 from 16,384 at any grid (128 CTAs)
@@ -255,11 +255,11 @@ def test_gluon_forward_never_applies_off_gpu():
         (128, 32768, torch.bfloat16, 32, 9, False, True),  # d = 128 gains without the mask too
         (128, 32768, torch.float32, 32, 9, True, False),
         (128, 16384, torch.bfloat16, 1, 9, True, True),  # d = 128 from N = 16,384 on, one head too
-        (128, 8192, torch.bfloat16, 1, 9, True, False),  # 64 CTAs: the Triton kernels were faster (v21)
+        (128, 8192, torch.bfloat16, 1, 9, True, False),  # 64 CTAs: the Triton kernels were faster
         (128, 4096, torch.bfloat16, 2, 9, False, False),  # 64 CTAs
         (128, 8192, torch.bfloat16, 32, 9, True, True),  # 2,048 CTAs
         (128, 4096, torch.bfloat16, 32, 9, True, True),  # shorter: 1,024 CTAs
-        (128, 4096, torch.bfloat16, 4, 9, True, True),  # 128 CTAs: from about one per SM on (v21)
+        (128, 4096, torch.bfloat16, 4, 9, True, True),  # 128 CTAs: from about one per SM on
         (128, 8192, torch.bfloat16, 2, 9, False, True),  # 128 CTAs
         (128, 32768, torch.bfloat16, 32, 8, True, False),
         (96, 32768, torch.bfloat16, 32, 9, True, False),

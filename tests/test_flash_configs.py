@@ -278,7 +278,8 @@ def test_tuning_in_a_fresh_process_is_held_to_its_budget(tmp_path):
 @pytest.mark.parametrize("kernel", ["forward", "dkdv", "dq"])
 def test_the_shipped_h100_table_tunes_head_dim_128_with_and_without_the_mask(kernel):
     """Each d = 128 bf16 kernel has tuned entries on the H100 for causal and full attention, in both grid
-    classes, so that no such problem falls back to `default_config` (full attention did: forward 2-3x slower)."""
+    classes, so that no such problem falls back to `default_config`, which is far slower there
+    (docs/measurements_record.md)."""
     table = ConfigTable([flash_configs.SHIPPED_TABLE])
     keys = table.entries["NVIDIA H100 80GB HBM3"]
     for is_causal in (True, False):

@@ -53,9 +53,9 @@ def visit_counts(stdout: str) -> list[dict[str, int]]:
 @pytest.mark.skipif(not PTXAS.exists(), reason="triton's bundled ptxas is missing (not a Linux wheel)")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_the_d128_backwards_unmasked_visits_spill_nothing(causal):
-    """v26: P^T and dS^T as register operands and L, D read from the slot where used leave the loops that run
-    nearly every visit without spill stores (and, under the mask, without reloads); the layout before spilled
-    in them (docs/flash_attention_tuning.md, v18-v26)."""
+    """P^T and dS^T as register operands and L, D read from the slot where used leave the loops that run
+    nearly every visit without spill stores (and, under the mask, without reloads); earlier layouts spilled
+    in them (docs/flash_attention_tuning.md, the d = 128 backward)."""
     result = build(*([] if causal else ["--no-causal"]))
     assert result.returncode == 0, result.stdout + result.stderr
     loops = visit_counts(result.stdout)

@@ -6,7 +6,7 @@ graph's replay of one call (`measure_device_ms`). Writes every timing as CSV row
 
     python tools/flash_d128_backward_floor.py OUT.csv [--heads 1 2 4 8 16] [--seq-lens 4096 8192] [--rounds 3]
 
-Run on a Hopper GPU; the results go to the tuning record (docs/flash_attention_tuning.md, v21).
+Run on a Hopper GPU; the results go to the tuning record (docs/flash_attention_tuning.md).
 """
 
 from __future__ import annotations

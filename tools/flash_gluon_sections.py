@@ -1,5 +1,5 @@
 """The Gluon kernels' CTA order, A/B: each head's blocks one head after another (SECTION = 1, the (block, batch)
-grids of before v22) against heaviest first in sections of heads that fit in L2 (the SECTION
+grids the kernels had before sections) against heaviest first in sections of heads that fit in L2 (the SECTION
 `flash_gluon.heads_per_section` picks; `flash_gluon_schedule`), for the forward kernel and the fused
 backward kernel alone, in the model's layout. Checks first that both orders give the same O and L, dK and dV
 bit for bit and dQ to fp32 rounding (its parts are added in another order), then times each kernel's device
@@ -11,7 +11,7 @@ every timing as CSV rows and prints the medians.
 
 A shape is heads x N x d, run causal and full (d = 64: causal, the only backward it has). `--sections` lists
 the orders to time: heads per section, 0 for the launch's own choice (sections larger than the batch are
-skipped). Run on a Hopper GPU; the results go to the tuning record (docs/flash_attention_tuning.md, v22).
+skipped). Run on a Hopper GPU; the results go to the tuning record (docs/flash_attention_tuning.md, the CTAs' order).
 """
 
 from __future__ import annotations

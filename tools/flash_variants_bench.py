@@ -42,9 +42,9 @@ def use_backward_kernel(module: str | None):
 
 
 sys.path.insert(0, str(Path(__file__).parent / "variants"))
-# v15 is the library's kernel (L and D rows loaded a tile ahead, one element per thread); bwd_v12 the kernel
-# before it (git show a8e25ef:lib/cs336_systems/attention/flash_gluon_backward.py); bwd_compact loads one
-# element per thread in the tile that uses them (tuning record, v15)
+# Keys as the tuning record names the kernels. None is the library's kernel (L and D rows loaded a tile ahead,
+# one element per thread); bwd_v12 the one before it (where to get its source: docs/measurements_record.md);
+# bwd_compact loads one element per thread in the tile that uses them
 VARIANTS = {"v15": use_backward_kernel(None), "v12": use_backward_kernel("bwd_v12"),
             "compact": use_backward_kernel("bwd_compact")}
 SHIPPED = "v15"

@@ -1,8 +1,8 @@
 """Build the fused Gluon backward at head dimension 128 for Hopper (sm_90a) on a machine without a GPU, and
 report what ptxas made of it: registers, spill bytes, ptxas's advisory that it serialised every wgmma of
 the kernel (C7515), and per loop of the SASS its instructions, wgmma, spill stores and reloads, and
-warpgroup barriers. How the tuning record's candidates were vetted before any GPU run
-(docs/flash_attention_tuning.md, v17-v20).
+warpgroup barriers. How the tuning record's d = 128 backward candidates were vetted before any GPU run
+(docs/flash_attention_tuning.md).
 
     python tools/gluon_sm90_build.py [--variant PATH] [--no-causal] [--stages 2] [--regs 240,24]
         [--dtype bfloat16] [--heads 32] [--seq-len 32768] [--keep DIR]

@@ -1,6 +1,6 @@
 """The CS336 test-harness adapters, with the course's names (spring 2025 and spring 2026 suites), so
 the course's own test suite can be pointed at this library: its `tests/adapters.py` becomes the one
-line `from cs336_systems.adapters import *` (README, "The course's test suites")."""
+line `from cs336_systems.adapters import *` (docs/library.md, "The course's test suites")."""
 
 from __future__ import annotations
 

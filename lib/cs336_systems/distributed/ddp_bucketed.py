@@ -23,7 +23,7 @@ first-registered parameters (the token embedding first), whose gradients come la
 final bucket: its all-reduce is the one that cannot overlap anything. `max_ctas` (NCCL only)
 all-reduces on a communicator whose kernels use at most that many thread
 blocks (launch.cta_limited_group): fewer SMs taken from the backward pass it overlaps, at a lower
-bandwidth. Measured better on 2 H200s (notebook 15): leave NCCL's blocks alone and run the step on
+bandwidth. Better, as notebook 15 measures: leave NCCL's blocks alone and run the step on
 a stream that outranks NCCL's (compute_stream.prioritized_compute), so its blocks take only the SMs
 the backward's kernels leave free.
 

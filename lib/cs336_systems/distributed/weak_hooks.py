@@ -3,9 +3,9 @@
 A wrapper that registers a bound method of itself as a hook on the parameters it owns makes a
 cycle through a tensor (parameter -> hook -> wrapper -> module -> parameter). Python's collector
 does not traverse a tensor that C++ also holds (autograd's AccumulateGrad node does), so such a
-cycle is never freed: every model wrapped and dropped in a long-lived process stays on the GPU.
-Measured on 2 H200s before this: each xl benchmark run left its 8 GB of parameters allocated
-for the runs after it. A weak reference breaks the cycle; a hook whose wrapper is gone does nothing.
+cycle is never freed: every model wrapped and dropped in a long-lived process stays on the GPU, and
+each run of a benchmark leaves its parameters allocated for the runs after it
+(docs/measurements_record.md). A weak reference breaks the cycle; a hook whose wrapper is gone does nothing.
 """
 
 from __future__ import annotations

@@ -227,9 +227,9 @@ def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool =
     return flash_attention_triton(q, k, v, is_causal)
 
 
-# H100, torch 2.11 (notebook 10, 2026-11-23): each capture of the materialised attention left its graph's memory
-# pool reserved (a few MiB in it stayed allocated, likely cuBLAS's workspace), 0.1-4 GiB per point, until the
-# sweep ran out of memory at 78 GiB reserved; ours and the SDPA backends, which do not call cuBLAS, did not.
+# Each CUDA-graph capture of the materialised attention leaves its graph's memory pool reserved (a little of it
+# stays allocated, likely cuBLAS's workspace), so a sweep of captures runs out of memory; ours and the SDPA
+# backends, which do not call cuBLAS, do not (the measurement: docs/measurements_record.md).
 NAIVE_NO_DEVICE_TIME = "each CUDA-graph capture kept its memory pool reserved, which exhausted the GPU over a sweep"
 
 
@@ -347,8 +347,8 @@ def device_passes(
 
     They run on a stream of their own, and so does the forward whose backward is captured: a backward runs
     on its forward's stream, and one recorded on the legacy default stream cannot join a capture (CUDA
-    refuses to make the legacy stream wait on a capturing stream, cudaErrorStreamCaptureImplicit; on an
-    H100 that failed the first backward of notebook 10's sweep)."""
+    refuses to make the legacy stream wait on a capturing stream, cudaErrorStreamCaptureImplicit, and the
+    first captured backward of a sweep fails)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     try:
@@ -472,10 +472,11 @@ def timed_in_rounds(
     r-th, each with rep_ms / rounds of measuring time (min_runs / rounds runs at least, cpu_steps / rounds
     calls on CPU, rounded up), and a pass's latency is the median over every round's runs.
 
-    Why rounds: a host that slows down for a while (on the lent GPU hosts eager medians of kernels taking
-    0.01-0.04 ms moved by 0.09-0.16 ms for one or two consecutive configurations and not in the next run)
-    then slows one round of several implementations rather than all of one implementation's runs, and
-    the median over rounds holds. A failure in any round makes the implementation's row that failure."""
+    Why rounds: a host that slows down for a while (on shared GPU hosts the eager medians of the shortest
+    kernels moved by several times their length for a configuration or two, and not in the next run:
+    docs/measurements_record.md) then slows one round of several implementations rather than all of one
+    implementation's runs, and the median over rounds holds. A failure in any round makes the
+    implementation's row that failure."""
     rounds = max(1, settings.rounds)
     share = replace(settings, rep_ms=settings.rep_ms / rounds, min_runs=max(1, -(-settings.min_runs // rounds)),
                     cpu_steps=max(1, -(-settings.cpu_steps // rounds)))

@@ -210,8 +210,9 @@ def leaderboard_table(
     each implementation taking 1/rounds of the warm-up and measuring time of `settings` and
     `fwd_settings` per round, and the table pools the runs of all rounds. Timed one after another,
     an implementation's latency depends on its place: on an H100 the power-capped clock falls as the
-    GPU heats up over the first tens of seconds (tuning record, v14). The table and the rounds also
-    hold `CLOCK_COLUMNS`, from the samples taken while the implementation (or that round of it) ran.
+    GPU heats up over the first tens of seconds (docs/flash_attention_tuning.md, timing in turns). The table
+    and the rounds also hold `CLOCK_COLUMNS`, from the samples taken while the implementation (or that round
+    of it) ran.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")

@@ -293,7 +293,7 @@ def measured_saving(runs: pd.DataFrame) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class FSDPBars:
-    """The issue's bars: step time ≤ 1.15 × FSDP2's, peak memory ≤ FSDP2's + 10%, per compute dtype."""
+    """The targets, per compute dtype: step time ≤ 1.15 × FSDP2's, peak memory ≤ FSDP2's + 10%."""
 
     compute_dtype: str
     fsdp_step_ms: float

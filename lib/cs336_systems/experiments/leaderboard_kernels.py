@@ -125,10 +125,10 @@ def leaderboard_kernels(
     Every implementation is warmed up first, and one step of each profiled alone names its kernels; then the
     profiled steps are taken in rounds, one step of each implementation per round in `round_orders`' rotated
     order, as the timed rounds are: on a GPU at its power cap, steps profiled one implementation after
-    another would give the later ones a GPU the earlier ones had heated (tuning record, v20.1). Each runs
+    another would give the later ones a GPU the earlier ones had heated (tuning record, the power cap). Each runs
     right behind `lead_steps` unprofiled steps of its implementation, on a busy GPU as in the timed runs
     (`_profiled_step`; steps profiled alone, each started from an idle GPU, read shorter than the timed
-    steps, cuDNN's by more than ours: tuning record, v21)."""
+    steps, cuDNN's by more than ours: docs/flash_attention_tuning.md, the Gluon kernels launched from C++)."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"leaderboard_kernels profiles CUDA kernels; got device {device}")
