@@ -33,6 +33,8 @@ warmup = 5
 steps = 10
 warmup_settings = [0, 1, 2, 5]
 warmup_size = None      # model for part c, None means the default of the profile
+launch_regime = True    # after each step of part b, profile it and replay it as a CUDA graph: launch-bound or GPU-bound
+graph_steps = None      # graph replays timed per step, None means 3 on gpu (on cpu there are no CUDA graphs)
 
 # %%
 from cs336_systems.model import HANDOUT_SIZES
@@ -44,6 +46,7 @@ sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=HANDOUT_SIZES)
 context_sweep = ctx.pick(context_sweep, cpu=[32, 64], gpu=[128, 256, 512, 1024])
 warmup_size = ctx.pick(warmup_size, cpu="nano", gpu="small")
 contexts = ctx.pick(contexts, cpu=[64], gpu=[256, 512])
+graph_steps = ctx.pick(graph_steps, cpu=1, gpu=3)
 modes = ctx.pick(modes, cpu=["forward", "forward-backward", "train-step"], gpu=["forward", "forward-backward", "train-step"])
 context_length = contexts[0]
 
@@ -53,7 +56,9 @@ import pandas as pd
 import seaborn as sns
 
 from cs336_systems.benchmarking import BenchmarkConfig, grid, run_isolated, sweep, with_predicted_memory
+from cs336_systems.benchmarking.launch_bound import launch_probe, regime_table
 from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.answers.launch_regime import regime_rule, regime_summary
 from cs336_systems.report.tables import timing_pivot
 
 # %% [markdown]
@@ -61,11 +66,13 @@ from cs336_systems.report.tables import timing_pivot
 # The backward time is the forward+backward step minus the forward step, the optimizer step the full
 # training step minus the forward+backward (same batch, same process). A step that does not fit is a
 # row with status `OOM`; every row carries the analytic peak of its step (`accounting.memory`) and what
-# parameters, gradients and AdamW state take of it, which say why.
+# parameters, gradients and AdamW state take of it, which say why. After its timed steps, each step is
+# also profiled and replayed as a CUDA graph on the same model (below: launch-bound or GPU-bound).
 
 # %%
 base = BenchmarkConfig(context_length=context_length, batch_size=batch_size, warmup=warmup, steps=steps)
-by_size = sweep(grid(base, context_length=contexts, size=sizes, mode=modes), desc="sizes")
+probe = launch_probe(graph_steps=graph_steps) if launch_regime else None
+by_size = sweep(grid(base, context_length=contexts, size=sizes, mode=modes), desc="sizes", then=probe)
 by_size = with_predicted_memory(by_size, ctx.device)
 ctx.save_table(by_size.drop(columns=["warmup_times_ms", "step_times_ms"], errors="ignore"), "by_size_raw", show=False);
 shown = by_size.assign(ms=by_size.mean_ms.round(2).astype(object).where(by_size.status == "ok", "OOM"),
@@ -77,6 +84,22 @@ wide["size"] = pd.Categorical(wide["size"], sizes, ordered=True)
 ctx.save_table(wide.sort_values(["context_length", "size"]), "by_size_table");
 table = timing_pivot(by_size[by_size.context_length == context_length], index="size", order=sizes)
 ctx.save_table(table, "by_size", show=False);
+
+# %% [markdown]
+# ### Launch-bound or GPU-bound?
+# An eager step launches its kernels one by one from Python. When they are short, the GPU finishes each
+# before the host has launched the next, and the step's time is the host's launch rate, not the model's
+# work: it follows the number of layers rather than the FLOPs and moves with the host from run to run.
+# Two measurements of each step above, on the same model right after its timed steps
+# (`benchmarking.launch_bound`): the share of the step the GPU is busy (the union of its kernels'
+# intervals in a profiled step, over the eager step time), and the step captured once as a CUDA graph
+# and replayed, one launch for everything: what remains is the GPU's work. On a CPU there are no launches
+# to wait for and no graphs: the share is the time spent inside PyTorch's operators.
+
+# %%
+if launch_regime:
+    ctx.save_table(regime_table(by_size, sizes), "by_size_regime")
+    ctx.md(regime_rule() + " " + regime_summary(by_size))
 
 # %%
 give(ctx, "benchmarking_script.a", "benchmarking_script.a.2026", "benchmarking_script.b")

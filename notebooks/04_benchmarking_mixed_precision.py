@@ -26,6 +26,8 @@ contexts = None         # None means 256 (the 2025 default) and 512 (the 2026 de
 batch_size = 4
 warmup = None           # None means 5 on gpu
 steps = None            # None means 10 on gpu
+launch_regime = True    # after each step of part c, profile it and replay it as a CUDA graph: launch-bound or GPU-bound
+graph_steps = None      # graph replays timed per step, None means 3 on gpu (on cpu there are no CUDA graphs)
 
 # %%
 from cs336_systems.model import HANDOUT_SIZES
@@ -36,6 +38,7 @@ sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=HANDOUT_SIZES)
 contexts = ctx.pick(contexts, cpu=[32], gpu=[256, 512])
 warmup = ctx.pick(warmup, cpu=2, gpu=5)
 steps = ctx.pick(steps, cpu=4, gpu=10)
+graph_steps = ctx.pick(graph_steps, cpu=1, gpu=3)
 
 # %%
 import matplotlib.pyplot as plt
@@ -44,7 +47,9 @@ import seaborn as sns
 import torch
 
 from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep, with_predicted_memory
+from cs336_systems.benchmarking.launch_bound import launch_probe, regime_table
 from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.answers.launch_regime import regime_rule, regime_summary, same_steps_elsewhere
 from cs336_systems.mixed_precision import layer_norm_sensitivity, observe_autocast_dtypes
 
 # %% [markdown]
@@ -72,13 +77,15 @@ give(ctx, "benchmarking_mixed_precision.b")
 # %% [markdown]
 # ## (c) fp32 vs bf16 autocast, every model size
 # Forward, forward+backward and the full AdamW step, batch 4, at both handouts' default contexts. A step
-# that does not fit is a row with status `OOM`; its analytic peak (`accounting.memory`) says why.
+# that does not fit is a row with status `OOM`; its analytic peak (`accounting.memory`) says why. After
+# its timed steps, each step is also profiled and replayed as a CUDA graph on the same model (below).
 
 # %%
 ctx.md(f"Contexts {', '.join(map(str, contexts))}, batch {batch_size}, {warmup} warm-up and {steps} measured steps.")
 base = BenchmarkConfig(batch_size=batch_size, warmup=warmup, steps=steps)
+probe = launch_probe(graph_steps=graph_steps) if launch_regime else None
 runs = sweep(grid(base, context_length=contexts, size=sizes, mode=["forward", "forward-backward", "train-step"],
-                  precision=["fp32", "bf16"]), desc="precision")
+                  precision=["fp32", "bf16"]), desc="precision", then=probe)
 runs = with_predicted_memory(runs, ctx.device)
 ctx.save_table(runs.drop(columns=["warmup_times_ms", "step_times_ms"], errors="ignore"), "precision_raw", show=False);
 index = ["context_length", "size", "mode"]
@@ -93,6 +100,20 @@ ctx.save_table(wide.rename(columns={"fp32": "fp32_ms", "bf16": "bf16_ms"}), "pre
 for _, r in runs.query("status == 'OOM'").iterrows():
     ctx.md(f"Out of memory: {r['size']} {r['mode']} {r['precision']} at context {r['context_length']}, predicted peak "
            f"{r.predicted_peak_gib:.0f} GiB, of which parameters, gradients and optimizer state {r.predicted_states_gib:.0f} GiB.")
+
+# %% [markdown]
+# ### Launch-bound or GPU-bound?
+# bf16 shortens the matmuls, so more of a step can be the host launching kernels rather than the GPU
+# running them, and a speed-up measured on such a step is not the tensor cores' gain. Each step above is
+# measured twice more on the same model (`benchmarking.launch_bound`, as in notebook 01): the share of
+# the step the GPU is busy, from a profiled step, and the step replayed as one CUDA graph, one launch for
+# everything, which leaves the GPU's work. Where notebook 01 timed the same fp32 step in this report, the
+# two runs are compared. On a CPU the share is the time spent inside PyTorch's operators.
+
+# %%
+if launch_regime:
+    ctx.save_table(regime_table(runs, sizes), "precision_regime")
+    ctx.md(" ".join(filter(None, [regime_rule(), regime_summary(runs), same_steps_elsewhere(runs, ctx.results_dir, "by_size_raw", "notebook 01")])))
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))

@@ -172,3 +172,110 @@ def test_2026_precision_names_the_training_step_and_the_reason_for_out_of_memory
     assert "206 GiB in fp32 and 209 GiB in bf16" in a.text and "bf16 autocast keeps them in fp32" in a.text
     assert "no 10B" not in a.caveat
     assert "10B" not in build("benchmarking_mixed_precision.c", Results(tmp_path)).text
+
+
+# ------------------------------------------------------------------ the launch measurement in the answers
+
+
+def _with_probe(raw: pd.DataFrame, launch: dict, on: str = "GPU kernels") -> pd.DataFrame:
+    """`raw` with launch_probe's columns: for (size, context, precision, mode) in `launch`, the busy share of the
+    eager step and the graphed ms given there; every other step that ran GPU-bound (busy 95%, graph no faster)."""
+    out = raw.copy()
+    keys = list(zip(out["size"], out.context_length, out.precision, out["mode"]))
+    share = [launch.get(k, (0.95, None))[0] for k in keys]
+    graphed = [launch.get(k, (0.95, None))[1] or m for k, m in zip(keys, out.mean_ms)]
+    ran = out.status == "ok"
+    out["busy_ms"] = (out.mean_ms * pd.Series(share, index=out.index)).where(ran)
+    out["busy_on"] = on
+    out["profiled_ms"] = out.mean_ms * 1.2
+    out["graphed_ms"] = pd.Series(graphed, index=out.index).where(ran & (on == "GPU kernels"))
+    out["graph_status"] = "ok" if on == "GPU kernels" else "not run: CUDA graphs need a GPU"
+    return out
+
+
+def _flat_per_layer(context=256, **common) -> pd.DataFrame:
+    rows = []
+    for size in ("small", "medium", "large"):
+        n = {"small": 12, "medium": 24, "large": 36}[size]
+        rows += [(size, "forward", 2.0 * n, 0.01), (size, "forward-backward", 6.0 * n, 0.01)]
+    return _raw(rows, context_length=context, **common)
+
+
+def test_the_measured_regime_replaces_the_inference_from_the_table(tmp_path):
+    launch = {("small", 256, "fp32", "forward"): (0.3, 8.0), ("medium", 256, "fp32", "forward"): (0.4, 20.0),
+              ("small", 256, "fp32", "forward-backward"): (0.5, 40.0)}
+    _with_probe(_flat_per_layer(), launch).to_csv(tmp_path / "by_size_raw.csv", index=False)
+    a = build("benchmarking_script.b", Results(tmp_path))
+    assert ("The profiler and CUDA graphs show these steps launch-bound: the forward of small and medium (the GPU busy "
+            "30–40%; as one CUDA graph 8.00–20.00 ms against 24.00–48.00 ms eager) and the forward+backward of small "
+            "(the GPU busy 50%; as one CUDA graph 40.00 ms against 72.00 ms eager); the other 3 are GPU-bound (the GPU "
+            "busy 95% of the step; as one CUDA graph 1.00× as fast).") in a.text
+    assert "follows the number of layers" not in a.text  # measured, not inferred
+    assert a.text.count(". ") <= 3 and jargon(a.text) == []
+    assert list(a.table["forward regime"]) == ["launch-bound", "launch-bound", "GPU-bound"]
+    assert list(a.table["forward+backward regime"]) == ["launch-bound", "GPU-bound", "GPU-bound"]
+
+
+def test_no_regime_claim_without_a_gpu_measurement(tmp_path):
+    for raw in (_flat_per_layer(), _with_probe(_flat_per_layer(peak_memory_mib=float("nan")), {}, on="CPU operators")):
+        raw.to_csv(tmp_path / "by_size_raw.csv", index=False)
+        a = build("benchmarking_script.b", Results(tmp_path))
+        assert "CUDA graph" not in a.text and "launch-bound" not in a.text and "GPU-bound" not in a.text
+        assert "forward regime" not in a.table
+
+
+def test_a_forward_faster_at_the_longer_context_is_explained_by_its_graphs(tmp_path):
+    raw = pd.concat([_flat_per_layer(256), _flat_per_layer(512)], ignore_index=True)
+    raw.loc[(raw["size"] == "small") & (raw["mode"] == "forward") & (raw.context_length == 512), "mean_ms"] = 22.0
+    launch = {("small", 256, "fp32", "forward"): (0.3, 7.0), ("small", 512, "fp32", "forward"): (0.5, 11.0)}
+    _with_probe(raw, launch).to_csv(tmp_path / "by_size_raw.csv", index=False)
+    text = build("benchmarking_script.b.2026", Results(tmp_path)).text
+    assert ("small's forward is shorter eager at context 512 (22.00 ms) than at 256 (24.00 ms) although its FLOPs grow "
+            "2.08×, while as CUDA graphs it takes 7.00 ms at 256 and 11.00 ms at 512, in the order of its FLOPs") in text
+    assert text.count(". ") <= 3
+
+
+def test_the_precision_answer_measures_the_inversion_and_the_graphed_speed_up(tmp_path):
+    """The 48-layer xl's bf16 forward+backward slower eager than the 32-layer 2.7B's, as once in notebook 04."""
+    rows = [(s, m, ms, 0.1) for s, ms in (("xl", 126.0), ("2.7B", 173.0)) for m, ms in (("forward", ms), ("forward-backward", 3 * ms))]
+    fp32 = _raw(rows)
+    bf16 = fp32.assign(precision="bf16", mean_ms=[60.0, 180.0, 58.0, 175.0])
+    launch = {("xl", 256, "bf16", "forward-backward"): (0.3, 60.0), ("2.7B", 256, "bf16", "forward-backward"): (0.55, 100.0),
+              ("xl", 256, "fp32", "forward-backward"): (0.95, 378.0), ("2.7B", 256, "fp32", "forward-backward"): (0.95, 519.0)}
+    _with_probe(pd.concat([fp32, bf16], ignore_index=True), launch).to_csv(tmp_path / "precision_raw.csv", index=False)
+    a = build("benchmarking_mixed_precision.c", Results(tmp_path))
+    assert "the bf16 forward+backward of xl and 2.7B (the GPU busy 30–55%; as one CUDA graph 60.00–100 ms against 175–180 ms eager)" in a.text
+    assert ("the 48-layer xl's bf16 forward+backward is slower eager than the 32-layer 2.7B's (180 ms against 175 ms) although "
+            "it is the smaller model, while as CUDA graphs they take 60.00 ms and 100 ms, in the order of their sizes") in a.text
+    assert "as CUDA graphs, bf16 runs the forward+backward 6.30× (xl) and 5.19× (2.7B) as fast as fp32" in a.text
+    assert "bound by kernel launches" not in a.text and a.text.count(". ") <= 3
+    assert list(a.table["fwd+bwd speed-up as CUDA graphs"]) == [6.3, 5.19]
+    assert list(a.table["fwd+bwd bf16 regime"]) == ["launch-bound", "launch-bound"]
+
+
+def test_the_2026_answers_stay_short_with_the_measurement_and_out_of_memory_rows(tmp_path):
+    raw = _rows_2026_with_oom(("fp32", "bf16"))
+    launch = {("small", 512, p, m): (0.3, 5.0) for p in ("fp32", "bf16") for m in ("forward", "forward-backward", "train-step")}
+    _with_probe(raw, launch).to_csv(tmp_path / "precision_raw.csv", index=False)
+    _with_probe(raw[raw.precision == "fp32"], launch).to_csv(tmp_path / "by_size_raw.csv", index=False)
+    for key in ("benchmarking_script.b.2026", "benchmarking_mixed_precision.c.2026"):
+        a = build(key, Results(tmp_path))
+        assert "launch-bound" in a.text and "runs out of memory" in a.text
+        assert a.text.count(". ") <= 3 and jargon(a.text) == [], key
+
+
+def test_the_same_launch_bound_step_in_two_notebooks_is_compared_by_its_graphs(tmp_path):
+    """The small model's fp32 forward at 256, once 27.30 ms in notebook 01 and 15.29 ms in notebook 04."""
+    from cs336_systems.experiments.answers.launch_regime import same_steps_elsewhere
+
+    launch = {("small", 256, "fp32", "forward"): (0.3, 8.0)}
+    there = _with_probe(_raw([("small", "forward", 27.30, 0.5), ("medium", "forward", 48.0, 0.5)]), launch)
+    there.to_csv(tmp_path / "by_size_raw.csv", index=False)
+    here = _with_probe(_raw([("small", "forward", 15.285, 0.2), ("medium", "forward", 48.5, 0.5)]),
+                       {("small", 256, "fp32", "forward"): (0.5, 8.2)})
+    text = same_steps_elsewhere(here, tmp_path, "by_size_raw", "notebook 01")
+    assert text == ("The same fp32 forward of small at context 256 took 27.30 ms in notebook 01 and 15.29 ms here, as one "
+                    "CUDA graph 8.00 ms and 8.20 ms: the eager time of a launch-bound step is the pace at which the host "
+                    "launched its kernels in that run, while the GPU's work stays put.")
+    assert same_steps_elsewhere(here, tmp_path, "absent_table", "notebook 01") == ""
+    assert same_steps_elsewhere(there, tmp_path, "by_size_raw", "notebook 01") == ""  # the same times: nothing to explain

@@ -204,6 +204,11 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("out of memory" in str(err).lower() or "can't allocate memory" in str(err).lower())
 
 
+def device_peak_memory(device: torch.device) -> float:
+    """Bytes allocated at most since the last reset of the peak statistics (NaN off CUDA)."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else float("nan")
+
+
 def free_device_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -225,12 +230,16 @@ def run_benchmark(
     device = config.resolved_device()
     setup = None
     extra: dict = {}
+    peak = float("nan")
     try:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         setup = (builder or build)(config)
         row["parameters"] = setup.num_parameters
         warm, measured = time_steps(setup.step, config.warmup, config.steps, device)
+        # The timed steps' peak, read before `then`: what it runs (a profile, a CUDA graph's own
+        # memory pool) is not part of the step the row describes.
+        peak = device_peak_memory(device)
         if then is not None:
             extra = then(setup)
     except Exception as err:  # noqa: BLE001 - only out-of-memory is turned into a row
@@ -240,7 +249,6 @@ def run_benchmark(
         return row
     finally:
         del setup
-        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else float("nan")
         free_device_memory()
     ms = [t * 1e3 for t in measured]
     row.update(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from itertools import product
 from pathlib import Path
@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from cs336_systems.benchmarking.harness import BenchmarkConfig, run_benchmark
+from cs336_systems.benchmarking.harness import BenchmarkConfig, TrainingSetup, run_benchmark
 
 
 def grid(base: BenchmarkConfig, **axes: Iterable) -> list[BenchmarkConfig]:
@@ -21,12 +21,19 @@ def grid(base: BenchmarkConfig, **axes: Iterable) -> list[BenchmarkConfig]:
     return [replace(base, **dict(zip(names, values))) for values in product(*axes.values())]
 
 
-def sweep(configs: Iterable[BenchmarkConfig], desc: str = "benchmark", progress: bool = True) -> pd.DataFrame:
-    """Run each configuration; out-of-memory ones become rows with status "OOM" and the sweep goes on."""
+def sweep(
+    configs: Iterable[BenchmarkConfig], desc: str = "benchmark", progress: bool = True,
+    then: Callable[[TrainingSetup], dict] | None = None,
+) -> pd.DataFrame:
+    """Run each configuration; out-of-memory ones become rows with status "OOM" and the sweep goes on.
+
+    `then(setup)` runs after each configuration's timed steps on the same model and adds its keys to
+    the row (`run_benchmark`), e.g. `launch_bound.launch_probe()`.
+    """
     configs = list(configs)
     rows = []
     for config in tqdm(configs, desc=desc, disable=not progress, leave=False):
-        rows.append(run_benchmark(config))
+        rows.append(run_benchmark(config, then=then))
     df = pd.DataFrame(rows)
     for col in ("status", "mean_ms", "std_ms", "median_ms", "peak_memory_mib"):
         if col not in df:

@@ -18,7 +18,9 @@ from cs336_systems.accounting.memory import predicted_peaks
 from cs336_systems.model import MODEL_SIZES, SIZE_TABLES, ModelConfig, handout_name
 from cs336_systems.report.answers import Answer
 from cs336_systems.report.tables import fmt_ms
-from cs336_systems.experiments.answers.words import and_join, pct
+from cs336_systems.benchmarking.launch_bound import LAUNCH_BOUND
+from cs336_systems.experiments.answers.launch_regime import measured_regimes, regime_sentence
+from cs336_systems.experiments.answers.words import MODE_WORDS, and_join, pct, span, times
 
 NB_TIMING, NB_PROFILE, NB_PRECISION = "01_benchmarking_script", "02_nsys_profile", "04_benchmarking_mixed_precision"
 
@@ -27,7 +29,6 @@ SIZES_2026 = {name: tuple(MODEL_SIZES[key][k] for k in ("d_model", "d_ff", "num_
               for name, key in SIZE_TABLES["2026"].items()}
 # Each handout's default context ("unless otherwise specified").
 DEFAULT_CONTEXT = {"2025": 256, "2026": 512}
-MODE_WORDS = {"forward": "forward", "forward-backward": "forward+backward", "train-step": "training step"}
 # What a step keeps besides activations, by mode.
 STATE_WORDS = {"forward": "the parameters", "forward-backward": "the parameters and gradients",
                "train-step": "the parameters, gradients and AdamW state"}
@@ -43,15 +44,6 @@ BUSY = 0.9
 # ---------------------------------------------------------------------------------------------- words
 
 
-def times(x: float) -> str:
-    """A ratio that still reads when small: 0.0031×, 0.43×, 1.38×, 16×."""
-    if x >= 10:
-        return f"{x:.0f}×"
-    if x >= 0.995:
-        return f"{x:.2f}×"
-    return f"{x:.2g}×"
-
-
 def versus(value: float, ref: float) -> str:
     """How `value` compares with `ref` in words that follow the numbers: 'equal to', '9% above',
     '37% below', or a ratio ('3.1×', '0.21×') when they are more than 2× apart."""
@@ -63,12 +55,6 @@ def versus(value: float, ref: float) -> str:
     if 0.5 <= r < 1:
         return f"{1 - r:.0%} below"
     return times(r)
-
-
-def span(values, fmt: str = "{:.2f}", unit: str = "") -> str:
-    """'a–b' for a range of values, 'a' when they print the same."""
-    lo, hi = fmt.format(min(values)), fmt.format(max(values))
-    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
 
 
 # ------------------------------------------------------------------------------------------ sizes
@@ -230,7 +216,7 @@ def _spread_sentence(t: pd.DataFrame, steps: int, handout: str) -> str:
             f"{pct(worst.max())}, {where}).")
 
 
-def _timing_table(t: pd.DataFrame, handout: str) -> pd.DataFrame:
+def _timing_table(t: pd.DataFrame, handout: str, regimes: pd.DataFrame | None = None) -> pd.DataFrame:
     table = pd.DataFrame({
         "size": [size_label(s, handout) for s in t["size"]],
         "layers": t.layers,
@@ -245,10 +231,18 @@ def _timing_table(t: pd.DataFrame, handout: str) -> pd.DataFrame:
     if handout == "2026" and "train-step_mean_ms" in t:
         table["training step (ms)"] = t["train-step_mean_ms"].round(2)
         table["optimizer step (ms)"] = (t["train-step_mean_ms"] - t["forward-backward_mean_ms"]).round(2)
+    if regimes is not None:
+        for mode in ("forward", "forward-backward"):
+            label = regimes[regimes["mode"] == mode].set_index("size")["regime"]
+            table[f"{MODE_WORDS[mode]} regime"] = t["size"].map(label).fillna("").to_numpy()
     return table
 
 
-def _timing_answer(raw: pd.DataFrame, where: str, handout: str, sweep: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
+def _timing_answer(raw: pd.DataFrame, where: str, handout: str, sweep: pd.DataFrame | None = None,
+                   regimes: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
+    """The timing sentences and table of the rows at one context. With `regimes` (the launch measurement of the
+    handout's sizes, every context: launch_regime.measured_regimes) the answer says which steps are
+    launch-bound from it; without, it infers it where the table shows it (time per layer, context sweep)."""
     gpu = on_gpu(raw)
     t = _timing_rows(raw)
     steps = int(raw.steps.iloc[0])
@@ -256,11 +250,20 @@ def _timing_answer(raw: pd.DataFrame, where: str, handout: str, sweep: pd.DataFr
     first, last = t.iloc[0], t.iloc[-1]
     context = int(first.context)
     ratio = t.backward_ms / t.forward_mean_ms
+    spread = _spread_sentence(t, steps, handout)
     text = (f"On {where} at context {context} (batch {int(first.batch)}, {warm} warm-up and {steps} timed steps), "
             f"a forward pass takes {fmt_ms(first.forward_mean_ms)} ({size_label(first['size'], handout)}) to "
             f"{fmt_ms(last.forward_mean_ms)} ({size_label(last['size'], handout)}) and a backward pass "
-            f"{fmt_ms(first.backward_ms)} to {fmt_ms(last.backward_ms)}, {span(ratio, '{:.1f}')}× the forward. "
-            + _spread_sentence(t, steps, handout))
+            f"{fmt_ms(first.backward_ms)} to {fmt_ms(last.backward_ms)}, {span(ratio, '{:.1f}')}× the forward")
+    at = regimes[regimes.context_length == context] if regimes is not None else None
+    if at is not None and len(at):
+        # One sentence fewer for the measured regime's: the answer keeps to four.
+        modes = ["forward", "forward-backward"] + (["train-step"] if handout == "2026" else [])
+        name = lambda s: size_label(s, handout)  # noqa: E731
+        extra = [c for c in (_context_inversion(regimes, context, name), _size_inversion(at, name)) if c]
+        text += f"; {spread[0].lower() + spread[1:]} {regime_sentence(at, modes, name, extra=extra)}"
+        return text, _timing_table(t, handout, at)
+    text += ". " + spread
     forward = t.rename(columns={"forward_mean_ms": "ms"})
     group = layer_bound(forward[["size", "ms", "flops"]])
     if group is not None:
@@ -269,6 +272,47 @@ def _timing_answer(raw: pd.DataFrame, where: str, handout: str, sweep: pd.DataFr
     elif sweep is not None:
         text += " " + _context_anomaly(sweep, t["size"].tolist(), context, handout, gpu)
     return text.strip(), _timing_table(t, handout)
+
+
+def _context_inversion(regimes: pd.DataFrame, context: int, name) -> str:
+    """The clause for a size whose forward is shorter eager at `context` than at the next shorter measured
+    context although its FLOPs grow, with both as CUDA graphs. '' when no size shows it or a graph is missing."""
+    fwd = regimes[regimes["mode"] == "forward"]
+    for (size, _), g in fwd.groupby(["size", "precision"], sort=False):
+        g = g.set_index("context_length").sort_index()
+        shorter = g[g.index < context]
+        if context not in g.index or shorter.empty:
+            continue
+        now, before = g.loc[context], shorter.iloc[-1]
+        if now.mean_ms >= before.mean_ms or now.graphed_ms != now.graphed_ms or before.graphed_ms != before.graphed_ms:
+            continue
+        growth = step_flops(size, int(now.batch_size), context, "forward") / step_flops(size, int(now.batch_size), int(before.name), "forward")
+        ordered = ", in the order of its FLOPs" if now.graphed_ms > before.graphed_ms else ""
+        return (f"{name(size)}'s forward is shorter eager at context {context} ({fmt_ms(now.mean_ms)}) than at "
+                f"{int(before.name)} ({fmt_ms(before.mean_ms)}) although its FLOPs grow {times(growth)}, while as CUDA "
+                f"graphs it takes {fmt_ms(before.graphed_ms)} at {int(before.name)} and {fmt_ms(now.graphed_ms)} at "
+                f"{context}{ordered}")
+    return ""
+
+
+def _size_inversion(at: pd.DataFrame, name) -> str:
+    """The clause for the first pair of sizes, next to each other in FLOPs, whose larger one is faster eager in the
+    same precision and pass while one of them is launch-bound, with both as CUDA graphs (the forward+backward
+    looked at first). '' when none."""
+    order = {"forward-backward": 0, "forward": 1, "train-step": 2}
+    groups = sorted(at.groupby(["precision", "mode"], sort=False), key=lambda kv: order.get(kv[0][1], 3))
+    for (precision, mode), g in groups:
+        g = g.sort_values("size", key=lambda sizes: sizes.map(_size_flops))
+        for a, b in zip(g.itertuples(), g.iloc[1:].itertuples()):
+            if b.mean_ms >= a.mean_ms or LAUNCH_BOUND not in (a.regime, b.regime) or a.graphed_ms != a.graphed_ms \
+                    or b.graphed_ms != b.graphed_ms:
+                continue
+            what = f"{precision} {MODE_WORDS[mode]}" if at["precision"].nunique() > 1 else MODE_WORDS[mode]
+            ordered = ", in the order of their sizes" if a.graphed_ms < b.graphed_ms else ""
+            return (f"the {layers(a.size)}-layer {name(a.size)}'s {what} is slower eager than the {layers(b.size)}-layer "
+                    f"{name(b.size)}'s ({fmt_ms(a.mean_ms)} against {fmt_ms(b.mean_ms)}) although it is the smaller "
+                    f"model, while as CUDA graphs they take {fmt_ms(a.graphed_ms)} and {fmt_ms(b.graphed_ms)}{ordered}")
+    return ""
 
 
 def _context_anomaly(sweep: pd.DataFrame, sizes: list[str], context: int, handout: str, gpu: bool = True) -> str:
@@ -295,8 +339,9 @@ def _context_anomaly(sweep: pd.DataFrame, sizes: list[str], context: int, handou
 def benchmarking_script_b(results: Results) -> Answer:
     raw = results.table("by_size_raw")
     gpu = on_gpu(raw)
+    regimes = measured_regimes(_rows_of(raw, "2025"))
     raw = _at_context(_rows_of(raw, "2025"), DEFAULT_CONTEXT["2025"])
-    text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2025")
+    text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2025", regimes=regimes)
     text = join_caveats(text, _oom_sentence(raw, "2025", gpu))
     return Answer(text=text, table=table, caveat=cpu_caveat(gpu, raw["size"]))
 
@@ -386,7 +431,7 @@ def benchmarking_script_b_2026(results: Results) -> Answer:
         if (sweep.context_length == 512).any() and not (raw.context_length == 512).any():
             raw = sweep[sweep.context_length == 512]
     raw = _at_context(raw, DEFAULT_CONTEXT["2026"])
-    text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2026", sweep=sweep)
+    text, table = _timing_answer(raw, machine(results, NB_TIMING, gpu), "2026", sweep=sweep, regimes=measured_regimes(by_size))
     text = join_caveats(text, _train_step_sentence(_timing_rows(raw), "2026"), _oom_sentence(raw, "2026", gpu))
     context = int(raw.context_length.iloc[0])
     present = {size_2026(s) for s in raw["size"]}
@@ -856,6 +901,20 @@ def _precision_rows(raw: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("flops").reset_index(drop=True)
 
 
+def _graphed_speedup(at: pd.DataFrame, name) -> str:
+    """The clause giving bf16's forward+backward speed-up over fp32 with both steps replayed as CUDA graphs (the
+    GPU's work alone, launches removed), for the sizes where both were. '' when none."""
+    fb = at[at["mode"] == "forward-backward"].pivot_table(index="size", columns="precision", values="graphed_ms",
+                                                          aggfunc="first", sort=False)
+    if not {"fp32", "bf16"} <= set(fb.columns):
+        return ""
+    ratio = (fb["fp32"] / fb["bf16"]).dropna()
+    if ratio.empty:
+        return ""
+    return ("without the launches, as CUDA graphs, bf16 runs the forward+backward "
+            + and_join([f"{times(v)} ({name(size)})" for size, v in ratio.items()]) + " as fast as fp32")
+
+
 def _speedup_trend(t: pd.DataFrame) -> str:
     """How the forward+backward speed-up moves with model size, in words the points support: a direction only
     from MIN_POINTS + 1 sizes or more and only when it is monotonic; otherwise the values."""
@@ -870,9 +929,10 @@ def _speedup_trend(t: pd.DataFrame) -> str:
 
 
 def _precision_answer(results: Results, handout: str) -> Answer:
-    raw = results.table("precision_raw")
+    raw = _rows_of(results.table("precision_raw"), handout)
     gpu = on_gpu(raw)
-    raw = _at_context(_rows_of(raw, handout), DEFAULT_CONTEXT[handout])
+    regimes = measured_regimes(raw)
+    raw = _at_context(raw, DEFAULT_CONTEXT[handout])
     t = _precision_rows(raw)
     where = machine(results, NB_PRECISION, gpu)
     first, last = t.iloc[0], t.iloc[-1]
@@ -883,16 +943,27 @@ def _precision_answer(results: Results, handout: str) -> Answer:
         how = f"{times(f / b)} faster" if b < f else f"{times(b / f)} slower" if b > f else "no change"
         return f"from {fmt_ms(f)} to {fmt_ms(b)} for {name(r['size'])} ({how})"
 
+    at = regimes[regimes.context_length == int(first.context)] if regimes is not None else None
+    measured = at is not None and len(at)
     text = (f"On {where} at context {int(first.context)}, bf16 autocast changes forward+backward {change(first)} and "
             f"{change(last)}; the forward alone runs {times(first['speedup fwd'])} and {times(last['speedup fwd'])} as "
-            f"fast as in fp32. ")
+            f"fast as in fp32")
     if len(t) > 2:
         trend = _speedup_trend(t)
-        text += (f"Over all {len(t)} sizes, smallest to largest, the forward+backward speed-ups are "
-                 f"{and_join([times(v) for v in t['speedup fb']])}" + (f": {trend}. " if trend else ". "))
+        speedups = and_join([times(v) for v in t['speedup fb']])
+        # Measured, the regime's sentence follows; this one joins the first to keep the answer to four.
+        text += (f"; over all {len(t)} sizes, smallest to largest, the forward+backward speed-ups are {speedups}"
+                 + (f" ({trend})" if trend else "") if measured else
+                 f". Over all {len(t)} sizes, smallest to largest, the forward+backward speed-ups are {speedups}"
+                 + (f": {trend}" if trend else ""))
+    text += ". "
     bf = t.assign(ms=t["forward-backward bf16"])[["size", "ms", "flops"]]
     group = layer_bound(bf)
-    if group is not None and gpu:
+    if measured:
+        modes = ["forward", "forward-backward"] + (["train-step"] if handout == "2026" else [])
+        extra = [c for c in (_size_inversion(at, name), _graphed_speedup(at, name)) if c]
+        text += regime_sentence(at, modes, name, extra=extra) + " "
+    elif group is not None and gpu:
         g = group.assign(layers=group["size"].map(layers))
         per_layer = g.ms / g.layers
         fpl = g.flops / g.layers
@@ -923,6 +994,12 @@ def _precision_answer(results: Results, handout: str) -> Answer:
         table["train step fp32 (ms)"] = t["train-step fp32"].round(2)
         table["train step bf16 (ms)"] = t["train-step bf16"].round(2)
         table["train step speed-up"] = t["speedup ts"].round(2)
+    if measured:
+        fb = at[at["mode"] == "forward-backward"].pivot_table(index="size", columns="precision", values="graphed_ms", aggfunc="first")
+        if {"fp32", "bf16"} <= set(fb.columns):
+            table["fwd+bwd speed-up as CUDA graphs"] = t["size"].map(fb["fp32"] / fb["bf16"]).round(2).to_numpy()
+        label = at[(at["mode"] == "forward-backward") & (at["precision"] == "bf16")].set_index("size")["regime"]
+        table["fwd+bwd bf16 regime"] = t["size"].map(label).fillna("").to_numpy()
     caveat = cpu_caveat(gpu, t["size"])
     if not gpu:
         caveat = join_caveats(caveat, "On a CPU these bf16 timings say nothing about a GPU's tensor cores.")
