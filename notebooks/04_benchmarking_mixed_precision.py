@@ -45,7 +45,7 @@ import torch
 
 from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep, with_predicted_memory
 from cs336_systems.experiments.answers import give
-from cs336_systems.mixed_precision import layer_norm_sensitivity, observe_autocast_dtypes
+from cs336_systems.experiments.mixed_precision import layer_norm_sensitivity, observe_autocast_dtypes
 
 # %% [markdown]
 # ## (a) Dtypes under fp16 autocast
