@@ -34,7 +34,7 @@ import inspect
 import torch
 
 from cs336_systems.experiments.answers import give
-from cs336_systems.mixed_precision import accumulate, accumulation_table, spacing
+from cs336_systems.experiments.mixed_precision import accumulate, accumulation_table, spacing
 
 print(inspect.getsource(accumulate))
 table = accumulation_table(n=n, value=value)

@@ -50,7 +50,7 @@ from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep, with_predic
 from cs336_systems.benchmarking.launch_bound import launch_probe, regime_table
 from cs336_systems.experiments.answers import give
 from cs336_systems.experiments.answers.launch_regime import regime_rule, regime_summary, same_steps_elsewhere
-from cs336_systems.mixed_precision import layer_norm_sensitivity, observe_autocast_dtypes
+from cs336_systems.experiments.mixed_precision import layer_norm_sensitivity, observe_autocast_dtypes
 
 # %% [markdown]
 # ## (a) Dtypes under fp16 autocast

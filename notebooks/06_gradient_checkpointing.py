@@ -57,7 +57,7 @@ import seaborn as sns
 
 from cs336_systems.accounting.memory import block_saved_tensors, memory_estimate, residual_stream_bytes
 from cs336_systems.benchmarking import BenchmarkConfig
-from cs336_systems.checkpointing import CheckpointedLM, strategy_costs
+from cs336_systems.experiments.checkpointing import CheckpointedLM, strategy_costs
 from cs336_systems.experiments.answers import give
 from cs336_systems.profiling.peak_memory import measure_peak_memory
 
@@ -97,7 +97,7 @@ unit, scale = ("GiB", GIB) if ctx.device.type == "cuda" else ("MiB", MIB)
 #     return checkpoint(run_binary, blocks[mid:], y, use_reentrant=False)
 # ```
 #
-# Both are in `cs336_systems.checkpointing` and run below on a stack of TransformerBlocks (weights
+# Both are in `cs336_systems.experiments.checkpointing` and run below on a stack of TransformerBlocks (weights
 # frozen, so the peak is activations and their gradients only), counting block forwards.
 
 # %%

@@ -188,7 +188,7 @@ for r in record[record.status != "ok"].itertuples():
 import pandas as pd
 
 from cs336_systems.experiments.leaderboard_8b_record import kept_blocks_table, memory_plan
-from cs336_systems.training.train_step import default_budget_bytes
+from cs336_systems.training.memory_plan import default_budget_bytes
 
 plan_table, terms = memory_plan(model, x, y, ours_row.step_config(compile_blocks))
 ctx.save_table(plan_table, "leaderboard_8b_memory_plan")

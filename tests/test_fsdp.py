@@ -32,8 +32,7 @@ from cs336_systems.distributed.fsdp import FSDP, ShardedWeight, shardable_weight
 from cs336_systems.experiments.fsdp_timeline import forward_gather_timing
 from cs336_systems.distributed.launch import spawn
 from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel
-from cs336_systems.model import ModelConfig, TransformerLM
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 from tolerances import eps_units
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from cs336_systems.fused_adamw import FusedAdamW, block_table
+from cs336_systems.optim.fused_adamw import FusedAdamW, block_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(7,), (33, 5), (128,), (1,)]
@@ -200,7 +200,7 @@ def test_multi_tensor_cuda_path_matches_torch_with_one_launch_per_group():
 
 def test_single_tensor_reference_kernel_gives_the_multi_tensor_bits():
     """The per-tensor kernel (a reference) runs the same inner function on the same random counters."""
-    from cs336_systems.fused_adamw_kernels import adamw_single_tensor_kernel, block_size
+    from cs336_systems.optim.fused_adamw_kernels import adamw_single_tensor_kernel, block_size
 
     ours, theirs = twin_params([(37,), (300,)], dtype=torch.bfloat16)
     fused = FusedAdamW(ours, lr=1e-2, weight_decay=0.1, state_dtype=torch.bfloat16, seed=7)
@@ -276,7 +276,7 @@ WRONG_NUMEL_STATE = """
 import copy
 import sys
 import torch
-from cs336_systems.fused_adamw import FusedAdamW
+from cs336_systems.optim.fused_adamw import FusedAdamW
 
 p = torch.nn.Parameter(torch.zeros(4096, device=sys.argv[1]))
 p.grad = torch.ones_like(p)

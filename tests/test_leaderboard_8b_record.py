@@ -11,7 +11,7 @@ import torch
 
 from cs336_systems.experiments import leaderboard_8b_record as rec
 from cs336_systems.model import TransformerLM
-from cs336_systems.training import MemoryTerms, fixed_memory_bytes
+from cs336_systems.training.memory_plan import MemoryTerms, fixed_memory_bytes
 
 
 @pytest.fixture

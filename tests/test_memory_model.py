@@ -11,8 +11,7 @@ from cs336_systems.accounting.memory import (
     batch_bytes, block_saved_tensors, memory_estimate, parameter_count, residual_stream_bytes, saved_activation_bytes,
 )
 from cs336_systems.benchmarking import BenchmarkConfig, autocast_context
-from cs336_systems.model import ModelConfig, TransformerLM, count_parameters
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import ModelConfig, TransformerLM, count_parameters, cross_entropy
 from cs336_systems.profiling.peak_memory import count_saved_tensors, measure_peak_memory
 
 SMALL = 128_625_408

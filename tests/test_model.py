@@ -1,11 +1,11 @@
 import pytest
 import torch
 
+from cs336_systems.attention.naive import softmax
 from cs336_systems.model import (
     MODEL_SIZES, SIZE_TABLES, Embedding, Linear, ModelConfig, RMSNorm, RotaryEmbedding, TransformerLM, count_parameters,
-    handout_name,
+    cross_entropy, handout_name,
 )
-from cs336_systems.nn_utils import cross_entropy, softmax
 
 EXPECTED_PARAMETERS = {
     "small": 128_625_408,
@@ -68,6 +68,24 @@ def test_checkpointing_gives_the_same_gradients():
     for g in grads[1:]:
         for a, b in zip(grads[0], g):
             torch.testing.assert_close(a, b)
+
+
+def test_final_hidden_states_are_what_the_head_multiplies():
+    """`final_hidden_states` is the forward up to the final norm: the LM head of it is the forward's logits bit
+    for bit, and a `run_block` runs each block in its place, in order, with the block's own input."""
+    model = tiny_model()
+    x = torch.randint(0, 50, (2, 16))
+    calls = []
+
+    def run_block(i, block, h):
+        calls.append((i, block))
+        return block(h)
+
+    with torch.no_grad():
+        logits = model(x)
+        assert torch.equal(model.lm_head(model.final_hidden_states(x)), logits)
+        assert torch.equal(model.lm_head(model.final_hidden_states(x, run_block=run_block)), logits)
+    assert calls == list(enumerate(model.layers))
 
 
 def test_components_against_references():

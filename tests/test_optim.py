@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from cs336_systems.nn_utils import clip_gradients
-from cs336_systems.optim import AdamW
+from cs336_systems.optim import AdamW, clip_gradients
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])

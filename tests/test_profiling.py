@@ -13,7 +13,7 @@ import torch
 matplotlib.use("Agg")
 
 from cs336_systems.benchmarking import BenchmarkConfig  # noqa: E402
-from cs336_systems.checkpointing import CheckpointedLM, CountingLayer, run_strategy, strategy_costs  # noqa: E402
+from cs336_systems.experiments.checkpointing import CheckpointedLM, CountingLayer, run_strategy, strategy_costs  # noqa: E402
 from cs336_systems.model import TransformerBlock, TransformerLM  # noqa: E402
 from cs336_systems.profiling.kernel_names import kernel_category, short_kernel_name  # noqa: E402
 from cs336_systems.profiling.memory import (  # noqa: E402

@@ -23,8 +23,7 @@ from cs336_systems.distributed.launch import spawn
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_greedy
 from cs336_systems.experiments.sharding_benchmark import ShardingBenchmarkConfig, rank_owned_numel
 from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModelWithTiedWeights
-from cs336_systems.model import ModelConfig, TransformerLM
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 
 STEPS = 10

@@ -27,17 +27,14 @@ import torch.nn.functional as F
 from cs336_systems.attention import FlashAttentionTriton
 from cs336_systems.attention.naive import naive_attention
 from cs336_systems.model import TransformerLM
-from cs336_systems.training import (
-    StepConfig,
-    build_train_step,
-    fixed_memory_bytes,
-    measure_block_activation_bytes,
+from cs336_systems.training import StepConfig, build_train_step
+from cs336_systems.training.memory_plan import (
     MemoryTerms,
+    measure_block_activation_bytes,
     plan_recompute,
     recompute_cost,
-    torch_native_step,
 )
-from cs336_systems.training.train_step import phase_times
+from cs336_systems.training.step import phase_times, torch_native_step
 
 VOCAB, D_MODEL, HEADS, D_FF, LAYERS, CONTEXT, BATCH = 97, 32, 2, 64, 3, 16, 2
 RTOL, ATOL = 1e-5, 1e-6
@@ -74,9 +71,9 @@ def mixed_budget(step, x, monkeypatch, keep_attention):
     """A budget with which the last block keeps its activations and the others recompute. At this tiny size
     the gradients outweigh the activations, so the measured block is made 1 MB (the plan is what is tested
     here; the measurement has its own test): then cost(1) fits and cost(2) does not."""
-    from cs336_systems.training import train_step
+    from cs336_systems.training import memory_plan
 
-    monkeypatch.setattr(train_step, "measure_block_memory", lambda block, h: (1 << 20, 0))
+    monkeypatch.setattr(memory_plan, "measure_block_memory", lambda block, h: (1 << 20, 0))
     return recompute_cost(LAYERS, 1, step.memory_terms(x, keep_attention), keep_attention)
 
 
@@ -125,6 +122,62 @@ def test_loss_and_gradients_match_plain_model(small_tiles, monkeypatch, recomput
     for (name, p), (_, q) in zip(fast.named_parameters(), plain.named_parameters()):
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("recompute", ["all", "none"])
+def test_step_runs_our_model_through_its_final_hidden_states(small_tiles, monkeypatch, recompute):
+    """The step does not walk our model itself: each forward is one call of the model's own
+    `final_hidden_states`, given the plan's block runner, and the embedding, every block and the final norm run
+    once in the forward, inside it. Loss and every gradient are the plain model's."""
+    fast, plain = make_models()
+    own = fast.final_hidden_states
+    calls, inside = [], [False]
+
+    def counting(token_ids, run_block=None):
+        calls.append(run_block)
+        inside[0] = True
+        try:
+            return own(token_ids, run_block=run_block)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(fast, "final_hidden_states", counting)
+    runs = {name: [] for name in ("token_embeddings", "ln_final", *(f"layers.{i}" for i in range(LAYERS)))}
+    for name, runs_of in runs.items():
+        fast.get_submodule(name).register_forward_hook(lambda *_, runs_of=runs_of: runs_of.append(inside[0]))
+    x, y = batch()
+    step = build_train_step(fast, StepConfig(recompute=recompute, keep_attention=True))
+    loss = step.forward_backward(x, y)
+    assert len(calls) == 1 and callable(calls[0])
+    assert runs["token_embeddings"] == runs["ln_final"] == [True]
+    for i in range(LAYERS):  # once in the forward (a checkpointed block's recompute comes in the backward)
+        assert runs[f"layers.{i}"][:1] == [True] and runs[f"layers.{i}"].count(True) == 1
+
+    ref = plain_loss(plain, x, y)
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach(), rtol=RTOL, atol=ATOL)
+    for (name, p), (_, q) in zip(fast.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_the_model_is_changed_in_one_place():
+    """Compiling blocks, checkpointing them and swapping their attention function are written in
+    `training/parallelize.py` alone: no other module of the step calls `.compile(...)` or `checkpoint(...)`
+    or assigns an `.attention`."""
+    import ast
+    from pathlib import Path
+
+    from cs336_systems import training
+
+    found = {}
+    for path in sorted(Path(training.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = node.func if isinstance(node, ast.Call) else None
+            name = getattr(called, "attr", getattr(called, "id", None))
+            assigned = [t.attr for t in getattr(node, "targets", []) if isinstance(t, ast.Attribute)]
+            if name in ("compile", "checkpoint") or "attention" in assigned:
+                found.setdefault(path.name, set()).add(name or "attention =")
+    assert found == {"parallelize.py": {"compile", "checkpoint", "attention ="}}
 
 
 def test_one_step_parameters_match_torch_adamw(small_tiles):
@@ -240,12 +293,12 @@ def test_kept_attention_outside_the_step_is_the_plain_attention(small_tiles, mon
     with torch.no_grad():
         torch.testing.assert_close(fast(x2), plain(x2), rtol=RTOL, atol=ATOL)
 
-    from cs336_systems.training import train_step
+    from cs336_systems.training import step as step_module
 
     def failing_loss(*args, **kwargs):
         raise RuntimeError("loss failed")
 
-    monkeypatch.setattr(train_step, "linear_cross_entropy", failing_loss)
+    monkeypatch.setattr(step_module, "linear_cross_entropy", failing_loss)
     with pytest.raises(RuntimeError, match="loss failed"):
         step.forward_backward(x, y)
     assert all(k.kept is None and not k.armed for k in step.keepers.values())

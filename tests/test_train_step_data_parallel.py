@@ -18,7 +18,8 @@ import torch
 
 from cs336_systems.distributed import spawn
 from cs336_systems.model import TransformerLM
-from cs336_systems.training import StepConfig, build_train_step, fixed_memory_bytes
+from cs336_systems.training import StepConfig, build_train_step
+from cs336_systems.training.memory_plan import fixed_memory_bytes
 
 VOCAB, D_MODEL, HEADS, D_FF, LAYERS, CONTEXT = 97, 32, 2, 64, 2, 16
 CONFIG = dict(lr=1e-3, eps=1e-3, weight_decay=0.0, state_dtype=torch.float32, recompute="none")
@@ -63,7 +64,7 @@ def test_data_parallel_step_equals_the_whole_batch_in_one_process():
     ranks = spawn(_rank, 2, backend="gloo", timeout_s=300)
     model, x, y = model_and_batch()
     single, grads, params = one_step(model, x, y)
-    assert single.world_size == 1 and single.ddp is None
+    assert single.world_size == 1 and single.parallel.ddp is None
     assert [r["world"] for r in ranks] == [2, 2]
     owned = [r["owned"] for r in ranks]
     for name, g in grads.items():  # the averaged gradient is on its owner only (sharded gradients)

@@ -25,8 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cs336_systems.model import TransformerLM
-from cs336_systems.training import StepConfig, build_train_step, recompute_cost
-from cs336_systems.training import train_step as train_step_module
+from cs336_systems.training import StepConfig, build_train_step, memory_plan
+from cs336_systems.training.memory_plan import recompute_cost
 
 VOCAB, D_MODEL, HEADS, D_FF, LAYERS, CONTEXT, BATCH = 97, 32, 2, 64, 3, 16, 2
 RTOL, ATOL = 1e-5, 1e-6
@@ -164,7 +164,7 @@ def batch(seed=1):
 def one_block_kept_budget(step, x, monkeypatch):
     """A budget under which the last block keeps its activations and the others recompute (as
     test_train_step.mixed_budget: the measured block made 1 MB so that activations outweigh gradients)."""
-    monkeypatch.setattr(train_step_module, "measure_block_memory", lambda block, h: (1 << 20, 0))
+    monkeypatch.setattr(memory_plan, "measure_block_memory", lambda block, h: (1 << 20, 0))
     return recompute_cost(LAYERS, 1, step.memory_terms(x, False))
 
 
@@ -202,6 +202,25 @@ def check_step_matches_plain(model, monkeypatch, recompute):
 @pytest.mark.parametrize("recompute", ["all", "none", "mixed"])
 def test_course_model_step_matches_its_plain_forward(monkeypatch, recompute):
     check_step_matches_plain(make_course_model(), monkeypatch, recompute)
+
+
+def test_course_model_is_run_by_structure_in_its_own_order():
+    """The course's model has no `final_hidden_states`: the step walks it by structure (one function,
+    `model_structure.final_hidden_states`), in its forward's order, each module once, the head only as the
+    fused loss's weight; the hidden states are those its own forward multiplies by the head."""
+    from cs336_systems.training.model_structure import final_hidden_states
+
+    model = make_course_model()
+    assert not hasattr(model, "final_hidden_states")
+    step = build_train_step(model, StepConfig(recompute="none"))
+    order = []
+    for name in ("token_embeddings", *(f"layers.{i}" for i in range(LAYERS)), "ln_final", "lm_head"):
+        model.get_submodule(name).register_forward_hook(lambda *_, name=name: order.append(name))
+    x, y = batch()
+    step.forward_backward(x, y)
+    assert order == ["token_embeddings", *(f"layers.{i}" for i in range(LAYERS)), "ln_final"]
+    with torch.no_grad():
+        assert torch.equal(model.lm_head(final_hidden_states(model, x)), model(x))
 
 
 def test_course_model_keeps_its_own_attention():
@@ -299,9 +318,9 @@ def test_default_budget_is_the_smaller_of_free_memory_and_the_cap(monkeypatch, t
                                                                    expected_gib):
     fake_card(monkeypatch, total, free, reserved, fraction)
     device = torch.device("cuda", 0)
-    assert train_step_module.default_budget_bytes(device) == pytest.approx(expected_gib * GIB, abs=1)
+    assert memory_plan.default_budget_bytes(device) == pytest.approx(expected_gib * GIB, abs=1)
     cap = total * GIB * (1.0 if fraction is None else fraction)
-    assert train_step_module.process_memory_cap_bytes(device) == int(cap)
+    assert memory_plan.process_memory_cap_bytes(device) == int(cap)
 
 
 def test_torch_has_the_memory_fraction_getter():
@@ -388,7 +407,7 @@ def test_fused_loss_and_adamw_kernels_use_nothing_generation_specific(fake_capab
     choices read no capability (FusedAdamW's block is the same 1,024 on every GPU)."""
     import inspect
 
-    from cs336_systems import fused_adamw_kernels
+    from cs336_systems.optim import fused_adamw_kernels
     from cs336_systems.fused_loss import cross_entropy_kernels, linear_cross_entropy
 
     for module in (cross_entropy_kernels, linear_cross_entropy, fused_adamw_kernels):

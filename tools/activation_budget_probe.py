@@ -12,8 +12,8 @@ import torch._functorch.config as functorch_config  # the partitioner's budget
 import triton.testing
 
 from cs336_systems.model import TransformerBlock
-from cs336_systems.training import measure_block_memory
 from cs336_systems.training.leaderboard_8b import D_FF, D_MODEL, HEADS
+from cs336_systems.training.memory_plan import measure_block_memory
 
 
 def main() -> None:

@@ -43,6 +43,8 @@ SIZE_TABLES: dict[str, dict[str, str]] = {
 HANDOUT_SIZES = ["small", "medium", "large", "xl", "2.7B", "10B"]
 CPU_SIZES = ["nano", "tiny", "mini"]
 VOCAB_SIZE = 10_000
+# run_block(i, block, x) -> the block's output: how `TransformerLM.final_hidden_states` runs block i when given.
+BlockRunner = Callable[[int, nn.Module, torch.Tensor], torch.Tensor]
 
 
 def handout_name(size: str, handout: str) -> str | None:
@@ -269,14 +271,26 @@ class TransformerLM(nn.Module):
         # process at the next synchronisation with this message. Not while torch.compile traces.
         if not torch.compiler.is_compiling() and token_ids.numel():
             self.check_token_ids(token_ids)
+        return self.lm_head(self.final_hidden_states(token_ids))
+
+    def final_hidden_states(self, token_ids: torch.Tensor, run_block: BlockRunner | None = None) -> torch.Tensor:
+        """(batch, seq, d_model): the last block's output after the final norm, what the LM head multiplies.
+        The ids are not checked here (`forward` checks them; a training step checks its batch itself).
+
+        `run_block(i, block, x)`, where given, runs each block i in its place and returns its output: how a
+        training step runs some blocks under activation checkpointing (`cs336_systems.training`), while the
+        order of the model's modules stays the model's. Without it, `checkpoint_every` applies."""
         x = self.token_embeddings(token_ids)
         k = self.checkpoint_every
-        if k and torch.is_grad_enabled():
+        if run_block is not None:
+            for i, block in enumerate(self.layers):
+                x = run_block(i, block, x)
+        elif k and torch.is_grad_enabled():
             for start in range(0, len(self.layers), k):
                 x = checkpoint(self._run_blocks, x, start, start + k, use_reentrant=False)
         else:
             x = self._run_blocks(x, 0, len(self.layers))
-        return self.lm_head(self.ln_final(x))
+        return self.ln_final(x)
 
 
 def set_attention(model: nn.Module, attention: str | AttentionFn) -> None:
@@ -293,3 +307,18 @@ def set_attention(model: nn.Module, attention: str | AttentionFn) -> None:
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The language model's loss, written out as in assignment 1: the mean over all positions of
+    -log softmax(logits)[target] = logsumexp(logits) - logits[target].
+
+    `logits` has shape (..., vocab) and `targets` shape (...). Computed in fp32 whatever the
+    input dtype, because logsumexp over a 10k vocabulary loses digits in bf16.
+    """
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}")
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (lse - target_logit).mean()

@@ -7,7 +7,7 @@ N parameters. fp32 master weights in every case; "bf16" means torch.autocast(bfl
     gradients      4N bytes          (modes with a backward pass)
     AdamW state    8N bytes          m and v, fp32 (train-step)
     activations    what autograd saves for backward, enumerated tensor by tensor below from
-                   the code of model.py, attention/naive.py and nn_utils.py (checked against
+                   the code of model.py and attention/naive.py (checked against
                    torch.autograd.graph.saved_tensors_hooks in tests/test_memory_model.py)
 
 Per block, fp32, naive attention (E = 4 bytes), the saved tensors are

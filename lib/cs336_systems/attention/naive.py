@@ -12,8 +12,14 @@ import math
 import torch
 
 from cs336_systems.attention.validation import check_is_causal
-from cs336_systems.nn_utils import softmax
 from cs336_systems.profiling.ranges import annotated
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """softmax(x)_i = exp(x_i - max x) / sum_j exp(x_j - max x); the max keeps exp from overflowing."""
+    shifted = x - x.amax(dim=dim, keepdim=True)
+    exp = torch.exp(shifted)
+    return exp / exp.sum(dim=dim, keepdim=True)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:

@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from cs336_systems.model import MODEL_SIZES, ModelConfig, TransformerLM, count_parameters
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import MODEL_SIZES, ModelConfig, TransformerLM, count_parameters, cross_entropy
 from cs336_systems.optim import OPTIMIZERS, make_optimizer
 from cs336_systems.profiling.ranges import annotated
 

@@ -51,8 +51,7 @@ from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.ddp_naive import DDPNaive
 from cs336_systems.experiments.ddp_timeline import timeline_events
 from cs336_systems.distributed.launch import DistContext, gather_timings, launch_from_env, spawn
-from cs336_systems.model import VOCAB_SIZE, TransformerLM
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import VOCAB_SIZE, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 from cs336_systems.profiling.ranges import annotated
 from cs336_systems.profiling.trace import record_chrome_trace

@@ -24,8 +24,7 @@ from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.experiments.ddp_flavours import DDPFlavour
 from cs336_systems.distributed.launch import DistContext, spawn
 from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel, ToyModelWithTiedWeights
-from cs336_systems.model import TransformerLM
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import TransformerLM, cross_entropy
 
 TRANSFORMER_VOCAB, TRANSFORMER_CONTEXT = 256, 16
 

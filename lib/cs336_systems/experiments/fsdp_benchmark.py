@@ -42,8 +42,7 @@ from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, shardable_weight
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.experiments.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
-from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 from cs336_systems.profiling.trace import load_trace, record_chrome_trace
 

@@ -21,19 +21,10 @@ import torch
 
 from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_times_ms
 from cs336_systems.model import TransformerLM, set_attention
+from cs336_systems.training.config import StepConfig
 from cs336_systems.training.leaderboard_8b import ACTIVATION_MEMORY_BUDGET, useful_flops
-from cs336_systems.training.train_step import (
-    GIB,
-    PHASES,
-    StepConfig,
-    TrainStep,
-    build_train_step,
-    MemoryTerms,
-    fixed_memory_bytes,
-    phase_times,
-    plan_recompute,
-    recompute_cost,
-)
+from cs336_systems.training.memory_plan import GIB, MemoryTerms, fixed_memory_bytes, plan_recompute, recompute_cost
+from cs336_systems.training.step import PHASES, TrainStep, build_train_step, phase_times
 
 
 @dataclass(frozen=True)

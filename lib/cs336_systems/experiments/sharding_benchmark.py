@@ -36,8 +36,7 @@ from cs336_systems.experiments.ddp_benchmark import timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_greedy
-from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 
 OPTIMIZERS = ("unsharded", "sharded", "zero")

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from cs336_systems.benchmarking.harness import BenchmarkConfig, TrainingSetup, autocast_context, build, free_device_memory
-from cs336_systems.nn_utils import cross_entropy
+from cs336_systems.model import cross_entropy
 from cs336_systems.profiling.ranges import annotated
 
 BEFORE_RECORDING = "allocated before recording"

@@ -1,48 +1,30 @@
-"""A whole training step of the unchanged `TransformerLM`, built from the library's fast parts.
+"""A whole training step of an unchanged language model, built from the library's fast parts.
+
+    from cs336_systems.training import StepConfig, build_train_step
+
+    step = build_train_step(model, StepConfig(lr=3e-4, state_dtype=torch.bfloat16, compile_blocks=True))
+    loss = step.step(x, y)
 
 `build_train_step(model, StepConfig(...))` (this library's `TransformerLM` or any model of its structure, the
-course's `BasicsTransformerLM` included: `model_parts`) returns a `TrainStep` whose `step(x, y) -> loss` runs
-zero_grad, the model's own modules in its order (each block plain or under activation checkpointing,
-per a memory plan), the fused LM head + cross-entropy (`linear_cross_entropy`, never the [N, V]
-logits), backward, and one `FusedAdamW` step. `torch_native_step` is the PyTorch baseline it is
-compared with (SDPA, every block checkpointed, full logits, torch.optim.AdamW): the same `TrainStep`
-with the baseline's parts chosen in its `StepConfig` (`torch_native_config`).
-Under a process group of several ranks the step is data parallel (`TrainStep`'s docstring).
-`leaderboard_8b` times it on the spring-2026 leaderboard's 8B configuration, on one GPU or under torchrun.
+course's `BasicsTransformerLM` included) returns a `TrainStep` whose `step(x, y) -> loss` runs zero_grad,
+the model's own modules in its order (each block plain or under activation checkpointing, per a memory
+plan), the fused LM head + cross-entropy (never the [N, V] logits), backward, and one `FusedAdamW` step;
+`step.plans` holds the `RecomputePlan` of each input shape. Under a process group of several ranks the step
+is data parallel. The modules, one concept each:
+
+- `config`: `StepConfig`, and `torch_native_config`, the PyTorch baseline's choice of it;
+- `model_structure`: what the step reads from a model, by name and shape (`model_parts`), and how it runs the
+  model's modules in order (`final_hidden_states`);
+- `memory_plan`: the memory model and the recompute plan (`plan_recompute`, `fixed_memory_bytes`,
+  `measure_block_memory`, the budget under a per-process memory cap);
+- `parallelize`: everything the step changes on the model (sharding, compilation, recompute, kept attention);
+- `kept_attention`: selective recompute, a recomputed block's attention output kept from its forward;
+- `step`: `TrainStep`, `build_train_step`, `torch_native_step`;
+- `leaderboard_8b`: times the step on the spring-2026 leaderboard's 8B configuration, on one GPU or under torchrun.
 """
 
-from cs336_systems.training.train_step import (
-    MemoryTerms,
-    ModelParts,
-    RecomputePlan,
-    StepConfig,
-    TrainStep,
-    build_train_step,
-    fixed_memory_bytes,
-    measure_block_activation_bytes,
-    measure_block_memory,
-    model_parts,
-    plan_recompute,
-    process_memory_cap_bytes,
-    recompute_cost,
-    torch_native_config,
-    torch_native_step,
-)
+from cs336_systems.training.config import StepConfig
+from cs336_systems.training.memory_plan import RecomputePlan
+from cs336_systems.training.step import build_train_step
 
-__all__ = [
-    "MemoryTerms",
-    "ModelParts",
-    "RecomputePlan",
-    "StepConfig",
-    "TrainStep",
-    "build_train_step",
-    "fixed_memory_bytes",
-    "measure_block_activation_bytes",
-    "measure_block_memory",
-    "model_parts",
-    "plan_recompute",
-    "process_memory_cap_bytes",
-    "recompute_cost",
-    "torch_native_config",
-    "torch_native_step",
-]
+__all__ = ["RecomputePlan", "StepConfig", "build_train_step"]

@@ -15,7 +15,7 @@ the same order in both passes; in the first it computes O and L (and keeps them 
 checkpoint's reach), in the recompute it saves the kept ones with the recomputed Q, K, V. The backward is
 the original node's: `flash_backward_triton` with the forward's route.
 
-Use (what `TrainStep` does): `keeper.arm()` just before the block's checkpointed forward; the next call
+Use (what `parallelize.Parallelized` does): `keeper.arm()` just before the block's checkpointed forward; the next call
 computes and keeps, the call after it (the recompute) reuses and lets go. A keeper that is not armed and
 keeps nothing is the plain attention (`fallback`), so the model still runs normally outside the step.
 `torch.compiler.disable`: the keeping is Python state that a compiled graph cannot hold, so a compiled

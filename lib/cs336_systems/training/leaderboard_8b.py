@@ -37,7 +37,8 @@ import torch
 
 from cs336_systems.benchmarking.agreed_bench import do_bench_agreed
 from cs336_systems.model import TransformerLM
-from cs336_systems.training.train_step import StepConfig, build_train_step, torch_native_step
+from cs336_systems.training.config import StepConfig
+from cs336_systems.training.step import build_train_step, torch_native_step
 
 # The handout's configuration.
 VOCAB, D_MODEL, D_FF, LAYERS, HEADS, CONTEXT = 151_936, 4_096, 11_008, 34, 32, 32_768

@@ -15,10 +15,11 @@ result, with a handful of kernel launches per step instead of about eight per pa
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable
 
 import torch
+
+from cs336_systems.optim.hyperparameters import check_adamw_hyperparameters
 
 # What the benchmarks can step with: ours per tensor (the assignment's), ours multi-tensor, and
 # PyTorch's fused single-kernel AdamW (the production one).
@@ -34,27 +35,6 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -
     if name == "torch-adamw-fused":
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=True)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
-
-
-def check_adamw_hyperparameters(name: str, lr: float, betas: tuple[float, float], eps: float,
-                                weight_decay: float) -> None:
-    """torch.optim.AdamW's checks and messages, prefixed with the optimizer's `name`: TypeError for a value
-    that is not a real number or betas that are not a pair, ValueError for one out of its range."""
-    for arg, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-        if not isinstance(value, numbers.Real) or isinstance(value, bool):
-            raise TypeError(f"{name}: {arg} must be a real number, got {type(value).__name__}")
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-            and all(isinstance(b, numbers.Real) and not isinstance(b, bool) for b in betas)):
-        raise TypeError(f"{name}: betas must be a pair of floats, got {betas!r}")
-    if not 0.0 <= lr:
-        raise ValueError(f"{name}: Invalid learning rate: {lr}")
-    if not 0.0 <= eps:
-        raise ValueError(f"{name}: Invalid epsilon value: {eps}")
-    for i, beta in enumerate(betas):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"{name}: Invalid beta parameter at index {i}: {beta}")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"{name}: Invalid weight_decay value: {weight_decay}")
 
 
 class AdamW(torch.optim.Optimizer):

@@ -1,7 +1,7 @@
 """A fused, multi-tensor AdamW: a few Triton launches per step over all parameters, not one per tensor.
 
 `FusedAdamW(params, lr, betas, eps, weight_decay, state_dtype)` is torch.optim.AdamW's update (the
-math is in `cs336_systems.fused_adamw_kernels`) with
+math is in `cs336_systems.optim.fused_adamw_kernels`) with
 
 - one launch per (param group, device, param dtype, grad dtype, state dtype, step count) per step:
   the kernel reads a device table of the tensors' addresses and a block table (program -> tensor,
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336_systems.fused_adamw_kernels import (
+from cs336_systems.optim.fused_adamw_kernels import (
     adamw_multi_tensor_kernel,
     block_size,
     kernels_interpreted,
     triton_dtype,
 )
-from cs336_systems.optim import check_adamw_hyperparameters
+from cs336_systems.optim.hyperparameters import check_adamw_hyperparameters
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 PARAM_DTYPES = (torch.float32, torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Triton kernels of the fused, multi-tensor AdamW (`cs336_systems.fused_adamw.FusedAdamW`).
+"""Triton kernels of the fused, multi-tensor AdamW (`cs336_systems.optim.fused_adamw.FusedAdamW`).
 
 The math, per element, as torch.optim.AdamW (decoupled weight decay, bias-corrected moments), with
 t the parameter's step count after this step, all of it in fp32 registers whatever the storage dtypes:
