@@ -485,3 +485,29 @@ def test_gpu_kept_attention_matches_whole_block_recompute(compile_blocks):
     for (name, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
         err = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()
         assert err <= 2e-2, f"{name}: relative error {err:.3g}"
+
+
+def test_a_step_that_does_not_fit_names_what_would(monkeypatch):
+    """With no plan within the budget the error names, from the plan's memory model, the layers, the context
+    and the GPUs that would fit; building the step with the layers or the context it names then plans."""
+    import re
+
+    from cs336_systems.training import memory_plan
+
+    monkeypatch.setattr(memory_plan, "measure_block_memory", lambda block, h: (h.shape[1] << 16, 0))
+    fast, _ = make_models()
+    x, _ = batch()
+    config = StepConfig(recompute="plan")
+    step = build_train_step(fast, config)
+    budget = memory_plan.least_cost(LAYERS, step.memory_terms(x)) - 1  # one byte short of the cheapest plan
+    config = StepConfig(recompute="plan", memory_budget_bytes=budget)
+    with pytest.raises(ValueError, match="does not fit its memory budget") as err:
+        build_train_step(fast, config).plan_for(x)
+    message = str(err.value)
+    layers = int(re.search(r"(\d+) of the 3 layers", message).group(1))
+    context = int(re.search(r"a context of ([\d,]+) tokens", message).group(1).replace(",", ""))
+    assert 1 <= layers < LAYERS and context < CONTEXT and "2 GPUs of this memory" in message
+    fewer, _ = make_models(layers=layers)
+    assert build_train_step(fewer, config).plan_for(x).recompute  # plans, no error
+    shorter, _ = batch(seq=context)
+    assert build_train_step(make_models()[0], config).plan_for(shorter).recompute

@@ -163,6 +163,11 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         calls.append(time.time())
         step_obj.step(x, y)
 
+    if args.variant == "ours":
+        try:  # the plan is made here rather than inside the timing, so a step that cannot fit says what would
+            step_obj.plan_for(x)
+        except ValueError as err:
+            sys.exit(f"leaderboard_8b: {err}")
     torch.cuda.reset_peak_memory_stats()
     if world > 1:
         ms = do_bench_agreed(train_step, warmup=args.warmup, rep=args.rep)

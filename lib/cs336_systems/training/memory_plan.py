@@ -245,7 +245,72 @@ def make_plan(model: nn.Module, parts: ModelParts, config: StepConfig, x: torch.
         budget = default_budget_bytes(parts.device)
     if budget is None:  # CPU without an explicit budget: the host is assumed to have room
         return RecomputePlan((False,) * n)
-    return plan_recompute(n, memory_terms(model, parts, config, x, keep_attention, world_size), budget)
+    terms = memory_terms(model, parts, config, x, keep_attention, world_size)
+    try:
+        return plan_recompute(n, terms, budget)
+    except ValueError as err:
+        raise ValueError(f"{err}. {what_would_fit(model, parts, config, x, terms, budget, world_size)}") from None
+
+
+def least_cost(n_layers: int, terms: MemoryTerms) -> int:
+    """The least peak of any plan for `n_layers` blocks (`recompute_cost`, attention kept or not)."""
+    return min(recompute_cost(n_layers, k, terms, keep) for k in range(n_layers + 1) for keep in (False, True))
+
+
+def what_would_fit(model: nn.Module, parts: ModelParts, config: StepConfig, x: torch.Tensor, terms: MemoryTerms,
+                   budget: int, world_size: int = 1, max_world_size: int = 8) -> str:
+    """What would fit `budget` where this step does not, each change alone, from the plan's own memory model:
+    the most layers (a block's parameters, gradients and states, and its checkpoint, come off); the longest
+    power-of-two context (the activations, checkpoints, kept attention outputs, streams and the loss's
+    workspace scale with the tokens; parameters and states do not); the fewest GPUs up to `max_world_size`
+    (gradients and optimizer states sharded over the ranks, as `TrainStep` does under a process group)."""
+    n = len(parts.layers)
+    batch, seq = x.shape
+    head = parts.head_weight
+    state_dtype = config.state_dtype if config.optimizer == "fused_adamw" else head.dtype
+    state_bytes = torch.tensor([], dtype=state_dtype).element_size()
+    block_numel = sum(p.numel() for p in parts.layers[0].parameters())
+    elt = head.element_size()
+    block_grads = -(-block_numel * elt // world_size)
+    per_block = block_numel * elt + block_grads + -(-2 * block_numel * state_bytes // world_size)
+    options = []
+    layers = [k for k in range(n - 1, 0, -1)
+              if least_cost(k, MemoryTerms(**{**vars(terms), "fixed": terms.fixed - (n - k) * per_block,
+                                              "backward_gradients": max(0, terms.backward_gradients
+                                                                        - (n - k) * block_grads)})) <= budget]
+    if layers:
+        options.append(f"{layers[0]} of the {n} layers")
+    fixed_at = {t: fixed_memory_bytes(model, state_dtype, batch, t, config.loss_chunk_tokens, world_size=world_size,
+                                      bucket_bytes=config.bucket_bytes) for t in (seq, 1)}
+    per_token = (fixed_at[seq] - fixed_at[1]) / max(seq - 1, 1)
+    contexts = []
+    t = 1 << (seq - 1).bit_length() - 1 if seq > 1 else 0
+    while t >= 1:
+        if t < seq:
+            f = t / seq
+            scaled = MemoryTerms(fixed=int(fixed_at[1] + per_token * (t - 1)), block=int(terms.block * f),
+                                 checkpoint=int(terms.checkpoint * f), attention=int(terms.attention * f),
+                                 backward_gradients=terms.backward_gradients, transient=int(terms.transient * f))
+            if least_cost(n, scaled) <= budget:
+                contexts.append(t)
+                break
+        t //= 2
+    if contexts:
+        options.append(f"a context of {contexts[0]:,} tokens (now {seq:,})")
+    for gpus in (2, 4, 8):
+        if world_size < gpus <= max_world_size:
+            fixed = fixed_memory_bytes(model, state_dtype, batch, seq, config.loss_chunk_tokens, world_size=gpus,
+                                       bucket_bytes=config.bucket_bytes)
+            grads = gradient_bytes(model, gpus, config.bucket_bytes)
+            sharded = MemoryTerms(**{**vars(terms), "fixed": fixed, "backward_gradients": max(
+                0, grads - (head.numel() * elt if config.loss == "fused" else 0))})
+            if least_cost(n, sharded) <= budget:
+                options.append(f"{gpus} GPUs of this memory, batch {batch} each (`torchrun --nproc-per-node {gpus}`: "
+                               f"gradients and optimizer states sharded)")
+                break
+    if not options:
+        return "No single change among fewer layers, a shorter context or up to 8 GPUs fits this budget."
+    return "Each of these would fit, by the same memory model: " + "; or ".join(options) + "."
 
 
 def memory_terms(model: nn.Module, parts: ModelParts, config: StepConfig, x: torch.Tensor,
