@@ -55,7 +55,8 @@ tune = ctx.pick(tune, cpu=False, gpu=True)
 # %%
 import pandas as pd
 
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_matmul_tflops
+from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
+from cs336_systems.benchmarking.timing import TimingSettings
 from cs336_systems.experiments.flash_leaderboard import (
     CPU_SCALED_DOWN,
     CPU_SCALED_DOWN_2026,

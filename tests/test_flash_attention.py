@@ -27,12 +27,14 @@ from cs336_systems.attention import flash_attention, flash_dispatch, flash_launc
 from cs336_systems.attention.flash_layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.attention.naive import naive_attention  # noqa: E402
+from cs336_systems.attention.reference import TOLERANCE, reference_attention, reference_gradients  # noqa: E402
+from cs336_systems.attention.reference import relative_error as rel_error  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TOL = {dtype: tolerance.checks for dtype, tolerance in TOLERANCE.items()}
 
 # (shape of q, shape of k and v): 3-D and 4-D, lengths on and off the 16-tile, N_q != N_k
 SHAPES = {
@@ -71,17 +73,9 @@ def triton_device():
 
 
 def reference(q, k, v, is_causal):
-    """float64 O and logsumexp from torch's softmax and logsumexp, and the float64 leaves (for their .grad)."""
-    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
-    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if is_causal:  # query i sees keys j <= i (upper-left, as scaled_dot_product_attention)
-        after = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(diagonal=1)
-        scores = scores.masked_fill(after, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1), (q, k, v)
-
-
-def rel_error(x, ref):
-    return ((x.detach().double() - ref.detach()).norm() / ref.detach().norm()).item()
+    """float64 O and logsumexp of the library's reference, and the float64 leaves (for their .grad)."""
+    leaves = tuple(t.detach().double().requires_grad_() for t in (q, k, v))
+    return (*reference_attention(*leaves, is_causal), leaves)
 
 
 def check_against_reference(apply, shape_q, shape_kv, dtype, is_causal, device, tol=None):
@@ -685,16 +679,9 @@ def test_model_with_flash_attention_matches_naive(small_tiles, triton_device, at
 # Upper-left alignment: query i sees keys j <= i (mask ones(N_q, N_k).tril(0)), so with N_q > N_k the
 # queries i >= N_k see every key, and with N_k > N_q the keys j >= N_q are seen by no query (dK = dV = 0).
 
-def sdpa_causal(q, k, v, grad):
-    """O, dQ, dK, dV of scaled_dot_product_attention(q, k, v, is_causal=True) in float64, on q's device."""
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
-    out.backward(grad.double())
-    return dict(O=out.detach(), dQ=q64.grad, dK=k64.grad, dV=v64.grad)
-
-
 def check_causal_against_sdpa(apply, shape_q, shape_kv, dtype, device, tol):
-    """O and the gradients of q, k, v (random upstream gradient) against SDPA's causal attention in float64;
+    """O and the gradients of q, k, v (random upstream gradient) against the causal float64 reference (which
+    equals SDPA's causal attention in float64, tests/test_attention_reference.py);
     the rows of keys that no query sees get gradients of exactly zero."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(shape_q, generator=gen).to(device, dtype).requires_grad_()
@@ -705,7 +692,7 @@ def check_causal_against_sdpa(apply, shape_q, shape_kv, dtype, device, tol):
     found = dict(O=out, dQ=q.grad, dK=k.grad, dV=v.grad)
     # relative to the reference's norm; absolute below 1, as for one query or one key, where dQ = dK = 0
     errors = {name: ((found[name].detach().double() - ref).norm() / ref.norm().clamp_min(1)).item()
-              for name, ref in sdpa_causal(q, k, v, grad).items()}
+              for name, ref in reference_gradients(q, k, v, grad, True).items() if name in found}
     bad = {name: e for name, e in errors.items() if not e < tol}  # NaN fails here too
     assert not bad, f"errors above {tol}: {bad} (all: {errors})"
     n_q = shape_q[-2]
@@ -1122,7 +1109,8 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
     """On the fused backward's route, (1, h, N, d) views of (1, N, h d) projections get gradients in the
     views' strides (autograd then needs no copy), equal to float64's within tolerance."""
     from cs336_systems.attention import flash_configs, flash_gluon
-    from cs336_systems.experiments.flash_benchmark import TOLERANCE, implementation, reference_gradients, relative_errors
+    from cs336_systems.attention.reference import TOLERANCE, reference_gradients
+    from cs336_systems.benchmarking.attention_registry import implementation, relative_errors
 
     for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", {64: 0, 128: 0}), ("MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}}),
                         ("D128_BWD_MIN_SEQ_LEN", 0),
@@ -1140,7 +1128,7 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
         assert [g.stride() for g in raw] == [t.stride() for t in (q, k, v)]
         reference = reference_gradients(q, k, v, grad_out, True)
         errors = relative_errors(implementation("triton"), q, k, v, grad_out, True, reference)
-        assert max(errors.values()) < TOLERANCE[torch.bfloat16], errors
+        assert max(errors.values()) < TOLERANCE[torch.bfloat16].sweeps, errors
     finally:
         flash_configs.forget_answers()
 

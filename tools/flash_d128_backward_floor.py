@@ -22,8 +22,8 @@ from cs336_systems.attention import flash_gluon
 from cs336_systems.attention.flash_configs import forget_answers
 from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import flash_attention_triton
-from cs336_systems.experiments.flash_benchmark import (TimingSettings, measure_device_ms, measure_times_ms,
-                                                        median_table, round_orders)
+from cs336_systems.benchmarking.timing import (TimingSettings, measure_device_ms, measure_times_ms, median_table,
+                                               round_orders)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
 SHIPPED = (flash_gluon.D128_BWD_MIN_SEQ_LEN, flash_gluon.D128_BWD_MIN_CTAS_PER_SM)

@@ -27,11 +27,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from cs336_systems.attention import flash_gluon as G
 from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_backward_triton
-from cs336_systems.experiments.flash_benchmark import reference_gradients, round_orders
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from cs336_systems.attention.reference import reference_gradients
+from cs336_systems.attention.reference import relative_error as rel
+from cs336_systems.benchmarking.timing import round_orders
 
 
 def model_layout(batch: int, heads: int, n: int, d: int, dtype, seed: int) -> list[torch.Tensor]:

@@ -29,8 +29,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from cs336_systems.attention import flash_gluon
 from cs336_systems.attention.flash_layout import head_views
 from cs336_systems.attention.flash_triton import flash_attention_triton
-from cs336_systems.experiments.flash_benchmark import (TimingSettings, measure_device_ms, measure_times_ms,
-                                                        median_table, round_orders)
+from cs336_systems.benchmarking.timing import (TimingSettings, measure_device_ms, measure_times_ms, median_table,
+                                               round_orders)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}

@@ -24,7 +24,7 @@ import torch
 
 from cs336_systems.attention import flash_gluon
 from cs336_systems.attention.flash_layout import head_views
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, median_table, round_orders
+from cs336_systems.benchmarking.timing import TimingSettings, measure_device_ms, median_table, round_orders
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=100)
 SHAPES = ["4x4096x128", "4x8192x128", "16x4096x128", "16x8192x128", "64x4096x128", "64x8192x128",

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from cs336_systems.experiments.flash_benchmark import implementation
+from cs336_systems.benchmarking.attention_registry import implementation
 
 
 class _Floor(torch.autograd.Function):
