@@ -88,10 +88,10 @@ if ctx.device.type == "cuda":
         f"implementation, {rep_ms / rounds:.3g} ms each), the median taken over all rounds' runs. "
         f"fp32 matmul precision: `{torch.get_float32_matmul_precision()}`."
     )
-    from cs336_systems.attention import flash_native
+    from cs336_systems.attention.launch import native as flash_native
 
     flash_native.load()
-    ctx.md("Ours is called as `flash_attention_triton`: where the C++ autograd node of `attention/flash_native.py` "
+    ctx.md("Ours is called as `flash_attention_triton`: where the C++ autograd node of `attention/launch/native.py` "
            "serves the geometry, its eager calls launch the same Triton kernels from C++ "
            f"(node here: {flash_native.status()}); elsewhere they take the Python `autograd.Function`.")
 else:

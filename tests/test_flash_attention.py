@@ -17,14 +17,13 @@ import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton  # noqa: E402
-from cs336_systems.attention.flash_gluon import (  # noqa: E402
-    gluon_backward_applies,
-    gluon_backward_eligible,
-    gluon_forward_applies,
-    gluon_forward_eligible,
-)
-from cs336_systems.attention import flash_attention, flash_dispatch, flash_launch, flash_native  # noqa: E402
-from cs336_systems.attention.flash_layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
+from cs336_systems.attention.heuristics import gluon_backward_eligible, gluon_forward_eligible  # noqa: E402
+from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies  # noqa: E402
+from cs336_systems.attention import flash_attention  # noqa: E402
+from cs336_systems.attention.launch import dispatch as flash_dispatch  # noqa: E402
+from cs336_systems.attention.launch import plans as flash_launch  # noqa: E402
+from cs336_systems.attention.launch import native as flash_native  # noqa: E402
+from cs336_systems.attention.launch.layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.attention.naive import naive_attention  # noqa: E402
 from cs336_systems.attention.reference import TOLERANCE, reference_attention, reference_gradients  # noqa: E402
@@ -271,7 +270,7 @@ def test_dq_planes_back_to_rows(layout):
     """d = 128's dQ accumulator holds (batch, 2, N, 64) planes in (batch, N, 128)'s memory; the conversion
     puts plane c's row r at columns [64 c, 64 c + 64) of row r, into a gradient of any strides (a model's
     (1, h, N, d) views of its projections keep theirs)."""
-    from cs336_systems.attention.flash_gluon import copy_dq
+    from cs336_systems.attention.launch.gluon import copy_dq
 
     heads, n = 3, 5
     planes = torch.randn(heads, 2, n, 64)
@@ -292,8 +291,8 @@ def test_dq_planes_back_to_rows_by_the_kernel_where_rows_allow(layout, by_kernel
     """Rows the kernel can address (unit column stride, leading dimensions merging into one stride) are
     written by `dq_from_planes_kernel`, ragged rows included; others by PyTorch's copy; both put plane c's
     row r at columns [64 c, 64 c + 64)."""
-    from cs336_systems.attention import flash_triton_backward
-    from cs336_systems.attention.flash_gluon import copy_dq
+    from cs336_systems.attention.kernels import triton_backward as flash_triton_backward
+    from cs336_systems.attention.launch.gluon import copy_dq
 
     device = "cuda" if HAS_CUDA else "cpu"
     heads, n = 3, 37  # not a multiple of the kernel's rows
@@ -327,7 +326,7 @@ def test_dq_planes_back_to_rows_by_the_kernel_where_rows_allow(layout, by_kernel
 @pytest.mark.parametrize("n", [64, 100])
 def test_backward_preprocess_kernel(n):
     """D = rowsum(dO * O) per row and the fp32 dQ accumulator zeroed, ragged rows included."""
-    from cs336_systems.attention.flash_triton_backward import flash_bwd_preprocess_kernel
+    from cs336_systems.attention.kernels.triton_backward import flash_bwd_preprocess_kernel
 
     device = "cuda" if HAS_CUDA else "cpu"
     gen = torch.Generator().manual_seed(0)
@@ -340,7 +339,7 @@ def test_backward_preprocess_kernel(n):
 
 
 def test_as_rows_reads_in_place_where_leading_dimensions_merge():
-    from cs336_systems.attention.flash_layout import as_rows, output_strides
+    from cs336_systems.attention.launch.layout import as_rows, output_strides
 
     x = torch.empty(2, 3, 40, 16)
     assert as_rows(x)[0] is x and as_rows(x)[1] == (40 * 16, 16, 1)
@@ -359,7 +358,7 @@ def test_as_rows_reads_in_place_where_leading_dimensions_merge():
 
 
 def test_head_views_split_projections_in_place_as_a_model_does():
-    from cs336_systems.attention.flash_layout import read_in_place
+    from cs336_systems.attention.launch.layout import read_in_place
 
     projections = torch.arange(2 * 40 * 3 * 16.0).view(2, 40, 48)
     views = head_views(projections, 3)
@@ -374,8 +373,9 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
     """A launch plan (grid, strides, copies, constexprs) is derived once per geometry and reused;
     the same shape with other strides, another fp32 matmul precision or a misaligned start gets
     its own plan, and every call stays correct."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
-    from cs336_systems.attention.flash_configs import is_small_grid, sm_count
+    from cs336_systems.attention.launch.plans import LAUNCHES
+    from cs336_systems.attention.heuristics import is_small_grid
+    from cs336_systems.attention.configs import sm_count
 
     monkeypatch.setattr(LAUNCHES, "plans", {})
     monkeypatch.setattr(LAUNCHES, "forward_routes", {})
@@ -412,8 +412,8 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
     """The forward checks its inputs and picks its kernel and launch plan once per geometry: a second call
     of one geometry re-derives nothing, another geometry, causality or `tiles` override gets its own route,
     a configuration table reload forgets them all, and bad inputs still get the checks' errors."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
-    from cs336_systems.attention.flash_configs import reload_config_table
+    from cs336_systems.attention.launch.plans import LAUNCHES
+    from cs336_systems.attention.configs import reload_config_table
 
     LAUNCHES.forward_routes.clear()  # the cache itself: a reload must clear it
     checks = []
@@ -446,8 +446,8 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     a non-contiguous upstream gradient or inputs the kernels cannot read in place take the general path (own
     entry, no route), views they read in place (a model's batch-1 heads-first views) get a route whose gradients
     have the views' strides, and a configuration table reload forgets the routes."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
-    from cs336_systems.attention.flash_configs import reload_config_table
+    from cs336_systems.attention.launch.plans import LAUNCHES
+    from cs336_systems.attention.configs import reload_config_table
 
     LAUNCHES.backward_routes.clear()  # the cache itself: a reload must clear it
     configs = []
@@ -502,8 +502,8 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
 
 
 def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
-    from cs336_systems.attention.flash_launch import launch_dq
-    from cs336_systems.attention.flash_configs import KernelConfig
+    from cs336_systems.attention.launch.plans import launch_dq
+    from cs336_systems.attention.configs import KernelConfig
 
     q = torch.randn(2, 40, 16, device=triton_device)
     lse, delta = torch.zeros(2, 40, device=triton_device), torch.zeros(40, 2, device=triton_device).t()
@@ -512,7 +512,7 @@ def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
 
 
 def _forward_with_chunk(q, k, v, is_causal, kv_chunk, config):
-    from cs336_systems.attention.flash_launch import launch_forward
+    from cs336_systems.attention.launch.plans import launch_forward
 
     out, lse = torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     launch_forward(q, k, v, out, lse, is_causal, config, kv_chunk)
@@ -529,8 +529,8 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
     """Each query tile's keys split over programs (chunks of `chunk_tiles` 16-key tiles), partials merged
     by the last program: O and L match float64, and the workspace's arrival counts are back at zero,
     so a second launch reuses it uncleared and is right again."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
-    from cs336_systems.attention.flash_configs import KernelConfig
+    from cs336_systems.attention.launch.plans import LAUNCHES
+    from cs336_systems.attention.configs import KernelConfig
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(shape_q, generator=gen).to(triton_device)
@@ -562,7 +562,7 @@ def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch,
     """fp32 on a grid smaller than the SMs (`backward_split`): the dQ kernel's key tiles and the dK/dV
     kernel's query tiles split over programs that add into zeroed gradients. Here the device is given 64
     SMs, so these tiny problems split; their gradients match float64, twice (the zeroing is per call)."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     monkeypatch.setattr(flash_launch, "sm_count", lambda device: 64)
     for cache in (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes):  # derived with the real SM count
@@ -580,7 +580,7 @@ def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch,
 
 
 def test_backward_split_policy():
-    from cs336_systems.attention.flash_configs import backward_split
+    from cs336_systems.attention.heuristics import backward_split
 
     # one head, N = 2,048, 64-row tiles on 132 SMs: 32 programs, 32 loop tiles -> 4 chunks of 8 tiles
     assert backward_split("dkdv", 1, 2048, 2048, 64, 64, 132) == (512, 4)
@@ -594,7 +594,7 @@ def test_backward_split_policy():
 
 
 def test_split_key_forward_rejects_a_chunk_off_the_key_tile(triton_device):
-    from cs336_systems.attention.flash_configs import KernelConfig
+    from cs336_systems.attention.configs import KernelConfig
 
     q = torch.randn(1, 40, 16, device=triton_device)
     for chunk in (24, -16):
@@ -723,7 +723,7 @@ def test_triton_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q
 def test_triton_split_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q, n_k):
     """The split-keys forward and the split fp32 backward kernels (64 SMs given: these one-head grids are
     small), N_q != N_k."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     monkeypatch.setattr(flash_launch, "sm_count", lambda device: 64)
     caches = (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes)  # derived with the real SM count
@@ -900,9 +900,10 @@ def test_triton_fp32_single_tf32_on_gpu(level):
 def test_split_key_forward_on_gpu(n, d, dtype):
     """One head leaves most SMs idle: the forward splits its keys where `kv_split_chunk` says so, and
     the result (backward included, which reads the merged L) matches float64 and the unsplit kernel."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
-    from cs336_systems.attention.flash_layout import head_dim_tile
-    from cs336_systems.attention.flash_configs import kv_split_chunk, sm_count
+    from cs336_systems.attention.launch.plans import LAUNCHES
+    from cs336_systems.attention.launch.layout import head_dim_tile
+    from cs336_systems.attention.heuristics import kv_split_chunk
+    from cs336_systems.attention.configs import sm_count
 
     shape = (1, 1, n, d)
     check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, True, "cuda")
@@ -926,7 +927,7 @@ def test_split_key_forward_in_a_cuda_graph_on_gpu():
     """Captured into a CUDA graph, a split-key forward gets its own workspace, its arrival counts a slice
     of the slab zeroed before the capture (no memset in the graph): every replay is right, and so is
     an eager launch on the stream's own workspace in between."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     shape = (1, 1, 4096, 64)
     gen = torch.Generator().manual_seed(2)
@@ -981,7 +982,7 @@ def test_triton_launches_skip_the_jit_once_compiled_on_gpu(monkeypatch):
     kernel directly (`triton_launch.CachedLauncher`); inputs of the same shape whose addresses
     Triton specializes differently (fp32 rows starting 4 bytes past 16-byte alignment: no
     vectorized loads) go through the JIT again. Every result matches float64."""
-    from cs336_systems.attention.flash_launch import LAUNCHES
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     jit_runs = []
     for launcher in LAUNCHES.launchers.values():
@@ -1005,7 +1006,7 @@ def test_triton_launches_skip_the_jit_once_compiled_on_gpu(monkeypatch):
 
 
 def test_fp32_input_precision_follows_torch():
-    from cs336_systems.attention.flash_layout import input_precision
+    from cs336_systems.attention.launch.layout import input_precision
 
     previous = torch.get_float32_matmul_precision()
     try:
@@ -1026,11 +1027,11 @@ def test_fp32_input_precision_follows_torch():
 def test_gluon_forward_on_gpu(monkeypatch, d, is_causal, dtype):
     """The Gluon forward (then the Gluon backward where it applies, else the Triton kernels) against
     float64 at a ragged N, the size limits lifted."""
-    from cs336_systems.attention import flash_gluon
+    from cs336_systems.attention import heuristics
 
-    monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", {64: 0, 128: 0})
-    monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", {64: 0, 128: 0})
-    monkeypatch.setattr(flash_gluon, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
+    monkeypatch.setattr(heuristics, "MIN_SEQ_LEN", {64: 0, 128: 0})
+    monkeypatch.setattr(heuristics, "MIN_CTAS_PER_SM", {64: 0, 128: 0})
+    monkeypatch.setattr(heuristics, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
     shape = (2, 3, 1000, d)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
     if not gluon_forward_applies(probe, probe, probe, is_causal, interpreted=False):
@@ -1049,11 +1050,11 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     """The fused Gluon backward (dQ by TMA reduce-add, summed over a CTA's two key halves) against float64,
     eager and under torch.compile (its custom op), the size limits lifted. At N = 960 the last key block's
     second warpgroup has all its keys past N (no paired tiles); at 1,090 it has 2."""
-    from cs336_systems.attention import flash_gluon
+    from cs336_systems.attention import heuristics
 
-    monkeypatch.setattr(flash_gluon, "MIN_SEQ_LEN", {64: 0, 128: 0})
-    monkeypatch.setattr(flash_gluon, "MIN_CTAS_PER_SM", {64: 0, 128: 0})
-    monkeypatch.setattr(flash_gluon, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
+    monkeypatch.setattr(heuristics, "MIN_SEQ_LEN", {64: 0, 128: 0})
+    monkeypatch.setattr(heuristics, "MIN_CTAS_PER_SM", {64: 0, 128: 0})
+    monkeypatch.setattr(heuristics, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
     probe = torch.empty(shape, device="cuda", dtype=dtype)
     if not gluon_backward_applies(probe, probe, probe, True, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
@@ -1091,10 +1092,10 @@ def check_eager_and_compiled_on_gpu(shape, dtype, is_causal):
 def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
     """d = 128's fused backward (each warpgroup adds a column half of dQ, query tiles last to first) against
     float64, eager and under torch.compile, the size limits lifted; N_q != N_k stays with the Triton kernels."""
-    from cs336_systems.attention import flash_gluon
+    from cs336_systems.attention import heuristics
 
-    monkeypatch.setattr(flash_gluon, "D128_BWD_MIN_SEQ_LEN", 0)
-    monkeypatch.setattr(flash_gluon, "D128_BWD_MIN_CTAS_PER_SM", 0)
+    monkeypatch.setattr(heuristics, "D128_BWD_MIN_SEQ_LEN", 0)
+    monkeypatch.setattr(heuristics, "D128_BWD_MIN_CTAS_PER_SM", 0)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
     if not gluon_backward_applies(probe, probe, probe, is_causal, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
@@ -1108,14 +1109,15 @@ def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
 def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(monkeypatch, d):
     """On the fused backward's route, (1, h, N, d) views of (1, N, h d) projections get gradients in the
     views' strides (autograd then needs no copy), equal to float64's within tolerance."""
-    from cs336_systems.attention import flash_configs, flash_gluon
+    from cs336_systems.attention import configs as flash_configs
+    from cs336_systems.attention import heuristics
     from cs336_systems.attention.reference import TOLERANCE, reference_gradients
     from cs336_systems.benchmarking.attention_registry import implementation, relative_errors
 
     for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", {64: 0, 128: 0}), ("MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}}),
                         ("D128_BWD_MIN_SEQ_LEN", 0),
                         ("D128_BWD_MIN_CTAS_PER_SM", 0)):
-        monkeypatch.setattr(flash_gluon, name, value)
+        monkeypatch.setattr(heuristics, name, value)
     gen = torch.Generator(device="cuda").manual_seed(d)
     q, k, v = (head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4)
                .requires_grad_() for _ in range(3))
@@ -1155,8 +1157,9 @@ def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
     """The real kernels against SDPA's causal attention, through the Python `autograd.Function`
     (`FlashAttentionTriton.python_apply`) and `FlashAttentionTriton.apply` (the C++ node where it builds). `split`: every forward splits its keys, in about
     8 chunks of the longest query tile's, and (8,192 SMs given) every fp32 backward kernel splits its loop."""
-    from cs336_systems.attention import flash_configs, flash_native
-    from cs336_systems.attention.flash_launch import LAUNCHES
+    from cs336_systems.attention import configs as flash_configs
+    from cs336_systems.attention.launch import native as flash_native
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     if split:
         monkeypatch.setattr(flash_launch, "kv_split_chunk", lambda batch, n_q, n_k, is_causal, q_tile, k_tile, *rest:

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from cs336_systems.attention.flash_layout import kernels_interpreted  # noqa: E402
+from cs336_systems.attention.launch.layout import kernels_interpreted  # noqa: E402
 from cs336_systems.benchmarking import attention_registry as registry  # noqa: E402
 from cs336_systems.benchmarking import ceiling, timing  # noqa: E402
 from cs336_systems.experiments import flash_benchmark as fb  # noqa: E402

@@ -23,18 +23,18 @@ from pathlib import Path
 import torch
 import triton.testing
 
-from cs336_systems.attention import flash_gluon as G
+from cs336_systems.attention.launch import gluon as G
 from cs336_systems.attention.reference import reference_gradients
 from cs336_systems.attention.reference import relative_error as rel
 from cs336_systems.benchmarking.attention_registry import implementation
 from cs336_systems.benchmarking.timing import round_orders
-from cs336_systems.attention.flash_triton import FlashAttentionTriton
+from cs336_systems.attention.api import FlashAttentionTriton
 
 
 def use_backward_kernel(module: str | None):
     """The fused backward's kernel taken from `module` (a copy of flash_gluon_backward with a change), or
     the shipped one (None)."""
-    from cs336_systems.attention import flash_gluon_backward as shipped
+    from cs336_systems.attention.kernels import gluon_backward as shipped
 
     original = shipped.__dict__.setdefault("_shipped_kernel", shipped.flash_bwd_gluon_kernel)
 

@@ -1,7 +1,7 @@
 """The attention implementations that benchmarks compare, each called as f(q, k, v, is_causal).
 
-  triton          ours, `flash_attention_triton` (attention/flash_triton.py): FlashAttentionTriton's kernels,
-                  eager calls through the C++ autograd node of attention/flash_native.py where it applies
+  triton          ours, `flash_attention_triton` (attention/api.py): FlashAttentionTriton's kernels,
+                  eager calls through the C++ autograd node of attention/launch/native.py where it applies
   pytorch         the materialised softmax(Q Kᵀ/√d) V of attention/naive.py
   sdpa_flash      torch's scaled_dot_product_attention restricted with `sdpa_kernel` to one backend
   sdpa_cudnn
@@ -38,7 +38,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = F
 
 
 def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-    from cs336_systems.attention.flash_triton import flash_attention_triton
+    from cs336_systems.attention.api import flash_attention_triton
 
     return flash_attention_triton(q, k, v, is_causal)
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import pandas as pd
 import torch
 
-from cs336_systems.attention.flash_layout import head_views
+from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.attention.reference import TOLERANCE, reference_gradients
 from cs336_systems.benchmarking.attention_registry import Implementation, implementation, relative_errors
 from cs336_systems.benchmarking.timing import TimingSettings, measure_times_ms, round_orders
@@ -170,7 +170,7 @@ def pooled_latencies(rounds: Sequence[dict[str, list[float]]]) -> dict[str, floa
 def leaderboard_implementation(name: str, compile: bool) -> Implementation:
     """`implementation(name)`; ours with `torch.compile(FlashAttentionTriton.apply)` when `compile`."""
     if name == "triton" and compile:
-        from cs336_systems.attention.flash_triton import FlashAttentionTriton
+        from cs336_systems.attention.api import FlashAttentionTriton
 
         return Implementation(name, torch.compile(FlashAttentionTriton.apply))
     return implementation(name)
