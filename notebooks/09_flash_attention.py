@@ -52,16 +52,18 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton
-from cs336_systems.experiments.attention_benchmark import TOLERANCE, accuracy_table, peak_memory_sweep, seq_len_axis
-from cs336_systems.attention.flash_pytorch import flash_backward_reference, flash_forward_tiles
-from cs336_systems.attention.flash_layout import kernels_interpreted
-from cs336_systems.attention.flash_triton import flash_attention_triton
-from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
-from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
+from cs336_systems.attention import api as flash_api
+from cs336_systems.attention.reference import TOLERANCE
+from cs336_systems.experiments.attention_benchmark import accuracy_table, peak_memory_sweep, seq_len_axis
+from cs336_systems.attention.pytorch import flash_backward_reference, flash_forward_tiles
+from cs336_systems.attention.launch.layout import kernels_interpreted
+from cs336_systems.attention.api import flash_attention_triton
+from cs336_systems.attention.kernels.triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from cs336_systems.attention.kernels.triton_forward import flash_fwd_kernel
 from cs336_systems.attention.naive import naive_attention
 from cs336_systems.experiments.answers import give
 
-FlashAttentionTriton.tiles = triton_tiles
+flash_api.DEFAULT_TILES = triton_tiles
 FlashAttentionPytorch.compile_backward = compile_backward
 if kernels_interpreted():
     ctx.md("> The Triton kernels run in the **Triton interpreter** here (no GPU): the same kernel code, executed "
@@ -123,7 +125,7 @@ show_source(flash_backward_reference)
 # first kernel runs one program per key tile and loops over query tiles, accumulating dK⁽ʲ⁾ and
 # dV⁽ʲ⁾ in registers (it computes the transposed tiles Sᵀ = K⁽ʲ⁾Q_iᵀ directly); the second runs one
 # program per query tile and loops over key tiles for dQ_i. Each output tile has a single owner,
-# so no atomics are needed. `FlashAttentionTriton.backward_impl` (or the call's `backward_impl`)
+# so no atomics are needed. The call's `backward_impl`
 # picks "triton" (default) or "pytorch".
 
 # %%
@@ -176,7 +178,7 @@ ctx.md(
     f"{n_pass} of {len(wide)} cases are within the tolerance on every tensor. Largest norm-wise error per implementation and dtype: "
     + "; ".join(f"**{impl}** " + ", ".join(f"{dt} {worst.loc[impl, dt]:.1e}" for dt in worst.columns)
                 for impl in worst.index)
-    + f" (tolerances: {', '.join(f'{str(k)[6:]} {v:g}' for k, v in TOLERANCE.items())})."
+    + f" (tolerances: {', '.join(f'{str(k)[6:]} {v.checks:g}' for k, v in TOLERANCE.items())})."
 )
 ctx.headline("FlashAttention cases passing the float64 check", f"{n_pass}/{len(wide)}")
 

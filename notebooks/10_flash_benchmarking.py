@@ -63,18 +63,18 @@ import seaborn as sns
 from cs336_systems.experiments.answers import give
 from cs336_systems.experiments.answers.attention import span as ratio_span
 from cs336_systems.experiments.attention_benchmark import seq_len_axis
+from cs336_systems.attention.reference import TOLERANCE
+from cs336_systems.benchmarking.attention_registry import IMPLEMENTATIONS
+from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
+from cs336_systems.benchmarking.timing import TimingSettings
 from cs336_systems.experiments.flash_benchmark import (
     IMPL_LABELS,
-    IMPLEMENTATIONS,
-    TOLERANCE,
-    TimingSettings,
     compare_latencies,
     comparison_table,
     eager_and_device,
     flash_benchmark,
     latencies_long,
     latency_pivot,
-    measure_matmul_tflops,
 )
 from cs336_systems.report.tables import fmt_ms
 
@@ -88,10 +88,10 @@ if ctx.device.type == "cuda":
         f"implementation, {rep_ms / rounds:.3g} ms each), the median taken over all rounds' runs. "
         f"fp32 matmul precision: `{torch.get_float32_matmul_precision()}`."
     )
-    from cs336_systems.attention import flash_native
+    from cs336_systems.attention.launch import native as flash_native
 
     flash_native.load()
-    ctx.md("Ours is called as `flash_attention_triton`: where the C++ autograd node of `attention/flash_native.py` "
+    ctx.md("Ours is called as `flash_attention_triton`: where the C++ autograd node of `attention/launch/native.py` "
            "serves the geometry, its eager calls launch the same Triton kernels from C++ "
            f"(node here: {flash_native.status()}); elsewhere they take the Python `autograd.Function`.")
 else:
@@ -158,7 +158,7 @@ if len(not_ok):
     ctx.save_table(summary, "flash_not_ok_reasons")
 worst = raw[raw.status.isin(["ok", "wrong"])].groupby(["impl", "dtype"]).max_rel_error.max()
 ctx.md("Worst relative error against float64 per implementation and dtype (tolerance "
-       + ", ".join(f"{str(k).removeprefix('torch.')} {v:g}" for k, v in TOLERANCE.items() if str(k).removeprefix("torch.") in dtypes)
+       + ", ".join(f"{str(k).removeprefix('torch.')} {v.sweeps:g}" for k, v in TOLERANCE.items() if str(k).removeprefix("torch.") in dtypes)
        + "): " + "; ".join(f"{i} {d}: {e:.1e}" for (i, d), e in worst.items()) + ".")
 
 # %%

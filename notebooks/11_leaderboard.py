@@ -55,7 +55,8 @@ tune = ctx.pick(tune, cpu=False, gpu=True)
 # %%
 import pandas as pd
 
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_matmul_tflops
+from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
+from cs336_systems.benchmarking.timing import TimingSettings
 from cs336_systems.experiments.flash_leaderboard import (
     CPU_SCALED_DOWN,
     CPU_SCALED_DOWN_2026,
@@ -114,14 +115,14 @@ ctx.save_table(floors(config, ceiling, bandwidth), "leaderboard_floors");
 # %% [markdown]
 # ## Tuning the kernels for this configuration
 # Each of our three kernels (forward, dK/dV, dQ) is launched with every candidate launch configuration
-# (tile sizes, warps, pipeline stages; `cs336_systems.attention.flash_configs`), each candidate's output
+# (tile sizes, warps, pipeline stages; `cs336_systems.attention.configs`), each candidate's output
 # checked against the default's and its latency measured with `do_bench`; the fastest correct one is
 # cached and used by the leaderboard run below. The tuner runs as a fresh process with an empty Triton
 # compile cache, so its wall time is what a first run pays.
 
 # %%
-from cs336_systems.attention import flash_configs
-from cs336_systems.attention.flash_tuning import tune_in_fresh_process, tuning_summary
+from cs336_systems.attention import configs as flash_configs
+from cs336_systems.attention.tuning import tune_in_fresh_process, tuning_summary
 
 if tune:
     tuning, tuning_s = tune_in_fresh_process(config.seq_len, config.head_dim, str(config.dtype).removeprefix("torch."),

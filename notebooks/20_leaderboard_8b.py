@@ -61,7 +61,7 @@ ctx = setup_notebook("20_leaderboard_8b", profile=profile)
 # %%
 import torch
 
-from cs336_systems.experiments.flash_benchmark import measure_matmul_tflops
+from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
 from cs336_systems.model import TransformerLM
 from cs336_systems.training.leaderboard_8b import CONTEXT, D_FF, D_MODEL, HEADS, LAYERS, VOCAB
 

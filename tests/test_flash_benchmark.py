@@ -17,13 +17,15 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from cs336_systems.attention.flash_layout import kernels_interpreted  # noqa: E402
+from cs336_systems.attention.launch.layout import kernels_interpreted  # noqa: E402
+from cs336_systems.benchmarking import attention_registry as registry  # noqa: E402
+from cs336_systems.benchmarking import ceiling, timing  # noqa: E402
 from cs336_systems.experiments import flash_benchmark as fb  # noqa: E402
 from cs336_systems.experiments import flash_leaderboard as lb  # noqa: E402
 from cs336_systems.experiments.attention_benchmark import SavedForBackward  # noqa: E402
 from cs336_systems.report.environment import repo_root  # noqa: E402
 
-FAST = fb.TimingSettings(cpu_steps=1)
+FAST = timing.TimingSettings(cpu_steps=1)
 
 
 @pytest.fixture
@@ -98,33 +100,13 @@ def test_cpu_timing_skips_the_first_call_and_resets_gradients():
         calls.append(1)
         (2 * x).sum().backward()
 
-    times = fb.measure_times_ms(step, torch.device("cpu"), fb.TimingSettings(cpu_steps=4), grad_to_none=[x])
+    times = timing.measure_times_ms(step, torch.device("cpu"), timing.TimingSettings(cpu_steps=4), grad_to_none=[x])
     assert len(times) == 4 and len(calls) == 5 and all(t >= 0 for t in times)
     assert all(g is None for g in grads_seen)
 
 
 def test_matmul_ceiling_is_a_positive_rate():
-    assert fb.measure_matmul_tflops(torch.float32, n=64, device="cpu", settings=FAST) > 0
-
-
-# --- the float64 reference --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n_q, n_k", [(13, 21), (21, 13)])
-@pytest.mark.parametrize("is_causal", [False, True])
-def test_chunked_reference_matches_a_direct_float64_autograd(is_causal, n_q, n_k):
-    d = 8
-    q, k, v, g = torch.randn(2, n_q, d), torch.randn(2, n_k, d), torch.randn(2, n_k, d), torch.randn(2, n_q, d)
-    ref = fb.reference_gradients(q, k, v, g, is_causal, chunk_elements=2 * 2 * n_k)  # 2 query rows per chunk
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    scores = q64 @ k64.transpose(-1, -2) / d**0.5
-    if is_causal:  # query i sees keys j <= i (upper-left, as scaled_dot_product_attention)
-        allowed = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None]
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    out = torch.softmax(scores, -1) @ v64
-    out.backward(g.double())
-    for name, expected in dict(O=out, dQ=q64.grad, dK=k64.grad, dV=v64.grad).items():
-        torch.testing.assert_close(ref[name], expected.detach(), rtol=1e-10, atol=1e-12, msg=name)
+    assert ceiling.measure_matmul_tflops(torch.float32, n=64, device="cpu", settings=FAST) > 0
 
 
 # --- statuses ---------------------------------------------------------------------------------------
@@ -142,7 +124,7 @@ def test_every_implementation_runs_and_passes_the_check_on_cpu(triton_on_cpu):
 
 
 def test_a_wrong_kernel_is_caught(monkeypatch):
-    monkeypatch.setattr(fb, "naive_attention", lambda q, k, v, is_causal: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    monkeypatch.setattr(registry, "naive_attention", lambda q, k, v, is_causal: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
     df = tiny_sweep(["pytorch", "sdpa_flash"])  # the first ignores the causal mask and the 1/sqrt(d) scale
     wrong, right = df.iloc[0], df.iloc[1]
     assert wrong.status == "wrong" and wrong.max_rel_error > 0.05 and wrong.forward_ms > 0
@@ -150,18 +132,18 @@ def test_a_wrong_kernel_is_caught(monkeypatch):
 
 
 def test_nan_output_is_wrong(monkeypatch):
-    monkeypatch.setattr(fb, "naive_attention", lambda q, k, v, is_causal: q * float("nan"))
+    monkeypatch.setattr(registry, "naive_attention", lambda q, k, v, is_causal: q * float("nan"))
     assert tiny_sweep(["pytorch"]).status.item() == "wrong"
 
 
 def test_an_out_of_memory_becomes_a_row_and_the_sweep_goes_on(monkeypatch):
-    real = fb.naive_attention
+    real = registry.naive_attention
 
     def under_a_tiny_budget(q, k, v, is_causal):
         with SavedForBackward(resident=(q, k, v), budget_bytes=q.nbytes * 3 + 1024):  # no room for the scores
             return real(q, k, v, is_causal)
 
-    monkeypatch.setattr(fb, "naive_attention", under_a_tiny_budget)
+    monkeypatch.setattr(registry, "naive_attention", under_a_tiny_budget)
     df = tiny_sweep(["pytorch", "sdpa_flash"])
     assert list(df.status) == ["OOM", "ok"]
     assert "out of memory" in df.note.iloc[0] and pd.isna(df.forward_ms.iloc[0])
@@ -179,7 +161,7 @@ def test_no_kernel_becomes_a_row_with_torchs_reason(monkeypatch):
         warnings.warn("Flash attention kernel not used because: dtype float32 is not supported")
         raise RuntimeError("No available kernel. Aborting execution.")
 
-    monkeypatch.setattr(fb, "_sdpa", refuses)
+    monkeypatch.setattr(registry, "_sdpa", refuses)
     row = tiny_sweep(["sdpa_flash"]).iloc[0]
     assert row.status == "no kernel" and "dtype float32 is not supported" in row.note
 
@@ -192,9 +174,9 @@ def test_a_failing_library_backend_is_a_row_but_our_failure_stops_the_sweep(monk
     def broken(*args):
         raise RuntimeError("cuDNN Frontend error: graph did not build")
 
-    monkeypatch.setattr(fb, "_sdpa", broken)
+    monkeypatch.setattr(registry, "_sdpa", broken)
     assert tiny_sweep(["sdpa_cudnn"]).status.item() == "backend error"
-    monkeypatch.setattr(fb, "_triton", broken)
+    monkeypatch.setattr(registry, "_triton", broken)
     with pytest.raises(RuntimeError, match="graph did not build"):
         tiny_sweep(["triton"])
 
@@ -259,7 +241,7 @@ def test_compare_latencies_on_device_time_and_the_eager_overhead():
     assert fb.bar_verdict("on device time", device.reset_index())[0] == "FAIL"
     unmeasured = fb.compare_latencies(df[df.seq_len == 2048], "triton", "sdpa_flash", value="device_ms")
     assert fb.bar_verdict("on device time", unmeasured)[0] == "not checked"
-    assert fb.implementation("pytorch").no_device_time and not fb.implementation("triton").no_device_time
+    assert registry.implementation("pytorch").no_device_time and not registry.implementation("triton").no_device_time
     both = fb.eager_and_device(df).set_index(["impl", "pass"])
     assert len(both) == 6  # the 2048 rows have no device time
     assert both.loc[("triton", "backward"), "outside_ms"] == 3.0
@@ -270,7 +252,7 @@ def test_compare_latencies_on_device_time_and_the_eager_overhead():
 def test_device_time_replays_the_eager_kernels_on_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    impl = fb.implementation("triton")
+    impl = registry.implementation("triton")
     q, k, v = (torch.randn(1, 2, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad_out = torch.randn_like(q)
     impl.apply(q, k, v, True).backward(grad_out)
@@ -281,7 +263,7 @@ def test_device_time_replays_the_eager_kernels_on_gpu():
         impl.apply(q, k, v, True).backward(grad_out)
         captured["grads"] = [t.grad for t in (q, k, v)]
 
-    times = fb.measure_device_ms(forward_backward, fb.TimingSettings(warmup_ms=1, rep_ms=5), grad_to_none=(q, k, v))
+    times = timing.measure_device_ms(forward_backward, timing.TimingSettings(warmup_ms=1, rep_ms=5), grad_to_none=(q, k, v))
     assert times and min(times) > 0
     assert q.grad is None  # reset after the measurement
     for replayed, expected in zip(captured["grads"], eager):  # what the last replay wrote
@@ -296,8 +278,8 @@ def test_device_passes_capture_a_backward_recorded_on_the_default_stream_on_gpu(
         pytest.skip("needs a GPU")
     torch.cuda.set_stream(torch.cuda.default_stream())
     q, k, v = (torch.randn(1, 1, 128, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    times = fb.device_passes(fb.implementation("triton"), q, k, v, torch.randn_like(q), True,
-                             fb.TimingSettings(warmup_ms=1, rep_ms=5))
+    times = fb.device_passes(registry.implementation("triton"), q, k, v, torch.randn_like(q), True,
+                             timing.TimingSettings(warmup_ms=1, rep_ms=5))
     assert set(times) == set(fb.PASSES) and all(min(t) > 0 for t in times.values())
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
@@ -308,7 +290,7 @@ def test_a_failed_capture_leaves_the_callers_stream_current_and_random_draws_wor
         pytest.skip("needs a GPU")
     before = torch.cuda.current_stream()
     with pytest.raises(RuntimeError):
-        fb.measure_device_ms(lambda: torch.cuda.synchronize(), fb.TimingSettings(warmup_ms=1, rep_ms=5))
+        timing.measure_device_ms(lambda: torch.cuda.synchronize(), timing.TimingSettings(warmup_ms=1, rep_ms=5))
     assert torch.cuda.current_stream() == before
     # the default generator is not left marked as capturing ("Offset increment outside graph capture"): after
     # a sweep records a failed capture, the process's later draws on the device (a model's dropout) still work
@@ -389,8 +371,8 @@ def test_an_implementation_that_fails_in_a_later_round_becomes_a_row_and_leaves_
 
 
 def test_rounds_rotate_the_order_and_pool_the_runs():
-    assert lb.round_orders(["a", "b", "c"], 4) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
-    assert lb.round_orders([], 3) == []
+    assert timing.round_orders(["a", "b", "c"], 4) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert timing.round_orders([], 3) == []
     pooled = lb.pooled_latencies([dict(fwd_bwd=[4.0, 5.0, 9.0], fwd=[1.0]), dict(fwd_bwd=[6.0], fwd=[2.0, 3.0])])
     assert pooled["fwd_bwd_ms"] == 5.5 and pooled["fwd_ms"] == 2.0 and pooled["bwd_ms"] == 3.5
     assert pooled["fwd_bwd_mean_ms"] == 6.0 and pooled["runs"] == 4 and pooled["rounds"] == 2
@@ -411,7 +393,7 @@ def test_sweep_times_in_interleaved_rounds(triton_on_cpu, monkeypatch):
 
     monkeypatch.setattr(fb, "time_passes", recording)
     df = fb.flash_benchmark([32], [16], [torch.float32], ["triton", "pytorch"], device="cpu",
-                            settings=fb.TimingSettings(cpu_steps=3, rounds=3), progress=False)
+                            settings=timing.TimingSettings(cpu_steps=3, rounds=3), progress=False)
     assert calls == ["triton", "pytorch", "pytorch", "triton", "triton", "pytorch"]
     assert list(df.status) == ["ok", "ok"] and (df.runs == 3).all()
 
@@ -427,7 +409,7 @@ def test_a_failure_in_a_later_round_becomes_the_row(triton_on_cpu, monkeypatch):
 
     monkeypatch.setattr(fb, "time_passes", flaky)
     df = fb.flash_benchmark([32], [16], [torch.float32], ["triton", "pytorch"], device="cpu",
-                            settings=fb.TimingSettings(cpu_steps=3, rounds=3), progress=False).set_index("impl")
+                            settings=timing.TimingSettings(cpu_steps=3, rounds=3), progress=False).set_index("impl")
     assert calls == ["triton", "pytorch", "pytorch", "triton", "triton"]  # pytorch leaves the rounds
     assert df.loc["pytorch", "status"] == "OOM" and "3.00 GiB" in df.loc["pytorch", "note"]
     assert pd.isna(df.loc["pytorch", "forward_ms"]) and df.loc["triton", "runs"] == 3
@@ -479,7 +461,7 @@ def test_median_table_writes_every_row_and_divides_the_medians(tmp_path, capsys)
     rows = [dict(shape=s, impl=i, round=r, ms=ms) for s, i, r, ms in
             [("a", "ours", 0, 1.0), ("a", "ours", 1, 3.0), ("a", "ours", 2, 2.0), ("a", "cudnn", 0, 4.0),
              ("a", "cudnn", 1, 4.0), ("b", "ours", 0, 1.0), ("b", "cudnn", 0, 2.0)]]
-    med = fb.median_table(rows, str(tmp_path / "t.csv"), ["shape", "impl"], "impl", [("ours", "cudnn")])
+    med = timing.median_table(rows, str(tmp_path / "t.csv"), ["shape", "impl"], "impl", [("ours", "cudnn")])
     assert len(pd.read_csv(tmp_path / "t.csv")) == len(rows)
     assert med.loc["a", "ours"] == 2.0 and med.loc["a", "ours/cudnn"] == 0.5 and med.loc["b", "ours/cudnn"] == 0.5
     assert "ours/cudnn" in capsys.readouterr().out

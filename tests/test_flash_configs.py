@@ -11,8 +11,9 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-from cs336_systems.attention import flash_configs  # noqa: E402
-from cs336_systems.attention.flash_configs import (  # noqa: E402
+from cs336_systems.attention import api as flash_api  # noqa: E402
+from cs336_systems.attention import configs as flash_configs  # noqa: E402
+from cs336_systems.attention.configs import (  # noqa: E402
     ConfigTable,
     KernelConfig,
     ProblemKey,
@@ -128,7 +129,7 @@ def test_small_grid_keys_round_trip_and_are_preferred_in_their_class(tmp_path):
 
 
 def test_a_grid_is_small_below_one_64_row_program_per_sm():
-    from cs336_systems.attention.flash_configs import is_small_grid
+    from cs336_systems.attention.heuristics import is_small_grid
 
     # 132 SMs (an H100): one head at N = 8,192 has 128 query tiles of 64 rows, at 8,448 it has 132
     assert is_small_grid("forward", 1, 8192, 8192, 132)
@@ -141,7 +142,7 @@ def test_a_grid_is_small_below_one_64_row_program_per_sm():
 
 
 def test_kv_split_chunk_spreads_the_work_over_the_sms():
-    from cs336_systems.attention.flash_configs import kv_split_chunk
+    from cs336_systems.attention.heuristics import kv_split_chunk
 
     # One head, causal, 64x128 tiles, 132 SMs: N = 4,096 has 64 query tiles holding 1 to 32 key tiles,
     # 1,056 in all: 6 tiles per chunk at 4/3 programs per SM (d = 64), 12 at 2/3 (d = 128).
@@ -225,9 +226,9 @@ def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache, monke
 
 def test_each_kernel_runs_its_own_configuration(user_cache):
     """Forward, dK/dV and dQ with three different tile shapes still give the float64 answer."""
-    from cs336_systems.attention.flash_dispatch import kernel_config
-    from cs336_systems.attention.flash_layout import kernels_interpreted
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+    from cs336_systems.attention.launch.dispatch import kernel_config
+    from cs336_systems.attention.launch.layout import kernels_interpreted
+    from cs336_systems.attention.api import FlashAttentionTriton
     from test_flash_attention import check_against_reference
 
     if not torch.cuda.is_available() and not kernels_interpreted():
@@ -238,7 +239,7 @@ def test_each_kernel_runs_its_own_configuration(user_cache):
     for kernel, config in chosen.items():
         ConfigTable([user_cache]).store(name, ProblemKey.of(kernel, 16, torch.float32, True, 45, 45), config, user_cache)
     flash_configs.reload_config_table()
-    assert FlashAttentionTriton.tiles is None
+    assert flash_api.DEFAULT_TILES is None
     q = torch.zeros(1, 45, 16, device=device)
     for kernel, config in chosen.items():
         assert kernel_config(kernel, q, 45, True) == config
@@ -246,7 +247,7 @@ def test_each_kernel_runs_its_own_configuration(user_cache):
 
 
 def test_tuning_needs_a_gpu():
-    from cs336_systems.attention.flash_tuning import tune_flash_attention
+    from cs336_systems.attention.tuning import tune_flash_attention
 
     with pytest.raises(ValueError, match="tuning needs a CUDA device, got cpu"):
         tune_flash_attention(64, head_dim=16, device="cpu")
@@ -255,7 +256,7 @@ def test_tuning_needs_a_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_tuning_on_gpu_stores_the_fastest_correct_config(user_cache):
-    from cs336_systems.attention.flash_tuning import tune_flash_attention, tuning_summary
+    from cs336_systems.attention.tuning import tune_flash_attention, tuning_summary
 
     df = tune_flash_attention(256, head_dim=32, batch=2, kernels=["forward", "dq"], rep_ms=5, progress=False)
     assert set(df.kernel) == {"forward", "dq"} and df.best.sum() == 2
@@ -269,7 +270,7 @@ def test_tuning_on_gpu_stores_the_fastest_correct_config(user_cache):
 
 
 def test_tuning_in_a_fresh_process_is_held_to_its_budget(tmp_path):
-    from cs336_systems.attention.flash_tuning import tune_in_fresh_process
+    from cs336_systems.attention.tuning import tune_in_fresh_process
 
     with pytest.raises(RuntimeError, match=r"did not finish within 0.01 s"):
         tune_in_fresh_process(1024, 64, "bfloat16", out_dir=tmp_path, timeout_s=0.01)

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from cs336_systems.attention.flash_gluon_backward import _paired_before
+from cs336_systems.attention.kernels.gluon_backward import _paired_before
 
 paired_before = _paired_before.fn  # the @gluon.jit function's Python body: integer arithmetic only
 
@@ -156,7 +156,7 @@ def test_the_checker_catches_a_wrong_phase_and_a_missing_wait(monkeypatch):
 # --- d = 128 (`flash_gluon_backward_d128`): both warpgroups visit every query tile, last to first; each
 # computes a column half of the previous visit's dQ part from both warpgroups' dS, so both read both buffers.
 
-from cs336_systems.attention.flash_gluon_backward_d128 import ds_free_phase, ds_ready_phase  # noqa: E402
+from cs336_systems.attention.kernels.gluon_backward_d128 import ds_free_phase, ds_ready_phase  # noqa: E402
 
 ready_phase, free_phase = ds_ready_phase.fn, ds_free_phase.fn
 

@@ -1,12 +1,13 @@
 """The Gluon kernels' CTA order (`flash_gluon_schedule.heaviest_first`, replayed by its Python body on the CPU)
-and the launches' choice of heads per section (`flash_gluon.heads_per_section`)."""
+and the launches' choice of heads per section (`heuristics.heads_per_section`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cs336_systems.attention.flash_gluon import heads_per_section, schedule_grid
-from cs336_systems.attention.flash_gluon_schedule import heaviest_first
+from cs336_systems.attention.heuristics import heads_per_section
+from cs336_systems.attention.launch.gluon import schedule_grid
+from cs336_systems.attention.kernels.gluon_schedule import heaviest_first
 
 order_of = heaviest_first.fn  # the @gluon.jit function's Python body: integer arithmetic only
 
@@ -49,10 +50,10 @@ def test_one_head_per_section_keeps_the_block_batch_grid():
     (4096, 64, 1, 1),
 ])
 def test_heads_per_section_fit_in_section_bytes(monkeypatch, n, d, batch, section):
-    from cs336_systems.attention import flash_gluon
+    from cs336_systems.attention import heuristics
 
-    monkeypatch.setattr(flash_gluon, "SECTION_BYTES", 8 << 20)
-    monkeypatch.setattr(flash_gluon, "SECTION_MAX_BLOCKS", 64)
+    monkeypatch.setattr(heuristics, "SECTION_BYTES", 8 << 20)
+    monkeypatch.setattr(heuristics, "SECTION_MAX_BLOCKS", 64)
     assert heads_per_section(n, d, 2, batch, 128, True) == section
     assert heads_per_section(n, d, 2, batch, 128, False) == 1  # without the mask: one head after another
 
@@ -65,7 +66,8 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
     dQ to fp32 rounding (its parts are added in another order), at a ragged N."""
     import torch
 
-    from cs336_systems.attention import flash_gluon
+    from cs336_systems.attention.launch import gluon as flash_gluon
+    from cs336_systems.attention import heuristics
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernels run on Hopper")
@@ -85,7 +87,7 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
                 launch = flash_gluon.with_section(launch, section, 6)
             launch.run()
         found[section] = (out, lse, grad_k, grad_v, dq_acc)
-    assert flash_gluon.heads_per_section(1000, d, 2, 6, 128, is_causal) == (8 if is_causal else 1)  # the launch's
+    assert heuristics.heads_per_section(1000, d, 2, 6, 128, is_causal) == (8 if is_causal else 1)  # the launch's
     for section in (4, None):
         for name, x, y in zip(("O", "L", "dK", "dV"), found[1], found[section]):
             assert torch.equal(x, y), (section, name)
@@ -95,7 +97,7 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
 
 
 def test_with_section_reorders_a_launch_of_either_grid():
-    from cs336_systems.attention.flash_gluon import KernelLaunch, with_section
+    from cs336_systems.attention.launch.gluon import KernelLaunch, with_section
 
     launch = KernelLaunch(kernel=None, grid=(33, 4), args=(), options={"SECTION": 1, "STAGES": 2})
     sections = with_section(launch, 2, 4)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.attention import flash_gluon
+from cs336_systems.attention import heuristics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def test_the_shipped_d128_backward_builds_for_hopper_with_asynchronous_wgmma(cau
     result = build(*([] if causal else ["--no-causal"]), *shape)
     assert result.returncode == 0, result.stdout + result.stderr
     heads, n = (16, 4096) if shape else (32, 32768)
-    section = flash_gluon.heads_per_section(n, 128, 2, heads, 128, causal)
+    section = heuristics.heads_per_section(n, 128, 2, heads, 128, causal)
     assert section == (4 if shape else 1)  # the library's order, which the build follows
     assert f"SECTION={section}" in result.stdout
     assert "SERIALISED" not in result.stdout

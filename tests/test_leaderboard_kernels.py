@@ -115,7 +115,7 @@ def test_the_profiled_steps_take_turns_in_rotated_order_after_every_warm_up(monk
     behind `lead_steps` unprofiled steps of its implementation, only its own last kernels kept; each
     implementation's kernels are the medians of its own rounds' steps. The step runs on CPU tensors here,
     with the profiler replaced by a recorder."""
-    from cs336_systems.experiments.flash_benchmark import Implementation
+    from cs336_systems.benchmarking.attention_registry import Implementation
 
     config = lk.LeaderboardConfig(heads=2, seq_len=16, head_dim=8)
     calls, leads = [], []

@@ -341,7 +341,7 @@ GENERATIONS = {(8, 0): 108, (8, 9): 128, (9, 0): 132, (10, 0): 148, (12, 0): 84}
 def fake_capability(monkeypatch):
     """Returns set(major, minor): CUDA device 0 reads as that capability to torch and to the attention
     dispatch (`flash_configs.device_facts`, cached per device index, cleared here)."""
-    from cs336_systems.attention import flash_configs
+    from cs336_systems.attention import configs as flash_configs
 
     def set_capability(major, minor):
         props = types.SimpleNamespace(major=major, minor=minor, multi_processor_count=GENERATIONS[(major, minor)],
@@ -369,11 +369,12 @@ def fake_qkv(shape):
 def attention_routes(shape):
     """(forward Gluon?, backward Gluon?, Triton reads by tensor descriptor?) as the dispatch decides them on
     the faked device (not interpreted: the decision a GPU would make)."""
-    from cs336_systems.attention import flash_gluon, flash_layout
+    from cs336_systems.attention.launch import dispatch
+    from cs336_systems.attention.launch import layout as flash_layout
 
     q, k, v = fake_qkv(shape)
-    forward = flash_gluon.gluon_forward_applies(q, k, v, True, interpreted=False)
-    backward = flash_gluon.gluon_backward_applies(q, k, v, True, interpreted=False)
+    forward = dispatch.gluon_forward_applies(q, k, v, True, interpreted=False)
+    backward = dispatch.gluon_backward_applies(q, k, v, True, interpreted=False)
     return forward, backward, flash_layout.tma_device(q)
 
 
@@ -382,7 +383,7 @@ def attention_routes(shape):
 def test_attention_takes_triton_routes_off_hopper(fake_capability, monkeypatch, capability, shape):
     """Off Hopper neither direction takes a Gluon (wgmma) kernel; the Triton kernels read through tensor
     descriptors (TMA) only from capability 9 on, where the hardware has them, else through block pointers."""
-    from cs336_systems.attention import flash_layout
+    from cs336_systems.attention.launch import layout as flash_layout
 
     monkeypatch.setattr(flash_layout, "INTERPRETED", False)
     fake_capability(*capability)
@@ -393,7 +394,7 @@ def test_attention_takes_triton_routes_off_hopper(fake_capability, monkeypatch, 
 
 @pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_attention_takes_the_gluon_route_on_hopper(fake_capability, monkeypatch, shape):
-    from cs336_systems.attention import flash_layout
+    from cs336_systems.attention.launch import layout as flash_layout
 
     monkeypatch.setattr(flash_layout, "INTERPRETED", False)
     fake_capability(9, 0)

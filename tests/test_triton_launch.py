@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cs336_systems.attention import triton_launch
-from cs336_systems.attention.triton_launch import CachedLauncher
+from cs336_systems.triton_support import launch as triton_launch
+from cs336_systems.triton_support.launch import CachedLauncher
 
 STREAM = 1234
 

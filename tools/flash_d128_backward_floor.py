@@ -1,6 +1,6 @@
 """Where the fused Gluon backward starts to pay at head dimension 128: eager forward+backward and its device time
 at small grids, with the backward's route as shipped against the fused backward at any size (its limits
-`flash_gluon.D128_BWD_MIN_SEQ_LEN` and `D128_BWD_MIN_CTAS_PER_SM` lifted), SDPA-cuDNN beside, in rounds whose
+`heuristics.D128_BWD_MIN_SEQ_LEN` and `D128_BWD_MIN_CTAS_PER_SM` lifted), SDPA-cuDNN beside, in rounds whose
 order rotates. Both of our routes are launched by the C++ autograd node eagerly; the device time is a CUDA
 graph's replay of one call (`measure_device_ms`). Writes every timing as CSV rows and prints the medians.
 
@@ -18,20 +18,21 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cs336_systems.attention import flash_gluon
-from cs336_systems.attention.flash_configs import forget_answers
-from cs336_systems.attention.flash_layout import head_views
-from cs336_systems.attention.flash_triton import flash_attention_triton
-from cs336_systems.experiments.flash_benchmark import (TimingSettings, measure_device_ms, measure_times_ms,
-                                                        median_table, round_orders)
+from cs336_systems.attention import heuristics
+from cs336_systems.attention.launch import dispatch
+from cs336_systems.attention.configs import forget_answers
+from cs336_systems.attention.launch.layout import head_views
+from cs336_systems.attention.api import flash_attention_triton
+from cs336_systems.benchmarking.timing import (TimingSettings, measure_device_ms, measure_times_ms, median_table,
+                                               round_orders)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
-SHIPPED = (flash_gluon.D128_BWD_MIN_SEQ_LEN, flash_gluon.D128_BWD_MIN_CTAS_PER_SM)
+SHIPPED = (heuristics.D128_BWD_MIN_SEQ_LEN, heuristics.D128_BWD_MIN_CTAS_PER_SM)
 
 
 def use_limits(name: str) -> None:
     """The fused backward's limits as shipped ("shipped") or lifted ("gluon_bwd"); the routes decided afresh."""
-    flash_gluon.D128_BWD_MIN_SEQ_LEN, flash_gluon.D128_BWD_MIN_CTAS_PER_SM = SHIPPED if name == "shipped" else (0, 0)
+    heuristics.D128_BWD_MIN_SEQ_LEN, heuristics.D128_BWD_MIN_CTAS_PER_SM = SHIPPED if name == "shipped" else (0, 0)
     forget_answers()
 
 
@@ -62,7 +63,7 @@ def main() -> None:
                 for r, order in enumerate(round_orders(impls, args.rounds)):
                     for name, fn in order:
                         use_limits(name)
-                        fused = flash_gluon.gluon_backward_applies(q, k, v, causal, False)
+                        fused = dispatch.gluon_backward_applies(q, k, v, causal, False)
                         for kind in ("eager", "device"):
                             times = (measure_times_ms(fn, device, SETTINGS, (q, k, v)) if kind == "eager"
                                      else measure_device_ms(fn, SETTINGS, (q, k, v)))

@@ -24,14 +24,14 @@ import torch.nn.functional as F
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cs336_systems.attention import flash_gluon as G
-from cs336_systems.attention.flash_layout import head_views
-from cs336_systems.attention.flash_triton import FlashAttentionTriton, flash_backward_triton
-from cs336_systems.experiments.flash_benchmark import reference_gradients, round_orders
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from cs336_systems.attention.launch import gluon as G
+from cs336_systems.attention import heuristics
+from cs336_systems.attention.launch.layout import head_views
+from cs336_systems.attention.api import FlashAttentionTriton
+from cs336_systems.attention.launch.dispatch import flash_backward_triton
+from cs336_systems.attention.reference import reference_gradients
+from cs336_systems.attention.reference import relative_error as rel
+from cs336_systems.benchmarking.timing import round_orders
 
 
 def model_layout(batch: int, heads: int, n: int, d: int, dtype, seed: int) -> list[torch.Tensor]:
@@ -44,12 +44,12 @@ def model_layout(batch: int, heads: int, n: int, d: int, dtype, seed: int) -> li
 def triton_only(fn):
     """fn run with the fused backward out of scope at its head dimension: the two Triton kernels."""
     def run():
-        scope = {d: list(c) for d, c in G.GLUON_BWD_CAUSALITY.items()}
-        G.GLUON_BWD_CAUSALITY.pop(128, None)
+        scope = {d: list(c) for d, c in heuristics.GLUON_BWD_CAUSALITY.items()}
+        heuristics.GLUON_BWD_CAUSALITY.pop(128, None)
         try:
             return fn()
         finally:
-            G.GLUON_BWD_CAUSALITY.update({d: tuple(c) for d, c in scope.items()})
+            heuristics.GLUON_BWD_CAUSALITY.update({d: tuple(c) for d, c in scope.items()})
     return run
 
 
@@ -63,7 +63,7 @@ def load_variant(spec: str) -> None:
     module_spec = importlib.util.spec_from_file_location(f"variant_{name}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    tiles = (*G.GLUON_BWD_TILES[128][:2], int(stages)) if stages else None
+    tiles = (*heuristics.GLUON_BWD_TILES[128][:2], int(stages)) if stages else None
     VARIANTS[name] = (module.flash_bwd_gluon_d128_kernel, tiles)
 
 
@@ -90,7 +90,7 @@ def check(shape, causal: bool, dtype, rows: list[dict]) -> None:
     q, k, v = model_layout(b, h, n, d, dtype, seed=n + int(causal))
     do = torch.randn_like(q)
     ref = reference_gradients(q.detach(), k.detach(), v.detach(), do, causal)
-    forward, routes = backward_routes(q, k, v, do, causal, [G.GLUON_BWD_REGS[128]])
+    forward, routes = backward_routes(q, k, v, do, causal, [heuristics.GLUON_BWD_REGS[128]])
     out = forward()
     for route, backward in routes.items():
         grads = backward()
@@ -134,7 +134,7 @@ def main() -> None:
         load_variant(spec)
     SKIPPED.update(args.skip)
     rows: list[dict] = []
-    G.MIN_SEQ_LEN, G.MIN_CTAS_PER_SM = {d: 0 for d in G.MIN_SEQ_LEN}, {d: 0 for d in G.MIN_CTAS_PER_SM}  # small shapes through the Gluon route
+    heuristics.MIN_SEQ_LEN, heuristics.MIN_CTAS_PER_SM = {d: 0 for d in heuristics.MIN_SEQ_LEN}, {d: 0 for d in heuristics.MIN_CTAS_PER_SM}  # small shapes through the Gluon route
     if not args.skip_check:
         for shape in [(2, 3, 1000, 128), (1, 4, 2048, 128), (1, 2, 960, 128), (1, 1, 1090, 128), (1, 2, 4160, 128)]:
             for causal in (True, False):

@@ -9,9 +9,9 @@ each point's ratios to cuDNN and writes every timing as CSV rows.
     python tools/flash_d128_forward_shapes.py OUT.csv [--rounds 2] [--heads 1 4 16 64] [--seq-lens 4096 ...]
         [--layouts projections heads] [--gluon-from N] [--gluon-min-ctas C] [--gluon-min-batch B]
 
-`--gluon-from N` lets the Gluon forward run from N on at d = 128 (`flash_gluon.MIN_SEQ_LEN`), its other limits
-unchanged; `--gluon-min-ctas C` its floor of CTAs per SM at d = 128 (`flash_gluon.MIN_CTAS_PER_SM`), `--gluon-min-batch
-B` its floor of batch·heads at d = 128, causal or not (`flash_gluon.MIN_BATCH`; both at 0: the Gluon forward at any
+`--gluon-from N` lets the Gluon forward run from N on at d = 128 (`heuristics.MIN_SEQ_LEN`), its other limits
+unchanged; `--gluon-min-ctas C` its floor of CTAs per SM at d = 128 (`heuristics.MIN_CTAS_PER_SM`), `--gluon-min-batch
+B` its floor of batch·heads at d = 128, causal or not (`heuristics.MIN_BATCH`; both at 0: the Gluon forward at any
 grid from `--gluon-from` on).
 
 Run on a GPU; the results go to the tuning record (docs/flash_attention_tuning.md).
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cs336_systems.attention import flash_gluon
-from cs336_systems.attention.flash_layout import head_views
-from cs336_systems.attention.flash_triton import flash_attention_triton
-from cs336_systems.experiments.flash_benchmark import (TimingSettings, measure_device_ms, measure_times_ms,
-                                                        median_table, round_orders)
+from cs336_systems.attention import heuristics
+from cs336_systems.attention.launch.layout import head_views
+from cs336_systems.attention.api import flash_attention_triton
+from cs336_systems.benchmarking.timing import (TimingSettings, measure_device_ms, measure_times_ms, median_table,
+                                               round_orders)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
@@ -67,11 +67,11 @@ def main() -> None:
     parser.add_argument("--gluon-min-batch", type=int, default=None)
     args = parser.parse_args()
     if args.gluon_min_ctas is not None:
-        flash_gluon.MIN_CTAS_PER_SM = {**flash_gluon.MIN_CTAS_PER_SM, 128: args.gluon_min_ctas}
+        heuristics.MIN_CTAS_PER_SM = {**heuristics.MIN_CTAS_PER_SM, 128: args.gluon_min_ctas}
     if args.gluon_min_batch is not None:
-        flash_gluon.MIN_BATCH = {**flash_gluon.MIN_BATCH, 128: {True: args.gluon_min_batch, False: args.gluon_min_batch}}
+        heuristics.MIN_BATCH = {**heuristics.MIN_BATCH, 128: {True: args.gluon_min_batch, False: args.gluon_min_batch}}
     if args.gluon_from is not None:
-        flash_gluon.MIN_SEQ_LEN = {**flash_gluon.MIN_SEQ_LEN, 128: args.gluon_from}
+        heuristics.MIN_SEQ_LEN = {**heuristics.MIN_SEQ_LEN, 128: args.gluon_from}
     rows = []
     device = torch.device("cuda")
     for layout in args.layouts:
@@ -87,9 +87,9 @@ def main() -> None:
                                                 ("device", measure_device_ms(fns[name], SETTINGS))):
                                 rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
                                                  kind=kind, round=r, ms=statistics.median(times),
-                                                 gluon_from=flash_gluon.MIN_SEQ_LEN[128],
-                                                 gluon_min_ctas=flash_gluon.MIN_CTAS_PER_SM[128],
-                                                 gluon_min_batch=str(flash_gluon.MIN_BATCH[128]),
+                                                 gluon_from=heuristics.MIN_SEQ_LEN[128],
+                                                 gluon_min_ctas=heuristics.MIN_CTAS_PER_SM[128],
+                                                 gluon_min_batch=str(heuristics.MIN_BATCH[128]),
                                                  device=torch.cuda.get_device_name()))
                     del q, k, v, fns
                     torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
 """The Gluon kernels' CTA order, A/B: each head's blocks one head after another (SECTION = 1, the (block, batch)
 grids the kernels had before sections) against heaviest first in sections of heads that fit in L2 (the SECTION
-`flash_gluon.heads_per_section` picks; `flash_gluon_schedule`), for the forward kernel and the fused
+`heuristics.heads_per_section` picks; `flash_gluon_schedule`), for the forward kernel and the fused
 backward kernel alone, in the model's layout. Checks first that both orders give the same O and L, dK and dV
 bit for bit and dQ to fp32 rounding (its parts are added in another order), then times each kernel's device
 time (one launch replayed as a CUDA graph, `measure_device_ms`) in rounds whose order alternates. Writes
@@ -22,9 +22,9 @@ import statistics
 import pandas as pd
 import torch
 
-from cs336_systems.attention import flash_gluon
-from cs336_systems.attention.flash_layout import head_views
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_device_ms, median_table, round_orders
+from cs336_systems.attention.launch import gluon as flash_gluon
+from cs336_systems.attention.launch.layout import head_views
+from cs336_systems.benchmarking.timing import TimingSettings, measure_device_ms, median_table, round_orders
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=100)
 SHAPES = ["4x4096x128", "4x8192x128", "16x4096x128", "16x8192x128", "64x4096x128", "64x8192x128",

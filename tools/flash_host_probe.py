@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from cs336_systems.experiments.flash_benchmark import implementation
+from cs336_systems.benchmarking.attention_registry import implementation
 
 
 class _Floor(torch.autograd.Function):
@@ -60,8 +60,8 @@ def main() -> None:
     if args.diagnose:
         diagnose(args.calls, args.shapes[0])
         return
-    from cs336_systems.attention import flash_native
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+    from cs336_systems.attention.launch import native as flash_native
+    from cs336_systems.attention.api import FlashAttentionTriton
 
     impls = {name: implementation(name).apply for name in ("triton", "sdpa_flash")}
     impls["triton python node"] = FlashAttentionTriton.python_apply
@@ -125,10 +125,10 @@ def diagnose(calls: int, shape: str) -> None:
                 "forward only": lambda: apply(q, k, v, True),
             }
             if name == "triton":
-                from cs336_systems.attention.flash_triton import flash_backward_triton, flash_forward_triton
+                from cs336_systems.attention.launch.dispatch import flash_backward_triton, flash_forward_with_route
 
                 def without_engine():
-                    out, lse = flash_forward_triton(q, k, v, True)
+                    out, lse, _ = flash_forward_with_route(q, k, v, True)
                     flash_backward_triton(q, k, v, out, do, lse, True)
 
                 variants["kernels, no autograd"] = without_engine

@@ -23,15 +23,18 @@ from pathlib import Path
 import torch
 import triton.testing
 
-from cs336_systems.attention import flash_gluon as G
-from cs336_systems.experiments.flash_benchmark import implementation, reference_gradients, round_orders
-from cs336_systems.attention.flash_triton import FlashAttentionTriton
+from cs336_systems.attention.launch import gluon as G
+from cs336_systems.attention.reference import reference_gradients
+from cs336_systems.attention.reference import relative_error as rel
+from cs336_systems.benchmarking.attention_registry import implementation
+from cs336_systems.benchmarking.timing import round_orders
+from cs336_systems.attention.api import FlashAttentionTriton
 
 
 def use_backward_kernel(module: str | None):
     """The fused backward's kernel taken from `module` (a copy of flash_gluon_backward with a change), or
     the shipped one (None)."""
-    from cs336_systems.attention import flash_gluon_backward as shipped
+    from cs336_systems.attention.kernels import gluon_backward as shipped
 
     original = shipped.__dict__.setdefault("_shipped_kernel", shipped.flash_bwd_gluon_kernel)
 
@@ -48,10 +51,6 @@ sys.path.insert(0, str(Path(__file__).parent / "variants"))
 VARIANTS = {"v15": use_backward_kernel(None), "v12": use_backward_kernel("bwd_v12"),
             "compact": use_backward_kernel("bwd_compact")}
 SHIPPED = "v15"
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def check(variant: str, heads: int, n: int, d: int, causal: bool, rows: list[dict]) -> None:

@@ -8,7 +8,7 @@ warpgroup barriers. How the tuning record's d = 128 backward candidates were vet
         [--dtype bfloat16] [--heads 32] [--seq-len 32768] [--keep DIR]
 
 The kernel is built as `flash_gluon.backward_launch` would launch it on (heads, N, 128) inputs, by default the
-2026 leaderboard's attention shape (the shape sets the constexpr SECTION, `flash_gluon.heads_per_section`).
+2026 leaderboard's attention shape (the shape sets the constexpr SECTION, `heuristics.heads_per_section`).
 
 A variant is a module defining `flash_bwd_gluon_d128_kernel` with the shipped kernel's signature, as for
 tools/flash_d128_bench.py. Exits 1 where ptxas serialised the kernel's wgmma. Triton compiles through a
@@ -31,7 +31,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.driver import CudaDriver, CudaLauncher
 
-from cs336_systems.attention import flash_gluon
+from cs336_systems.attention.launch import gluon as flash_gluon
+from cs336_systems.attention import heuristics
 
 TOOLS = Path(triton.backends.nvidia.__file__).parent / "bin"
 
@@ -78,7 +79,7 @@ def build(kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch
     d = 128
     q, k, v, do, dk, dv = (torch.empty(heads, n, d, dtype=dtype) for _ in range(6))
     lse, delta, dq_acc = torch.empty(heads, n), torch.empty(heads, n), torch.empty(heads, n, d)
-    q_tile, k_half, _ = flash_gluon.GLUON_BWD_TILES[d]
+    q_tile, k_half, _ = heuristics.GLUON_BWD_TILES[d]
     launch = flash_gluon.backward_launch(q, k, v, do, lse, delta, dk, dv, dq_acc, causal,
                                          tiles=(q_tile, k_half, stages), regs=regs, kernel=kernel)
     return launch.options["SECTION"], launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.options).asm["ptx"]
@@ -111,8 +112,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", help="a module defining flash_bwd_gluon_d128_kernel")
     parser.add_argument("--no-causal", action="store_true")
-    parser.add_argument("--stages", type=int, default=flash_gluon.GLUON_BWD_TILES[128][2])
-    parser.add_argument("--regs", default=",".join(map(str, flash_gluon.GLUON_BWD_REGS[128])))
+    parser.add_argument("--stages", type=int, default=heuristics.GLUON_BWD_TILES[128][2])
+    parser.add_argument("--regs", default=",".join(map(str, heuristics.GLUON_BWD_REGS[128])))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--heads", type=int, default=32, help="batch·heads (default: the 2026 leaderboard's)")
     parser.add_argument("--seq-len", type=int, default=32768)
@@ -124,7 +125,7 @@ def main() -> int:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     else:
-        from cs336_systems.attention import flash_gluon_backward_d128 as module
+        from cs336_systems.attention.kernels import gluon_backward_d128 as module
     triton.runtime.driver.set_active(HopperStandIn())
     regs = tuple(int(x) for x in args.regs.split(","))
     section, ptx = build(module.flash_bwd_gluon_d128_kernel, not args.no_causal, args.stages, regs,

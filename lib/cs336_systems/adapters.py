@@ -10,13 +10,13 @@ import torch
 
 
 def get_flashattention_autograd_function_pytorch() -> type[torch.autograd.Function]:
-    from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch
+    from cs336_systems.attention.pytorch import FlashAttentionPytorch
 
     return FlashAttentionPytorch
 
 
 def get_flashattention_autograd_function_triton() -> type[torch.autograd.Function]:
-    from cs336_systems.attention.flash_triton import FlashAttentionTriton
+    from cs336_systems.attention.api import FlashAttentionTriton
 
     return FlashAttentionTriton
 

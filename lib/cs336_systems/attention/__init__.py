@@ -4,7 +4,7 @@
 `naive` (materialised, in PyTorch), `sdpa` (torch.nn.functional.scaled_dot_product_attention),
 `flash_pytorch` and `flash_triton` (FlashAttention-2 autograd functions). `flash_attention(q, k, v,
 is_causal=False)` is the library's one entry to FlashAttention-2 (Triton kernels, the C++ autograd node
-for eager CUDA calls; `flash_triton.py` draws the layers under it).
+for eager CUDA calls; `api.py` draws the layers under it).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def sdpa_attention(q, k, v, is_causal: bool = False):
 
 
 def _flash_pytorch(q, k, v, is_causal: bool = False):
-    from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch
+    from cs336_systems.attention.pytorch import FlashAttentionPytorch
 
     return FlashAttentionPytorch.apply(q, k, v, is_causal)
 
 
 def _flash_triton(q, k, v, is_causal: bool = False):
-    from cs336_systems.attention.flash_triton import flash_attention
+    from cs336_systems.attention.api import flash_attention
 
     return flash_attention(q, k, v, is_causal)
 
@@ -59,11 +59,11 @@ def get_attention(attention: str | AttentionFn) -> AttentionFn:
 def __getattr__(name: str):
     # FlashAttention classes load lazily: importing Triton costs seconds and needs a compiler.
     if name == "FlashAttentionPytorch":
-        from cs336_systems.attention.flash_pytorch import FlashAttentionPytorch
+        from cs336_systems.attention.pytorch import FlashAttentionPytorch
 
         return FlashAttentionPytorch
     if name in ("FlashAttentionTriton", "flash_attention"):
-        from cs336_systems.attention import flash_triton
+        from cs336_systems.attention import api
 
-        return getattr(flash_triton, name)
+        return getattr(api, name)
     raise AttributeError(name)

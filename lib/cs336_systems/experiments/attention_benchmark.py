@@ -41,6 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from cs336_systems.attention import AttentionFn, get_attention
+from cs336_systems.attention.reference import TOLERANCE, reference_gradients, relative_error
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
 from cs336_systems.profiling.ranges import annotated
 
@@ -480,19 +481,6 @@ def peak_memory_sweep(
     return pd.DataFrame(rows)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """O and the row logsumexp L in float64, from torch's own softmax and logsumexp."""
-    q, k, v = (t.double() for t in (q, k, v))
-    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if is_causal:
-        after = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(diagonal=1)
-        scores = scores.masked_fill(after, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
-
-
-TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-
-
 def saved_logsumexp(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The one tensor of shape q.shape[:-1] among those saved by `out`'s autograd node."""
     saved = getattr(out.grad_fn, "saved_tensors", ())
@@ -521,14 +509,12 @@ def attention_errors(
     lse = saved_logsumexp(out, q)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device=device, dtype=dtype)
     out.backward(grad)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref_out, ref_lse = reference_attention(q64, k64, v64, is_causal)
-    ref_out.backward(grad.double())
-    pairs = dict(O=(out, ref_out), L=(lse, ref_lse), dQ=(q.grad, q64.grad), dK=(k.grad, k64.grad), dV=(v.grad, v64.grad))
+    ref = reference_gradients(q, k, v, grad, is_causal)
+    found = dict(O=out, L=lse, dQ=q.grad, dK=k.grad, dV=v.grad)
     rows = []
-    for name, (x, ref) in pairs.items():
-        diff = x.detach().double() - ref.detach()
-        rows.append(dict(tensor=name, max_abs_error=diff.abs().max().item(), relative_error=(diff.norm() / ref.norm()).item()))
+    for name, x in found.items():
+        diff = x.detach().double() - ref[name]
+        rows.append(dict(tensor=name, max_abs_error=diff.abs().max().item(), relative_error=relative_error(x, ref[name])))
     return rows
 
 
@@ -541,8 +527,8 @@ def accuracy_table(
 ) -> pd.DataFrame:
     """One row per implementation × case × tensor; `cases` hold shape_q, shape_kv, dtype, is_causal.
 
-    `passes` applies the bars of the tests: norm-wise error under 1e-3 in fp32, 1e-2 in fp16/bf16
-    (a NaN never passes). `progress` prints a line per case (with its seconds, kernel compilation
+    `passes` applies the tests' tolerance (`TOLERANCE[dtype].checks` of attention/reference.py; a NaN
+    never passes). `progress` prints a line per case (with its seconds, kernel compilation
     included), so a run cut off by a time limit shows how far it got.
     """
     rows = []
@@ -564,7 +550,7 @@ def accuracy_table(
                     dtype=str(dtype).removeprefix("torch."),
                     is_causal=case["is_causal"],
                     **err,
-                    passes=bool(err["relative_error"] < TOLERANCE[dtype]),
+                    passes=bool(err["relative_error"] < TOLERANCE[dtype].checks),
                 ))
     return pd.DataFrame(rows)
 

@@ -1,15 +1,10 @@
 """FlashAttention-2 against PyTorch attention: latency, achieved TFLOP/s and correctness per configuration.
 
-Implementations (`IMPLEMENTATIONS`), all called as f(q, k, v, is_causal) on (batch, heads, seq, d):
-  triton          ours, `flash_attention_triton` (attention/flash_triton.py): FlashAttentionTriton's kernels,
-                  eager calls through the C++ autograd node of attention/flash_native.py where it applies
-  pytorch         the materialised softmax(Q Kᵀ/√d) V of attention/naive.py
-  sdpa_flash      torch's scaled_dot_product_attention restricted with `sdpa_kernel` to one backend;
-  sdpa_cudnn      `fastest_sdpa` then keeps, per configuration, the backend with the lowest
-  sdpa_efficient  forward+backward latency ("SDPA with its fastest backend")
+Implementations: benchmarking/attention_registry.py's (`IMPLEMENTATIONS`), ours, the materialised
+attention and SDPA restricted to one backend each; `fastest_sdpa` then keeps, per configuration, the
+backend with the lowest forward+backward latency ("SDPA with its fastest backend").
 
-Latency of each pass, the median of `triton.testing.do_bench` on CUDA (L2 cleared before every
-run), of `timeit` around synchronized calls on CPU (do_bench needs a GPU):
+Latency of each pass (benchmarking/timing.py's `measure_times_ms`):
   forward            o = f(q, k, v) with autograd recording, as in training
   backward           o.backward(dO, retain_graph=True) on one recorded forward: measured directly,
                      not as a difference of two noisy medians
@@ -17,18 +12,16 @@ run), of `timeit` around synchronized calls on CPU (do_bench needs a GPU):
 with q, k, v gradients reset to None before every run, so no accumulation kernel is timed.
 
 Device time of each pass (CUDA only, `{pass}_device_ms`): the same call captured once in a CUDA
-graph and the graph replayed under do_bench, so only its kernels are timed. Where the eager call's
-host work (Python, dispatch, launches) takes longer than its kernels, the latency above measures
-that host work; the device time says what the kernels take (`measure_device_ms`).
+graph and the graph replayed (`measure_device_ms`), so only its kernels are timed.
 
 FLOPs counted as the matmuls of the algorithm (FlashAttention-2 paper convention):
   forward    4·B·H·N²·d   (S = Q Kᵀ and O = P V, 2·N²·d each), halved with the causal mask
   backward   2.5 × forward (five matmuls: S recomputed, dV = Pᵀ dO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀ Q)
   fwd+bwd    3.5 × forward
 
-Every configuration is checked in the same run: O, dQ, dK, dV of each implementation against a
-float64 reference on the same (rounded) inputs, norm-wise relative error ‖x − ref‖ / ‖ref‖; above
-`TOLERANCE` the row's status is "wrong". Other statuses: "ok", "OOM", "no kernel" (an SDPA backend
+Every configuration is checked in the same run: O, dQ, dK, dV of each implementation against the
+float64 reference (attention/reference.py) on the same (rounded) inputs, norm-wise relative error
+‖x − ref‖ / ‖ref‖; above the dtype's sweep tolerance (`TOLERANCE[dtype].sweeps`) the row's status is "wrong". Other statuses: "ok", "OOM", "no kernel" (an SDPA backend
 that cannot run this dtype or device), "backend error" (an SDPA backend that accepted the inputs
 and then failed), "skipped: memory" (the materialised attention whose predicted peak exceeds the
 memory budget, decided from the shape before anything is allocated).
@@ -36,36 +29,30 @@ memory budget, decided from the shape before anything is allocated).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-import timeit
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
-from cs336_systems.attention import AttentionFn
+from cs336_systems.attention.reference import TOLERANCE, reference_gradients
+from cs336_systems.benchmarking.attention_registry import (
+    IMPLEMENTATIONS,
+    SDPA_BACKENDS,
+    Implementation,
+    implementation,
+    is_no_kernel,
+    relative_errors,
+)
+from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory
+from cs336_systems.benchmarking.timing import TimingSettings, measure_device_ms, measure_times_ms, round_orders
 from cs336_systems.experiments.attention_benchmark import naive_attention_memory, random_qkv
-from cs336_systems.attention.naive import naive_attention
-from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
 
 PASSES = ("forward", "backward", "forward_backward")
 PASS_FLOP_FACTOR = {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}
-SDPA_BACKENDS = {
-    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
-    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
-}
-IMPLEMENTATIONS = ("triton", "pytorch", *SDPA_BACKENDS)
-# Loose enough for rounding (the materialised softmax in bf16 reaches ~1e-2 at N = 2048 and grows
-# slowly with N; fp32 under TF32 ~1e-3), tight enough that a wrong kernel (errors of order 1) fails.
-TOLERANCE = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-REFERENCE_CHUNK_ELEMENTS = 2**25  # float64 scores per query chunk of the reference: 256 MiB
 
 
 def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, is_causal: bool = True) -> dict[str, float]:
@@ -90,227 +77,6 @@ def naive_peak_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype:
     """Predicted peak of the materialised attention's forward+backward (experiments/attention_benchmark.py's accounting)."""
     parts = naive_attention_memory(batch * heads, seq_len, head_dim, dtype.itemsize)
     return parts["before_backward"] + parts["backward_extra"]
-
-
-@dataclass(frozen=True)
-class TimingSettings:
-    """do_bench's warm-up and measuring time in ms (CUDA); calls timed by timeit on CPU.
-
-    `min_runs`: a configuration slower than rep_ms / min_runs gets its measuring time stretched
-    so that do_bench still takes at least that many runs.
-    """
-
-    warmup_ms: float = 5.0
-    rep_ms: float = 20.0
-    min_runs: int = 3
-    cpu_steps: int = 3
-    # `flash_benchmark` times a configuration's implementations in this many interleaved rounds, each
-    # with a share of rep_ms (and of cpu_steps), and takes the median over all rounds' runs (see there)
-    rounds: int = 1
-
-
-def measure_times_ms(
-    fn: Callable[[], object],
-    device: torch.device,
-    settings: TimingSettings = TimingSettings(),
-    grad_to_none: Sequence[torch.Tensor] = (),
-) -> list[float]:
-    """Milliseconds of each measured run of `fn` (its first call, e.g. compilation, is never timed)."""
-
-    def reset_grads() -> None:
-        for t in grad_to_none:
-            t.grad = None
-
-    reset_grads()
-    fn()
-    synchronize(device)
-    if device.type != "cuda":
-        times = []
-        for _ in range(settings.cpu_steps):
-            reset_grads()
-            start = timeit.default_timer()
-            fn()
-            synchronize(device)
-            times.append((timeit.default_timer() - start) * 1e3)
-        return times
-    import triton.testing
-
-    reset_grads()
-    start = timeit.default_timer()
-    fn()
-    synchronize(device)
-    estimate_ms = (timeit.default_timer() - start) * 1e3
-    rep = max(settings.rep_ms, (settings.min_runs + 1) * estimate_ms)
-    return triton.testing.do_bench(
-        fn, warmup=settings.warmup_ms, rep=rep, grad_to_none=list(grad_to_none) or None, return_mode="all"
-    )
-
-
-def measure_device_ms(
-    fn: Callable[[], object], settings: TimingSettings = TimingSettings(), grad_to_none: Sequence[torch.Tensor] = (),
-) -> list[float]:
-    """Milliseconds of each replay of a CUDA graph holding one call of `fn`: its kernels' time without
-    the host's (measuring time stretched for slow calls as in `measure_times_ms`). Gradients in
-    `grad_to_none` are None when the call is captured, so the graph allocates them (from its own pool)
-    rather than accumulating. The warm-up calls run on a side stream before capture, as
-    torch.cuda.graph asks."""
-    import triton.testing
-
-    def reset_grads() -> None:
-        for t in grad_to_none:
-            t.grad = None
-
-    caller = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(caller)
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            reset_grads()
-            fn()
-    caller.wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    reset_grads()
-    torch.cuda.empty_cache()  # the warm-up's freed blocks, so that the graph's own pool finds the memory
-    generator = torch.cuda.default_generators[side.device.index]  # the one a capture takes over
-    before_capture = generator.clone_state()
-    try:
-        # Captured on the warm-up's stream, whose cuBLAS workspace then exists already; "thread_local": only
-        # this thread's calls can invalidate the capture (not, say, a notebook's IO threads).
-        try:
-            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-                fn()
-        except BaseException:
-            # A capture that fails stops before handing the device's default generator back: it stays marked
-            # as capturing, and every later random draw on the device raises "Offset increment outside graph
-            # capture encountered unexpectedly". Its state from before the capture takes its place.
-            generator.graphsafe_set_state(before_capture)
-            raise
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        rep = max(settings.rep_ms, (settings.min_runs + 1) * start.elapsed_time(end))  # as measure_times_ms
-        return triton.testing.do_bench(graph.replay, warmup=settings.warmup_ms, rep=rep, return_mode="all")
-    finally:
-        # A capture that fails leaves torch.cuda.graph's stream current (its __exit__ stops at capture_end):
-        # every later call would run on the failed capture's stream.
-        torch.cuda.set_stream(caller)
-        reset_grads()
-        del graph
-        torch.cuda.empty_cache()  # the graph's pool, released once nothing allocated in it is alive
-
-
-def measure_matmul_tflops(
-    dtype: torch.dtype = torch.bfloat16,
-    n: int = 8192,
-    device: torch.device | str | None = None,
-    settings: TimingSettings = TimingSettings(warmup_ms=25, rep_ms=100),
-) -> float:
-    """Achieved TFLOP/s of an n×n by n×n matmul (2·n³ FLOPs, median time): the device's practical ceiling."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
-    ms = statistics.median(measure_times_ms(lambda: a @ b, device, settings))
-    return 2 * n**3 / (ms * 1e-3) / 1e12
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-    if q.dim() == 3:  # the fused backends take (batch, heads, seq, d) only
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=is_causal)[0]
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-
-
-def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-    from cs336_systems.attention.flash_triton import flash_attention_triton
-
-    return flash_attention_triton(q, k, v, is_causal)
-
-
-# Each CUDA-graph capture of the materialised attention leaves its graph's memory pool reserved (a little of it
-# stays allocated, likely cuBLAS's workspace), so a sweep of captures runs out of memory; ours and the SDPA
-# backends, which do not call cuBLAS, do not (the measurement: docs/measurements_record.md).
-NAIVE_NO_DEVICE_TIME = "each CUDA-graph capture kept its memory pool reserved, which exhausted the GPU over a sweep"
-
-
-@dataclass(frozen=True)
-class Implementation:
-    """An attention function and the SDPA backend it is restricted to (None: no restriction)."""
-
-    name: str
-    apply: AttentionFn
-    backend: SDPBackend | None = None
-    # Why its device time is not measured (`measure_device_ms`), or None where it is.
-    no_device_time: str | None = None
-
-    def context(self) -> contextlib.AbstractContextManager:
-        return sdpa_kernel(self.backend) if self.backend is not None else contextlib.nullcontext()
-
-
-def implementation(name: str) -> Implementation:
-    if name == "triton":
-        return Implementation(name, _triton)
-    if name == "pytorch":
-        return Implementation(name, naive_attention, no_device_time=NAIVE_NO_DEVICE_TIME)
-    if name in SDPA_BACKENDS:
-        return Implementation(name, _sdpa, SDPA_BACKENDS[name])
-    raise ValueError(f"unknown implementation {name!r}; choose among {', '.join(IMPLEMENTATIONS)}")
-
-
-def is_no_kernel(err: BaseException) -> bool:
-    """SDPA's refusal when the allowed backends cannot run these inputs (CUDA and CPU wordings)."""
-    msg = str(err).lower()
-    return isinstance(err, RuntimeError) and ("no available kernel" in msg or "no viable backend" in msg)
-
-
-def reference_gradients(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
-    chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
-) -> dict[str, torch.Tensor]:
-    """O, dQ, dK, dV in float64 from SDPA's math backend, over chunks of query rows.
-
-    Query rows are independent, so each chunk's O and dQ rows are exact and its dK, dV terms
-    add up; a chunk holds at most `chunk_elements` scores, so N = 65536 fits in a few GiB.
-    Causal query i sees keys j <= i (upper-left, as SDPA's is_causal and every implementation here).
-    """
-    k64, v64 = (t.detach().double().requires_grad_() for t in (k, v))
-    q64, g64 = q.detach().double(), grad_out.detach().double()
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    rows = max(1, chunk_elements // (n_k * q[..., 0, 0].numel()))
-    out, grad_q = torch.empty_like(q64), torch.empty_like(q64)
-    with sdpa_kernel(SDPBackend.MATH):
-        for start in range(0, n_q, rows):
-            stop = min(start + rows, n_q)
-            q_chunk = q64[..., start:stop, :].requires_grad_()
-            mask = None
-            if is_causal:
-                mask = torch.ones(stop - start, n_k, dtype=torch.bool, device=q.device).tril(start)
-            o = F.scaled_dot_product_attention(q_chunk, k64, v64, attn_mask=mask)
-            o.backward(g64[..., start:stop, :])
-            out[..., start:stop, :] = o.detach()
-            grad_q[..., start:stop, :] = q_chunk.grad
-    return dict(O=out, dQ=grad_q, dK=k64.grad, dV=v64.grad)
-
-
-def relative_errors(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, reference: dict[str, torch.Tensor],
-) -> dict[str, float]:
-    """‖x − ref‖ / ‖ref‖ of O, dQ, dK, dV after one forward and backward of `impl` (NaN stays NaN)."""
-    q.grad = k.grad = v.grad = None
-    with impl.context():
-        out = impl.apply(q, k, v, is_causal)
-        out.backward(grad_out)
-    found = dict(O=out, dQ=q.grad, dK=k.grad, dV=v.grad)
-    errors = {}
-    for name, ref in reference.items():
-        if found[name] is None:  # a gradient that never arrived: as wrong as a NaN
-            errors[name] = float("nan")
-            continue
-        diff = found[name].detach().double() - ref
-        errors[name] = (diff.norm() / ref.norm()).item()
-    q.grad = k.grad = v.grad = None
-    return errors
 
 
 def _three_passes(
@@ -424,7 +190,7 @@ def check_implementation(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         row = _guarded(impl, q, k, v, lambda: _error_columns(
-            relative_errors(impl, q, k, v, grad_out, is_causal, reference), TOLERANCE[q.dtype]), caught)
+            relative_errors(impl, q, k, v, grad_out, is_causal, reference), TOLERANCE[q.dtype].sweeps), caught)
     if "max_rel_error" in row:
         row.update(_device_columns(impl, q, k, v, grad_out, is_causal, settings))
     return row
@@ -440,27 +206,6 @@ def _time_columns(times: dict[str, list[float]]) -> dict:
     row = {f"{p}_ms": statistics.median(times[p]) for p in PASSES}
     row["runs"] = min(len(t) for t in times.values())
     return row
-
-
-def round_orders(names: Sequence, rounds: int) -> list[list]:
-    """Round r times the implementations in `names` rotated by r: each takes every place equally often
-    (over len(names) rounds), so none is always timed on a GPU that the others have just heated."""
-    names = list(names)
-    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)] if names else []
-
-
-def median_table(rows: Sequence[dict], out: str, keys: Sequence[str], column: str,
-                 ratios: Sequence[tuple[str, str]], digits: int = 3) -> pd.DataFrame:
-    """Writes the timing `rows` to the CSV file `out` and prints, and returns, their median "ms" per `keys`
-    with one column per value of `column`, and for each (a, b) in `ratios` the column "a/b"."""
-    df = pd.DataFrame(rows)
-    df.to_csv(out, index=False)
-    med = df.groupby(list(keys)).ms.median().unstack(column)
-    for a, b in ratios:
-        med[f"{a}/{b}"] = med[a] / med[b]
-    with pd.option_context("display.max_rows", 500, "display.width", 250):
-        print(med.round(digits).to_string())
-    return med
 
 
 def timed_in_rounds(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 import torch
 
-from cs336_systems.experiments.flash_benchmark import TimingSettings, measure_times_ms
+from cs336_systems.benchmarking.timing import TimingSettings, measure_times_ms
 from cs336_systems.model import TransformerLM, set_attention
 from cs336_systems.training.config import StepConfig
 from cs336_systems.training.leaderboard_8b import ACTIVATION_MEMORY_BUDGET, useful_flops

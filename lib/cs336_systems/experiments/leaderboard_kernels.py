@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import pandas as pd
 import torch
 
-from cs336_systems.experiments.flash_benchmark import round_orders
+from cs336_systems.benchmarking.timing import round_orders
 from cs336_systems.experiments.flash_leaderboard import (
     LEADERBOARD,
     LEADERBOARD_IMPLS,

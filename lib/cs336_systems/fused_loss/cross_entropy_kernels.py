@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_systems.triton_interpreter import built_by_interpreter
+from cs336_systems.triton_support.interpreter import built_by_interpreter
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)

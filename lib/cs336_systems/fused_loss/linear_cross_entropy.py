@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from cs336_systems.fused_loss.cross_entropy_kernels import kernel_interpreted, launch_cross_entropy_rows
-from cs336_systems.triton_interpreter import repair_interpreter
+from cs336_systems.triton_support.interpreter import repair_interpreter
 
 if kernel_interpreted():
     repair_interpreter()  # the kernel's loops over V run to a runtime bound

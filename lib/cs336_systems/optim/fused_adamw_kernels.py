@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336_systems.triton_interpreter import built_by_interpreter
+from cs336_systems.triton_support.interpreter import built_by_interpreter
 
 # fp32's largest finite value: |x| <= this is False for inf and NaN.
 _FP32_MAX = tl.constexpr(3.4028234663852886e38)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from cs336_systems.attention.flash_triton import flash_backward_triton, flash_forward_with_route
+from cs336_systems.attention.launch.dispatch import flash_backward_triton, flash_forward_with_route
 
 
 class KeptOutputFlashAttention(torch.autograd.Function):

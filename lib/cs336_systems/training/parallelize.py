@@ -110,7 +110,7 @@ def attention_keepable(parts: ModelParts, config: StepConfig) -> bool:
     FlashAttention (the keeping reuses its output and logsumexp) through a pluggable `attn.attention`.
     A block whose attention is its own code (the course's module-level function) never does."""
     from cs336_systems.attention import get_attention
-    from cs336_systems.attention.flash_triton import flash_attention
+    from cs336_systems.attention.api import flash_attention
 
     ours = (get_attention("flash_triton"), flash_attention)
     return config.keep_attention and all(

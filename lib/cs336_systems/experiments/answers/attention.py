@@ -438,13 +438,13 @@ TOLERANCE_TEXT = "norm-wise relative error; tolerance 10⁻³ in fp32, 10⁻² i
 @builds("flash_forward.a")
 def flash_forward_pytorch(results: Results) -> Answer:
     """Where the tiled PyTorch forward is, and how it compared with float64 attention in the run."""
-    from cs336_systems.attention.flash_pytorch import MIN_TILE, FlashAttentionPytorch
+    from cs336_systems.attention.pytorch import MIN_TILE, FlashAttentionPytorch
 
     nb = "09_flash_attention"
     raw = accuracy_rows(results)
     table = accuracy_table(raw, "flash_pytorch", ["O", "L"])
     text = (
-        f"`cs336_systems.attention.FlashAttentionPytorch` (`attention/flash_pytorch.py`, returned by "
+        f"`cs336_systems.attention.FlashAttentionPytorch` (`attention/pytorch.py`, returned by "
         f"`cs336_systems.adapters.get_flashattention_autograd_function_pytorch`) runs Algorithm 1 over "
         f"{FlashAttentionPytorch.q_tile} × {FlashAttentionPytorch.k_tile} tiles (B_q × B_k, at least {MIN_TILE}) with a "
         f"running max, sum and output per query tile, and saves L, Q, K, V and O for the backward. "
@@ -463,9 +463,9 @@ def flash_forward_triton(results: Results) -> Answer:
     raw = accuracy_rows(results)
     table = accuracy_table(raw, "flash_triton", ["O", "L"])
     text = (
-        f"`cs336_systems.attention.FlashAttentionTriton` (`attention/flash_triton.py`, returned by "
+        f"`cs336_systems.attention.FlashAttentionTriton` (`attention/api.py`, returned by "
         f"`cs336_systems.adapters.get_flashattention_autograd_function_triton`) calls the fused kernel `flash_fwd_kernel` "
-        f"(`attention/flash_triton_forward.py`): launch grid (⌈N_q/B_q⌉, batch·heads), one loop over key tiles with block "
+        f"(`attention/kernels/triton_forward.py`): launch grid (⌈N_q/B_q⌉, batch·heads), one loop over key tiles with block "
         f"pointers advanced at its end, O, l and m held in fp32 on chip, P̃ cast to V's dtype before its product, and "
         f"O and L written once. {on_machine(results, nb)} its O and L matched float64 attention in {within(table)} "
         f"cases of the check ({case_summary(raw[raw.implementation == 'flash_triton'])}), with worst relative error "
@@ -531,7 +531,7 @@ def flash_backward(results: Results) -> Answer:
     grads = main[["worst relative error dQ", "worst relative error dK", "worst relative error dV"]].max(axis=1)
     worst = and_join([f"{v:.1e} ({p})" for p, v in zip(main.precision, grads)])
     text = (
-        "`cs336_systems.attention.flash_pytorch.flash_backward_reference` computes D = rowsum(O ∘ dO), recomputes "
+        "`cs336_systems.attention.pytorch.flash_backward_reference` computes D = rowsum(O ∘ dO), recomputes "
         "S and P = exp(S − L) from Q, K and the saved L, and returns dQ, dK, dV by equations 13–19; "
         "`FlashAttentionPytorch.backward` (and `FlashAttentionTriton` with `backward_impl=\"pytorch\"`) call it through "
         f"`torch.compile` (`flash_backward`). {on_machine(results, nb)} its dQ, dK and dV matched the gradients of "

@@ -11,7 +11,7 @@ dK^(j), dV^(j), and `flash_bwd_dq_kernel` (one program per query tile, looping o
 owns dQ_i, so no two programs write the same tile. The dQ kernel runs first: with O_i and dO_i
 loaded anyway it computes D_i (one row-sum per query tile) and stores it for the dK/dV kernel,
 so D costs no pass over O and dO of its own. Where the grid has fewer programs than the GPU has SMs
-(fp32, one head: `flash_configs.backward_split`), each kernel's loop is split into chunks, one program
+(fp32, one head: `heuristics.backward_split`), each kernel's loop is split into chunks, one program
 each (grid axis 2, SPLIT), whose partial dK, dV or dQ add into zeroed fp32 gradients by atomics: there
 the longest program's loop, not the work, was the latency. The key-tile program computes the
 transposed tiles S^T = K^(j) Q_i^T directly, so P^T and dS^T come out as the products
@@ -30,8 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cs336_systems.attention.flash_triton_forward import LOG2E
-from cs336_systems.attention.flash_triton_tiles import load_rows, row_source
+from cs336_systems.attention.kernels.triton_forward import LOG2E
+from cs336_systems.attention.kernels.triton_tiles import load_rows, row_source
 
 
 @triton.jit
@@ -313,7 +313,7 @@ def flash_bwd_preprocess_kernel(
     ROWS: tl.constexpr,
 ):
     """D = rowsum(dO * O) for ROWS rows, and those rows of the fp32 dQ accumulator (contiguous
-    (batch, N, D)) zeroed: what the fused backward (`flash_gluon_backward`) needs before it runs.
+    (batch, N, D)) zeroed: what the fused backward (`kernels.gluon_backward`) needs before it runs.
     Rows have unit column stride; D is a power of two."""
     batch = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -340,7 +340,7 @@ def dq_from_planes_kernel(
 ):
     """dQ[b, r, c COLS + j] = acc[b, c, r, j] in dQ's dtype, for ROWS rows r of batch b, every plane c and
     column j < COLS: the fp32 accumulator the d = 128 fused backward adds into, one plane per consumer
-    warpgroup's columns (`flash_gluon_backward_d128`), contiguous (batch, PLANES, N, COLS); dQ's rows have
+    warpgroup's columns (`kernels.gluon_backward_d128`), contiguous (batch, PLANES, N, COLS); dQ's rows have
     unit column stride and any row and batch strides."""
     batch = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)

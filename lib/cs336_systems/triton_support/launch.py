@@ -13,7 +13,7 @@ specialized on: the current device, the constexpr arguments and launch options (
 the value of every integer argument — a superset of Triton's rules (equal to 1, divisible by 16,
 32 or 64 bits), so none of them is restated here — and every tensor argument's dtype and
 whether its address is 16-byte aligned. A caller that has already derived the launch from such
-a superset (`flash_launch.KernelLaunches.plan`, one plan per geometry) passes its own small signature
+a superset (`attention.launch.plans.KernelLaunches.plan`, one plan per geometry) passes its own small signature
 instead, and no second key is built. Calls with one signature get one compiled kernel from
 Triton's JIT too, so the direct launch runs exactly the kernel `kernel[grid]` would.
 
@@ -126,7 +126,7 @@ class CachedLauncher:
 
 def compiled_kernel(kernel, grid: tuple[int, ...], args: tuple, options: dict):
     """The compiled kernel that `kernel[grid](*args, **options)` runs (a Triton or Gluon JIT function),
-    compiled where new (not launched), its function loaded on the current device (`flash_native` launches
+    compiled where new (not launched), its function loaded on the current device (`attention.launch.native` launches
     it from C++)."""
     compiled = kernel.warmup(*args, grid=grid, **options)
     compiled._init_handles()

@@ -1,5 +1,5 @@
 // FlashAttention-2's eager autograd node in C++: the launches of the Triton kernels, forward and backward,
-// without Python on the host path (flash_native.py says why and builds what this file runs).
+// without Python on the host path (native.py says why and builds what this file runs).
 //
 // A *program* is what Python derived once per input geometry: for each kernel launch the loaded
 // CUfunction, grid, threads, dynamic shared memory, and the kernel's parameters in Triton's order
@@ -297,7 +297,7 @@ struct FlashBackward : public Node {
 // Programs by input geometry. The key holds everything a program was derived from: per input the sizes,
 // strides, dtype and whether its address is 16-byte aligned; the device, causality, the fp32 matmul
 // precision and the current stream (a program's workspaces serve one stream). A null program marks a
-// geometry the Python path serves (flash_native.py).
+// geometry the Python path serves (native.py).
 using Key = std::vector<int64_t>;
 
 struct KeyHash {
@@ -534,7 +534,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                              flash_backward_properties, nullptr);
   Py_INCREF(&flash_backward_type);
   torch::autograd::registerCppFunction(typeid(FlashBackward), &flash_backward_type);
-  m.doc() = "FlashAttention-2's eager autograd node: the Triton kernels' launches in C++ (flash_native.py)";
+  m.doc() = "FlashAttention-2's eager autograd node: the Triton kernels' launches in C++ (attention/launch/native.py)";
   m.def("forward", &forward, "O of (q, k, v, is_causal) by the registered program; None: none registered; "
         "False: the Python path's", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"));
   m.def("register_program", &register_program, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("is_causal"),

@@ -1,11 +1,11 @@
 """Tuning the FlashAttention-2 kernels' launch configurations on the GPU at hand.
 
 For one problem (N_q, N_k, d, dtype, causal) each kernel — forward, dK/dV, dQ — is launched with
-every candidate of `flash_configs.candidate_configs`; each candidate's first call (compilation)
+every candidate of `configs.candidate_configs`; each candidate's first call (compilation)
 is timed apart from its latency (`triton.testing.do_bench`, median), and its output is checked
 against the default configuration's, so a configuration that miscompiles is never chosen. The
 fastest correct one is stored in the user's configuration cache, which `FlashAttentionTriton`
-reads from then on. Run as `python -m cs336_systems.attention.flash_tuning --help`.
+reads from then on. Run as `python -m cs336_systems.attention.tuning --help`.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ import triton
 import triton.testing
 from tqdm.auto import tqdm
 
-from cs336_systems.attention.flash_configs import (
+from cs336_systems.attention.configs import (
     KERNELS,
     KernelConfig,
     ProblemKey,
     candidate_configs,
     config_table,
     device_name,
-    is_small_grid,
     sm_count,
     user_cache_path,
 )
-from cs336_systems.attention.flash_launch import launch_dkdv, launch_dq, launch_forward
-from cs336_systems.attention.flash_layout import head_dim_tile
+from cs336_systems.attention.heuristics import is_small_grid
+from cs336_systems.attention.launch.layout import head_dim_tile
+from cs336_systems.attention.launch.plans import launch_dkdv, launch_dq, launch_forward
 
 TUNING_COLUMNS = ["kernel", "config", "q_tile", "k_tile", "num_warps", "num_stages", "ms", "compile_s", "registers",
                   "spills", "status", "best"]
@@ -202,7 +202,7 @@ def tune_in_fresh_process(
     cache, csv = out_dir / "flash_configs.json", out_dir / "flash_tuning.csv"
     for path in (cache, csv):
         path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "cs336_systems.attention.flash_tuning", "--seq-lens", str(seq_len),
+    cmd = [sys.executable, "-m", "cs336_systems.attention.tuning", "--seq-lens", str(seq_len),
            "--head-dims", str(head_dim), "--dtypes", dtype, "--batch", str(batch), "--cache", str(cache), "--csv", str(csv)]
     if not is_causal:
         cmd.append("--no-causal")

@@ -1,7 +1,7 @@
 """FlashAttention-2 forward kernel for Hopper in Gluon: a TMA producer warp and two consumer
 warpgroups, each overlapping its softmax with a matmul (FlashAttention-3's schedule).
 
-The math is the Triton forward kernel's (`flash_triton_forward`): per query tile Q_i, over key
+The math is the Triton forward kernel's (`kernels.triton_forward`): per query tile Q_i, over key
 tiles K^(j), V^(j), in base 2 with s = S log2(e) scale,
 
     m_j = max(m_{j-1}, rowmax s_j);  P_j = 2^(s_j - m_j);  alpha_j = 2^(m_{j-1} - m_j)
@@ -26,10 +26,10 @@ What Triton's `tl` cannot express on Hopper is the schedule:
   warpgroup's exponentials meet the other's matmuls.
 
 Causal CTAs visit key tiles up to the diagonal and mask the tiles that cross it (or pass N);
-the last query blocks (longest loops) start first, heads in sections (`flash_gluon_schedule`). L is
+the last query blocks (longest loops) start first, heads in sections (`kernels.gluon_schedule`). L is
 stored per row; O goes through Q's shared-memory slot and a TMA store, which drops rows past N.
 
-Scope (`flash_gluon.gluon_forward_applies`): 16-bit inputs on compute capability 9.x, N_QUERIES
+Scope (`launch.dispatch.gluon_forward_applies`): 16-bit inputs on compute capability 9.x, N_QUERIES
 == N_KEYS, d in {64, 128}, rows readable by tensor descriptors. Other inputs take the Triton kernel.
 """
 
@@ -45,8 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_gluon_schedule import block_and_batch
-from cs336_systems.attention.flash_triton_forward import LN2, LOG2E  # gl.constexpr is tl.constexpr
+from cs336_systems.attention.kernels.gluon_schedule import block_and_batch
+from cs336_systems.attention.kernels.triton_forward import LN2, LOG2E  # gl.constexpr is tl.constexpr
 
 
 @gluon.jit
@@ -192,7 +192,7 @@ def flash_fwd_gluon_kernel(
     scale: gl.constexpr,
     STAGES: gl.constexpr,
     is_causal: gl.constexpr,
-    SECTION: gl.constexpr,  # heads per section of the CTAs' order (flash_gluon_schedule)
+    SECTION: gl.constexpr,  # heads per section of the CTAs' order (kernels.gluon_schedule)
     CONSUMER_REGS: gl.constexpr,  # registers per thread of a consumer warpgroup, and of the producer warp
     PRODUCER_REGS: gl.constexpr,
 ):

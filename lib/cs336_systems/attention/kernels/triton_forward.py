@@ -22,7 +22,7 @@ stored.
 Causal programs take the query tiles from the last (the longest loops) to the first, so the
 heaviest work starts first and the GPU's last wave is short.
 
-Split keys (SPLIT_KV, where the grid alone would leave SMs idle: `flash_configs.kv_split_chunk`):
+Split keys (SPLIT_KV, where the grid alone would leave SMs idle: `heuristics.kv_split_chunk`):
 a third grid dimension cuts each query tile's keys into chunks of KV_CHUNK keys, one program per
 chunk, each folding its chunk into its own (O_s, l_s, m_s), O_s unnormalized. Each program
 leaves its partial in the workspace; the last to finish (an atomic count of arrivals per query
@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cs336_systems.attention.flash_triton_tiles import load_rows, row_source
+from cs336_systems.attention.kernels.triton_tiles import load_rows, row_source
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)

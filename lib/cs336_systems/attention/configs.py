@@ -1,19 +1,19 @@
-"""Launch configurations of the three FlashAttention-2 Triton kernels, per device and problem.
+"""The tuned table: launch configurations of the three FlashAttention-2 Triton kernels, per device and problem.
 
 A configuration is (Q_TILE, K_TILE, warps, pipeline stages) for one kernel: `forward`, `dkdv`
 (backward, one program per key tile) or `dq` (backward, one program per query tile). The best
 one depends on the GPU, the head dimension, the dtype, causality and (less) the sequence length,
 so configurations are looked up by `ProblemKey` in a table per device name. A key also says
 whether the launch is latency-bound, its grid at 64-row tiles having fewer programs than the GPU
-has SMs (`is_small_grid`, e.g. one head at N <= 8,192 on an H100): there one program's loop is the
+has SMs (`heuristics.is_small_grid`, e.g. one head at N <= 8,192 on 132 SMs): there one program's loop is the
 latency, and the tiles that fill the GPU best lose (docs/flash_small_grid_h100.csv).
 
 1. the user's cache (`$CS336_FLASH_CONFIGS`, default ~/.cache/cs336_systems/flash_configs.json),
-   written by `cs336_systems.attention.flash_tuning.tune_flash_attention`;
+   written by `cs336_systems.attention.tuning.tune_flash_attention`;
 2. the table shipped with the package (flash_configs.json beside this file): the results of that
    same tuning on the GPUs this project was measured on; a GPU with another's SMs (`SAME_SMS`: the
    H200 the H100's) takes that GPU's entries for the problems its own table lacks;
-3. `default_config`, which runs everywhere (v0 of the tuning record).
+3. `default_config`, which runs everywhere (the untuned start of the tuning record).
 
 A key missing from a table falls back to the same problem at the nearest tuned sequence length,
 in the same grid class where the table has one.
@@ -29,12 +29,14 @@ from pathlib import Path
 
 import torch
 
+from cs336_systems.attention.heuristics import is_small_grid
+
 KERNELS = ("forward", "dkdv", "dq")
 SHIPPED_TABLE = Path(__file__).with_name("flash_configs.json")
 # Devices whose SMs are another device's: a problem the device's own table lacks takes that device's entry.
 # The H200 is the H100 SXM's chip (GH100, 132 SMs, the same shared memory and registers) with more and faster
-# memory; untuned, its Triton kernels took `default_config`, which at one head and N <= 8,192 ran 1.4-2.2x
-# SDPA-flash's forward where the H100's small-grid entries do not (notebook 10 on an H200, commit acb3c23).
+# memory; untuned, its Triton kernels took `default_config`, which at one head and short sequences was far
+# slower than the H100's small-grid entries (docs/flash_attention_tuning.md).
 SAME_SMS = {"NVIDIA H200": "NVIDIA H100 80GB HBM3"}
 
 
@@ -101,77 +103,6 @@ class ProblemKey:
         return cls(kernel, int(d[1:]), dtype, causal == "causal", int(n[1:]), bool(grid))
 
 
-# The query (dK/dV: key) tile size at which `is_small_grid` counts a kernel's programs.
-SMALL_GRID_TILE = 64
-
-
-def is_small_grid(kernel: str, batch: int, n_q: int, n_k: int, sm_count: int) -> bool:
-    """Whether `kernel`'s grid at 64-row tiles, batch·ceil(N / 64) programs (N of the queries; of the
-    keys for dK/dV), is smaller than the GPU's `sm_count` SMs: a launch whose latency is one program's
-    loop, where the configuration that fills the GPU best is not the fastest (module docstring).
-    Comparisons only, so that under torch.compile they become guards, as in `seq_bucket`."""
-    rows = n_k if kernel == "dkdv" else n_q
-    return batch * ((rows + SMALL_GRID_TILE - 1) // SMALL_GRID_TILE) < sm_count
-
-
-# Fewest key tiles per program when the forward splits keys (`kv_split_chunk`).
-MIN_SPLIT_TILES = 2
-
-
-def split_programs_per_sm(head_dim_tile: int) -> float:
-    """Programs per SM that a split-key forward aims for: the fastest chunks held about W / (SMs · p) key
-    tiles, with p = 4/3 where two programs fit in an SM's shared memory (D_TILE <= 64) and p = 2/3 where
-    one does (D_TILE = 128: 3 stages of 128x128 K and V tiles); `docs/flash_small_grid_h100.csv` has the
-    tuner's runs."""
-    return 4 / 3 if head_dim_tile <= 64 else 2 / 3
-
-
-def kv_split_chunk(batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int, k_tile: int, head_dim_tile: int,
-                   sm_count: int) -> int | None:
-    """Keys per program where the forward kernel splits each query tile's keys over programs
-    (`flash_triton_forward`, SPLIT_KV), None where it does not split.
-
-    A grid of batch·ceil(N_q / q_tile) programs smaller than the GPU's `sm_count` SMs leaves SMs
-    idle while the longest program (under the causal mask the last query tile's, its
-    min(N_k, ceil(N_q / q_tile)·q_tile) keys) is the latency. Chunks of C key tiles make that latency
-    C tiles plus one merge of the chunks' partials, and the programs many: C is the work W (key tiles
-    over all programs) spread over `split_programs_per_sm` programs per SM, at least MIN_SPLIT_TILES.
-    No split where the longest program would keep half its tiles or more: there the merge and the
-    extra programs' start cost as much as the split saves (measured in docs/flash_attention_tuning.md)."""
-    n_q_tiles = -(-n_q // q_tile)
-    if batch * n_q_tiles >= sm_count:
-        return None
-    if is_causal:  # query tile i stops at key (i + 1)·q_tile (its last query sees keys j <= (i + 1)·q_tile - 1)
-        tiles = [-(-min(n_k, (i + 1) * q_tile) // k_tile) for i in range(n_q_tiles)]
-    else:
-        tiles = [-(-n_k // k_tile)] * n_q_tiles
-    work = batch * sum(tiles)
-    chunk = max(MIN_SPLIT_TILES, math.ceil(work / (sm_count * split_programs_per_sm(head_dim_tile))))
-    return chunk * k_tile if max(tiles) > 2 * chunk else None
-
-
-def backward_split(kernel: str, batch: int, n_q: int, n_k: int, loop_tile: int, grid_tile: int,
-                   sm_count: int) -> tuple[int, int]:
-    """(rows per chunk, chunks) where a small grid's fp32 backward kernel splits its loop over programs
-    (`flash_triton_backward`, SPLIT), (0, 1) where it does not: the dK/dV kernel splits each key tile's
-    query tiles (`loop_tile` = Q_TILE, `grid_tile` = K_TILE), the dQ kernel each query tile's key tiles.
-
-    As in the forward (`kv_split_chunk`), one program per SM-less tile leaves SMs idle while the longest
-    loop is the latency: the chunks multiply the programs up to about one per SM, each loop keeping at
-    least MIN_SPLIT_TILES tiles. The partial results add into zeroed fp32 gradients by atomics, hence
-    fp32 only (a 16-bit gradient would need an fp32 buffer and a conversion, two more launches; the
-    16-bit small grids measured fast enough without). Unsplit, such a backward's time grew as N, the
-    loop, not N², the work, and lost to the materialised attention (docs/flash_attention_tuning.md, v16)."""
-    rows_of_grid, rows_of_loop = (n_k, n_q) if kernel == "dkdv" else (n_q, n_k)
-    programs = batch * -(-rows_of_grid // grid_tile)
-    tiles = -(-rows_of_loop // loop_tile)
-    splits = min(sm_count // max(programs, 1), tiles // MIN_SPLIT_TILES)
-    if splits <= 1:
-        return 0, 1
-    chunk_tiles = -(-tiles // splits)
-    return chunk_tiles * loop_tile, -(-tiles // chunk_tiles)
-
-
 def seq_bucket(n: int) -> int:
     """The power of two >= n (at least 16) whose tuned configurations serve sequence length n.
 
@@ -185,7 +116,7 @@ def seq_bucket(n: int) -> int:
 
 
 def default_config(kernel: str, head_dim_tile: int, element_size: int) -> KernelConfig:
-    """Untuned tiles that fit the shared memory of any recent NVIDIA GPU (v0 of the tuning record).
+    """Untuned tiles that fit the shared memory of any recent NVIDIA GPU (the tuning record's start).
 
     The backward keeps two (K_TILE, D) tiles resident and streams two (Q_TILE, D) tiles per stage.
     fp32 tiles take twice the shared memory of 16-bit ones, so from d = 128 on they are halved.
@@ -356,7 +287,7 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
     return config
 
 
-# Caches of what is derived from the answers (`answer_cache`; and the C++ node's programs, `flash_native`),
+# Caches of what is derived from the answers (`answer_cache`; and the C++ node's programs, `launch.native`),
 # cleared with them: anything with a clear().
 _ANSWER_CACHES: list = [_ANSWERS]
 
@@ -376,6 +307,6 @@ def answer_cache() -> dict:
 def forget_answers() -> None:
     """Clear every cache registered with `register_answer_cache` (routes, launch plans, the C++ node's
     programs): what callers derived from the configurations and the routing limits. A table store or reload
-    does it; so must a caller that changes those limits (a test lifting `flash_gluon`'s size floors)."""
+    does it; so must a caller that changes those limits (a test lifting `heuristics`' size floors)."""
     for cache in _ANSWER_CACHES:
         cache.clear()

@@ -10,7 +10,7 @@ block i visits i + 1 key tiles, the backward's key block j the query tiles from 
 heads' heaviest ones started in the last waves and ran alone. All heads' heaviest blocks first would
 spread the running CTAs over every head, whose shared tensors (K and V for the forward, Q and dO for the
 backward) would no longer stay in L2 together. So the heads go in sections of SECTION (a power of two,
-`flash_gluon.heads_per_section`), and within a section the blocks go heaviest first, the section's heads
+`heuristics.heads_per_section`), and within a section the blocks go heaviest first, the section's heads
 innermost, CTA `pid` of a one-dimensional grid taking
 
     section s = pid // (n_blocks SECTION),  heads in it h_s = min(SECTION, n_batch - s SECTION)
@@ -46,7 +46,7 @@ def heaviest_first(pid, n_blocks, n_batch, SECTION: gl.constexpr):
 def block_and_batch(N_ROWS, BLOCK_ROWS: gl.constexpr, SECTION: gl.constexpr):
     """(rank, batch, n_blocks) of this CTA, for blocks of BLOCK_ROWS of N_ROWS rows: a (n_blocks, n_batch)
     grid's own coordinates for SECTION = 1, else `heaviest_first` of a one-dimensional grid of
-    n_blocks · n_batch (`flash_gluon.schedule_grid`)."""
+    n_blocks · n_batch (`launch.gluon.schedule_grid`)."""
     if SECTION == 1:
         n_blocks = gl.num_programs(0)
         rank = gl.program_id(0)

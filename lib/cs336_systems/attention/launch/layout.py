@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from cs336_systems.attention.flash_configs import device_facts
-from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
-from cs336_systems.triton_interpreter import built_by_interpreter, repair_interpreter
+from cs336_systems.attention.configs import device_facts
+from cs336_systems.attention.kernels.triton_forward import flash_fwd_kernel
+from cs336_systems.triton_support.interpreter import built_by_interpreter, repair_interpreter
 
 
 def kernels_interpreted() -> bool:
@@ -26,7 +26,7 @@ if INTERPRETED:
 
 def head_dim_tile(d: int) -> int:
     """The on-chip head dimension: the next power of two, at least 16 (tl.dot's smallest)."""
-    return max(16, 1 << (d - 1).bit_length())  # triton.next_power_of_2 is a JIT helper: 10x slower per call
+    return max(16, 1 << (d - 1).bit_length())  # triton.next_power_of_2 is a JIT helper, far slower per call
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -118,7 +118,7 @@ def tma_device(t: torch.Tensor) -> bool:
 
 
 def reads_by_tma(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels read these (batch, N, d) tensors through tensor descriptors (`flash_triton_tiles`):
+    """Whether the kernels read these (batch, N, d) tensors through tensor descriptors (`kernels.triton_tiles`):
     16-bit inputs on a GPU with the Tensor Memory Accelerator (compute capability >= 9) or under the
     interpreter (so CPU tests cover that path), when every tensor is `tma_compatible`.
 

@@ -3,12 +3,12 @@ launched without Python on the host path.
 
 Why: at short sequences an eager call's latency is its host time, and a Python `autograd.Function`
 pays twice there: its backward runs Python on autograd's device thread (measured in
-docs/flash_attention_tuning.md, v15-v16; tools/flash_host_probe.py). The C++ node launches the
+docs/flash_attention_tuning.md; tools/flash_host_probe.py). The C++ node launches the
 kernels' loaded functions (`cuLaunchKernel`) with the parameters Triton's own launcher would pass,
 allocates through PyTorch's caching allocator, and takes no GIL in the backward.
 
 A *program* holds, per input geometry, each launch's function, grid, threads, shared memory and
-parameters (`launch_spec`), derived here once from the Python path's own decisions (`flash_dispatch`'s
+parameters (`launch_spec`), derived here once from the Python path's own decisions (`launch.dispatch`'s
 `decide_forward`, `decide_backward`) and the compiled kernels (Triton's `warmup`): the kernels,
 configurations and launch plans are the Python path's, so both paths compute the same thing (tests/test_flash_native.py
 checks the parameters against Triton's launcher on compiled kernels, and on a GPU the gradients).
@@ -16,7 +16,7 @@ The program covers inputs the kernels read in place (contiguous, or views whose 
 into one stride, such as a model's (1, h, N, d) views of its projections; the gradients then have the
 views' strides): its forward is the Triton kernel or the Gluon kernel, its backward the two Triton kernels or
 the fused Gluon kernel between its two conversions (D and the zeroed fp32 dQ accumulator before it, dQ in
-the inputs' dtype after it; `flash_gluon.KernelLaunch`), as `flash_dispatch` decides. The Gluon kernels' TMA
+the inputs' dtype after it; `launch.gluon.KernelLaunch`), as `launch.dispatch` decides. The Gluon kernels' TMA
 descriptors the node encodes at each launch with the compiled kernel's swizzle and block
 (`compiled_launch_spec`, `tensor_map`). Every other call takes `FlashAttentionTriton` (the Python
 autograd.Function): CPU tensors, the interpreter, torch.compile, tensor subclasses, a `tiles` override, the
@@ -40,12 +40,12 @@ from typing import NamedTuple
 
 import torch
 
-from cs336_systems.attention.flash_configs import register_answer_cache
-from cs336_systems.attention.flash_dispatch import GLUON, decide_backward, decide_forward
-from cs336_systems.attention.flash_gluon import backward_launch, dq_copy_launch, forward_launch, preprocess_launch
-from cs336_systems.attention.flash_launch import LAUNCHES
-from cs336_systems.attention.flash_layout import INTERPRETED, read_in_place
-from cs336_systems.attention.triton_launch import grid3, launch_hooks_set
+from cs336_systems.attention.configs import register_answer_cache
+from cs336_systems.attention.launch.dispatch import GLUON, decide_backward, decide_forward
+from cs336_systems.attention.launch.gluon import backward_launch, dq_copy_launch, forward_launch, preprocess_launch
+from cs336_systems.attention.launch.plans import LAUNCHES
+from cs336_systems.attention.launch.layout import INTERPRETED, read_in_place
+from cs336_systems.triton_support.launch import grid3, launch_hooks_set
 from cs336_systems.attention.validation import check_is_causal, check_triton_inputs
 
 SOURCE = Path(__file__).with_name("csrc") / "flash_autograd.cpp"
@@ -106,7 +106,7 @@ def status() -> str:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
               tiles: tuple[int, int] | None = None) -> torch.Tensor | None:
     """O of an eager call through the C++ node, or None where the call belongs
-    to the Python path (`flash_triton.flash_attention_triton` then takes it): among others, a `tiles`
+    to the Python path (`api.flash_attention_triton` then takes it): among others, a `tiles`
     override of the kernels' configurations."""
     check_is_causal(is_causal)  # on every call: a registered program skips the inputs' checks
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or not q.is_cuda:
@@ -220,7 +220,7 @@ class TensorMapArg(NamedTuple):
 
 
 def launch_spec(kernel: str, plan, tensors: tuple, tensor_slots: tuple, compiled=None, kinds=None) -> dict:
-    """One launch of the Triton kernel `kernel` (a `flash_launch.ROLES` name) by `plan` on `tensors`, as
+    """One launch of the Triton kernel `kernel` (a `launch.plans.ROLES` name) by `plan` on `tensors`, as
     the C++ node makes it (`compiled_launch_spec`). `compiled` defaults to the kernel Triton compiles for
     these arguments; `kinds` to the extension's parameter kinds (tests pass both)."""
     if len(tensors) != len(tensor_slots):
@@ -232,7 +232,7 @@ def launch_spec(kernel: str, plan, tensors: tuple, tensor_slots: tuple, compiled
 
 
 def kernel_launch_spec(launch, slots: dict[int, int], compiled=None, kinds=None) -> dict:
-    """A launch of the Gluon route (`flash_gluon.KernelLaunch`) as the C++ node makes it (`compiled_launch_spec`):
+    """A launch of the Gluon route (`launch.gluon.KernelLaunch`) as the C++ node makes it (`compiled_launch_spec`):
     each tensor argument the slot of its tensor, each descriptor a tensor map of its tensor's slot. `slots`:
     the slot of each tensor by `id`; a view (d = 128's dQ planes) names the tensor it views."""
     def slot_of(t: torch.Tensor) -> int:

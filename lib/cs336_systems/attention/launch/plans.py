@@ -7,10 +7,10 @@ short sequences the host is the latency and deriving a plan took about as long a
 the split forward's workspaces, the scratch memory of device-built tensor descriptors and the zeroed
 arrival counts of CUDA-graph captures. Every cache is bounded (it starts over past `MAX_ENTRIES`), and
 `clear()` empties the derived ones; a configuration table store or reload clears them
-(`flash_configs.answer_cache`). `LAUNCHES` is the process's one instance.
+(`configs.answer_cache`). `LAUNCHES` is the process's one instance.
 
-Below it: the kernels (`flash_triton_forward`, `flash_triton_backward`), `triton_launch` (Triton's launcher
-without its per-call argument binding), `flash_layout` (shape and stride facts), `flash_configs`.
+Below it: the kernels (`kernels.triton_forward`, `kernels.triton_backward`), `triton_support.launch` (Triton's launcher
+without its per-call argument binding), `launch.layout` (shape and stride facts), `configs` and `heuristics`.
 """
 
 from __future__ import annotations
@@ -21,15 +21,11 @@ from typing import NamedTuple
 import torch
 import triton
 
-from cs336_systems.attention.flash_configs import (
-    KernelConfig,
-    backward_split,
-    is_small_grid,
-    kv_split_chunk,
-    register_answer_cache,
-    sm_count,
-)
-from cs336_systems.attention.flash_layout import (
+from cs336_systems.attention.configs import KernelConfig, register_answer_cache, sm_count
+from cs336_systems.attention.heuristics import backward_split, is_small_grid, kv_split_chunk
+from cs336_systems.attention.kernels.triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+from cs336_systems.attention.kernels.triton_forward import flash_fwd_kernel
+from cs336_systems.attention.launch.layout import (
     INTERPRETED,
     as_rows,
     head_dim_tile,
@@ -38,9 +34,7 @@ from cs336_systems.attention.flash_layout import (
     tma_compatible,
     tma_device,
 )
-from cs336_systems.attention.flash_triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
-from cs336_systems.attention.flash_triton_forward import flash_fwd_kernel
-from cs336_systems.attention.triton_launch import CachedLauncher, current_device_and_stream
+from cs336_systems.triton_support.launch import CachedLauncher, current_device_and_stream
 
 MAX_ENTRIES = 4096
 # A launch being captured into a CUDA graph takes its split forward's arrival counts from a slab per device
@@ -150,7 +144,7 @@ class KernelLaunches:
 
     `plan` derives (or finds) a kernel's launch plan for some tensors, `run` launches by a plan, `launch`
     does both. `forward_routes` and `backward_routes` are the dispatch's per-geometry decisions, kept here
-    with the plans they point to (`flash_dispatch`)."""
+    with the plans they point to (`launch.dispatch`)."""
 
     def __init__(self):
         self.launchers = {
@@ -229,7 +223,7 @@ class KernelLaunches:
 
     def _scratch(self, size: int, alignment: int, stream: int | None) -> torch.Tensor:
         """Triton's allocator for device-built descriptors: kernels on one stream run one after another, so
-        each launch reuses the last one's scratch (an allocation per launch cost about 8 µs of host time);
+        each launch reuses the last one's scratch (an allocation per launch cost host time a short call cannot spare);
         a launch captured into a CUDA graph gets its own, which lives as long as the graph."""
         if torch.cuda.is_current_stream_capturing():
             return torch.empty(size, dtype=torch.int8, device="cuda")
@@ -275,7 +269,7 @@ register_answer_cache(LAUNCHES)  # plans and routes embed configurations
 def launch_forward(q, k, v, out, lse, is_causal: bool, config: KernelConfig, kv_chunk: int | None = None):
     """O and L of (..., N, d) inputs into `out` (q's shape) and `lse` (q.shape[:-1]): grid (query
     tiles, batch, key chunks), batch = the leading dimensions. `kv_chunk`: keys per program where
-    each query tile's keys are split over programs; None: `flash_configs.kv_split_chunk` decides
+    each query tile's keys are split over programs; None: `heuristics.kv_split_chunk` decides
     (never while torch.compile traces), 0: no split. Returns the compiled kernel."""
     return LAUNCHES.launch("forward", (q, k, v, out, lse), is_causal, config, kv_chunk)
 

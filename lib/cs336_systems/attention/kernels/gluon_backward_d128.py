@@ -1,7 +1,7 @@
 """FlashAttention-2 backward for Hopper in Gluon at head dimension 128: dQ, dK and dV in one pass, each
 consumer warpgroup computing half of dQ's columns over all of the CTA's keys.
 
-The math and the pipeline are `flash_gluon_backward`'s (d = 64): a CTA owns 2 K_HALF key rows, a
+The math and the pipeline are `kernels.gluon_backward`'s (d = 64): a CTA owns 2 K_HALF key rows, a
 producer warp brings K, V once and Q_i, dO_i per query tile into a ring of slots, and consumer warpgroup
 h, owning key rows K^(j,h), V^(j,h), computes per tile, transposed so that P^T and dS^T have its key rows
 (base 2, s = log2(e) scale)
@@ -10,16 +10,16 @@ h, owning key rows K^(j,h), V^(j,h), computes per tile, transposed so that P^T a
     dS^T = P^T * (scale dP^T - scale D_i);   dV^(j,h) += P^T dO_i;   dK^(j,h) += dS^T Q_i
 
 P^T and dS^T are register operands of dV's and dK's products: the accumulator's layout is the operand's,
-so neither goes through shared memory for them (FlashAttention-3 stores P for dV at d = 128; so did this
-kernel before v26, docs/flash_attention_tuning.md). dS carries the softmax scale: with scale D_i formed
-once per tile, scaling costs one multiply-add per element in place of a subtraction, and neither dK nor
-dQ's parts need a multiply afterwards (v24).
+so neither goes through shared memory for them (FlashAttention-3 stores P for dV at d = 128; so did an
+earlier version of this kernel, docs/flash_attention_tuning.md). dS carries the softmax scale: with scale
+D_i formed once per tile, scaling costs one multiply-add per element in place of a subtraction, and
+neither dK nor dQ's parts need a multiply afterwards.
 
 What d = 128 changes is the register budget. dK and dV of 64 key rows are 128 fp32 registers per thread,
 S^T and dP^T of a 64 x 64 tile 64 more, so K and V cannot stay in registers as operands (they are read
 from shared memory), and a whole (Q_TILE, 128) fp32 dQ part, 64 registers, does not fit beside them.
 In the transposed layout L_i and D_i vary along the accumulator's columns, 16 registers each per thread,
-and loaded a tile ahead they spilled (v18). So the producer warp stores each tile's rows of L and D into
+and loaded a tile ahead they spilled. So the producer warp stores each tile's rows of L and D into
 its slot beside Q_i and dO_i, and a consumer reads them from shared memory where it uses them.
 dQ's part of tile i is split by columns instead of by keys: warpgroup h computes
 
@@ -30,7 +30,7 @@ the same work on every tile, so there is no owner to alternate (d = 64's kernel 
 part goes out by a TMA reduce-add, one per (tile, CTA, column half), into an fp32 accumulator that holds
 the two column halves as planes, (batch, 2, N, 64), converted to dQ's (batch, N, 128) afterwards: a
 reduce-add at a column offset inside 128-wide fp32 rows landed at column 0 (Triton 3.6 splits the
-512-byte rows into 128-byte boxes and the offset was lost; found with a counting variant, v17).
+512-byte rows into 128-byte boxes and the offset was lost; found with a counting variant).
 
 Tile i's dQ products are issued during tile i + 1, before that tile's dK product: the warpgroup then
 waits for dV's product and the dQ part only, and writes the part to shared memory and issues its reduce-add
@@ -74,15 +74,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_gluon_backward import (
+from cs336_systems.attention.kernels.gluon_backward import (
     allocate_barriers,
     allocate_tiles,
     load_key_block,
     reduce_dq,
     store_dk_dv,
 )
-from cs336_systems.attention.flash_gluon_schedule import block_and_batch
-from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
+from cs336_systems.attention.kernels.gluon_schedule import block_and_batch
+from cs336_systems.attention.kernels.triton_forward import LOG2E  # gl.constexpr is tl.constexpr
 
 
 @gluon.jit
@@ -272,7 +272,7 @@ def flash_bwd_gluon_d128_kernel(
     scale: gl.constexpr,
     is_causal: gl.constexpr,
     STAGES: gl.constexpr,
-    SECTION: gl.constexpr,  # heads per section of the CTAs' order (flash_gluon_schedule)
+    SECTION: gl.constexpr,  # heads per section of the CTAs' order (kernels.gluon_schedule)
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -282,7 +282,7 @@ def flash_bwd_gluon_d128_kernel(
     D: gl.constexpr = q_desc.block_type.shape[2]
     COLS: gl.constexpr = dq_desc.block_type.shape[2]  # D // 2: one column half of dQ per warpgroup
     gl.static_assert(2 * COLS == D, "dQ's descriptor block holds half of its columns")
-    # causal: key block 0 visits every query tile, so rank 0 (the heaviest, flash_gluon_schedule) is block 0
+    # causal: key block 0 visits every query tile, so rank 0 (the heaviest, kernels.gluon_schedule) is block 0
     key_block, batch, _ = block_and_batch(N_QUERIES, 2 * K_HALF, SECTION)
     k_start = key_block * (2 * K_HALF)
     if is_causal:

@@ -17,11 +17,10 @@ query tile, its part is summed over the CTA's 2 K_HALF keys before it leaves the
     dQ part of tile i = dS_0 K^(j,0) + dS_1 K^(j,1)        (dS_h: warpgroup h's key rows)
 
 computed by one warpgroup, h = i mod 2 (the *owner*), from both dS^T in shared memory. That about
-halves the fp32 traffic the reduce-adds put through L2 (8.6 GB at the leaderboard shape with one part
-per warpgroup); the owners alternate, so both warpgroups do the same work over two tiles (one owner
-for every tile measured 25% slower). The owner computes tile i's part during tile i + 1, after issuing
-that tile's dK product, when the other warpgroup has stored its dS^T of tile i well before: computed
-in tile i, the owner waited for it every tile.
+halves the fp32 traffic the reduce-adds put through L2; the owners alternate, so both warpgroups do the
+same work over two tiles (one owner for every tile measured slower). The owner computes tile i's part
+during tile i + 1, after issuing that tile's dK product, when the other warpgroup has stored its dS^T of
+tile i well before: computed in tile i, the owner waited for it every tile.
 
 The schedule per tile, per consumer warpgroup (`tl.dot` would wait for each product as it is issued):
 
@@ -50,11 +49,11 @@ key rows past N are computed but dropped by the TMA stores, as are dQ rows past 
 dK and dV go out through the K and V slots, once the other warpgroup's last dQ product has read K.
 
 P^T and dS^T as register operands gained only once the summed parts had cut the reduce-add traffic
-(they had not in v8; docs/flash_attention_tuning.md, v12). Loading the rows of L and D a tile ahead
-(v15) shortened the whole backward: loaded in the tile that used them, their latency stood between the S^T product and the exponentials;
-loaded there in the compact layout without the lead, the backward took 3.26 ms. Causal only: without the
-mask an earlier version measured no faster than the Triton kernels (v8). Scope (`flash_gluon.gluon_backward_applies`): that of the
-Gluon forward, causal, d = 64. The handshake between the warpgroups is replayed on the CPU by
+(they had not before; docs/flash_attention_tuning.md). Loading the rows of L and D a tile ahead
+shortened the whole backward: loaded in the tile that used them, their latency stood between the S^T
+product and the exponentials. Causal only: without the mask an earlier version measured no faster than
+the Triton kernels. Scope (`launch.dispatch.gluon_backward_applies`): that of the Gluon forward, causal,
+d = 64. The handshake between the warpgroups is replayed on the CPU by
 tests/test_flash_gluon_handshake.py.
 """
 
@@ -72,8 +71,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_gluon_schedule import block_and_batch
-from cs336_systems.attention.flash_triton_forward import LOG2E  # gl.constexpr is tl.constexpr
+from cs336_systems.attention.kernels.gluon_schedule import block_and_batch
+from cs336_systems.attention.kernels.triton_forward import LOG2E  # gl.constexpr is tl.constexpr
 
 
 @builtin
@@ -357,7 +356,7 @@ def flash_bwd_gluon_kernel(
     N_QUERIES,
     scale: gl.constexpr,
     STAGES: gl.constexpr,
-    SECTION: gl.constexpr,  # heads per section of the CTAs' order (flash_gluon_schedule)
+    SECTION: gl.constexpr,  # heads per section of the CTAs' order (kernels.gluon_schedule)
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
@@ -365,7 +364,7 @@ def flash_bwd_gluon_kernel(
     Q_TILE: gl.constexpr = q_desc.block_type.shape[1]
     K_HALF: gl.constexpr = k_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[2]
-    # causal: key block 0 visits every query tile, so rank 0 (the heaviest, flash_gluon_schedule) is block 0
+    # causal: key block 0 visits every query tile, so rank 0 (the heaviest, kernels.gluon_schedule) is block 0
     key_block, batch, _ = block_and_batch(N_QUERIES, 2 * K_HALF, SECTION)
     k_start = key_block * (2 * K_HALF)
     q_lo = (k_start // Q_TILE) * Q_TILE  # causal: earlier query tiles see none of these keys
