@@ -52,7 +52,6 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton
-from cs336_systems.attention import api as flash_api
 from cs336_systems.attention.reference import TOLERANCE
 from cs336_systems.experiments.attention_benchmark import accuracy_table, peak_memory_sweep, seq_len_axis
 from cs336_systems.attention.pytorch import flash_backward_reference, flash_forward_tiles
@@ -63,7 +62,7 @@ from cs336_systems.attention.kernels.triton_forward import flash_fwd_kernel
 from cs336_systems.attention.naive import naive_attention
 from cs336_systems.experiments.answers import give
 
-flash_api.DEFAULT_TILES = triton_tiles
+FlashAttentionTriton.tiles = triton_tiles
 FlashAttentionPytorch.compile_backward = compile_backward
 if kernels_interpreted():
     ctx.md("> The Triton kernels run in the **Triton interpreter** here (no GPU): the same kernel code, executed "
@@ -125,7 +124,7 @@ show_source(flash_backward_reference)
 # first kernel runs one program per key tile and loops over query tiles, accumulating dK⁽ʲ⁾ and
 # dV⁽ʲ⁾ in registers (it computes the transposed tiles Sᵀ = K⁽ʲ⁾Q_iᵀ directly); the second runs one
 # program per query tile and loops over key tiles for dQ_i. Each output tile has a single owner,
-# so no atomics are needed. The call's `backward_impl`
+# so no atomics are needed. `FlashAttentionTriton.backward_impl` (or the call's `backward_impl`)
 # picks "triton" (default) or "pytorch".
 
 # %%

@@ -19,7 +19,6 @@ import torch.nn.functional as F  # noqa: E402
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton  # noqa: E402
 from cs336_systems.attention.heuristics import gluon_backward_eligible, gluon_forward_eligible  # noqa: E402
 from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies  # noqa: E402
-from cs336_systems.attention import api as flash_api  # noqa: E402
 from cs336_systems.attention import flash_attention  # noqa: E402
 from cs336_systems.attention.launch import dispatch as flash_dispatch  # noqa: E402
 from cs336_systems.attention.launch import plans as flash_launch  # noqa: E402
@@ -60,7 +59,7 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(FlashAttentionPytorch, "q_tile", 16)
     monkeypatch.setattr(FlashAttentionPytorch, "k_tile", 16)
     monkeypatch.setattr(FlashAttentionPytorch, "compile_backward", False)
-    monkeypatch.setattr(flash_api, "DEFAULT_TILES", (16, 16))
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16))
 
 
 @pytest.fixture
@@ -164,13 +163,13 @@ UNEVEN_SHAPES = {
 @pytest.mark.parametrize("shape", UNEVEN_SHAPES.values(), ids=UNEVEN_SHAPES.keys())
 def test_triton_unequal_tiles_match_float64(small_tiles, triton_device, monkeypatch, tiles, is_causal, shape):
     """Q_TILE != K_TILE moves the boundary between the full and the masked loops off the tile grid of the other side."""
-    monkeypatch.setattr(flash_api, "DEFAULT_TILES", tiles)
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
     check_against_reference(FlashAttentionTriton.apply, *shape, torch.float32, is_causal, triton_device)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_triton_with_pytorch_backward(small_tiles, triton_device, monkeypatch, is_causal):
-    monkeypatch.setattr(flash_api, "DEFAULT_BACKWARD_IMPL", "pytorch")
+    monkeypatch.setattr(FlashAttentionTriton, "backward_impl", "pytorch")
     check_against_reference(FlashAttentionTriton.apply, *SHAPES["q_shorter_than_k"], torch.float32, is_causal, triton_device)
 
 
@@ -429,7 +428,7 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
     FlashAttentionTriton.apply(q, k, v, False)
     FlashAttentionTriton.apply(q[:, :24], k, v, True)
     assert len(checks) == 3 and len(LAUNCHES.forward_routes) == 3
-    monkeypatch.setattr(flash_api, "DEFAULT_TILES", (32, 16))
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (32, 16))
     out = FlashAttentionTriton.apply(q, k, v, True)
     assert len(LAUNCHES.forward_routes) == 4 and rel_error(out, reference(q, k, v, True)[0]) < 1e-3
     assert {route.meta["Q_TILE_SIZE"] for route in LAUNCHES.forward_routes.values()} == {16, 32}
@@ -653,49 +652,8 @@ def test_triton_backward_impl_is_chosen_per_call(small_tiles, triton_device):
         FlashAttentionTriton.apply(q, q, q, False, "cuda")
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_flash_attention_compiles_in_one_graph(triton_device, backend):
-    """`flash_attention` under torch.compile(fullgraph=True): one graph, no break (the passes are custom ops
-    with fake implementations, the options per-call arguments), and the float64 answer, tiles chosen per call."""
-    import torch._dynamo
-    import torch._dynamo.testing
-
-    gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, 2, 37, 16, generator=gen).to(triton_device).requires_grad_() for _ in range(3))
-    grad = torch.randn(1, 2, 37, 16, generator=gen).to(triton_device)
-    expected = reference_gradients(q, k, v, grad, True)
-    torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
-    try:
-        out = torch.compile(flash_attention, backend=counter, fullgraph=True)(q, k, v, True, tiles=(16, 16))
-        out.backward(grad)
-    finally:
-        torch._dynamo.reset()
-    assert counter.frame_count == 1
-    for name, x in dict(O=out, dQ=q.grad, dK=k.grad, dV=v.grad).items():
-        assert rel_error(x, expected[name]) < TOL[torch.float32], name
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "heads_not_merging"])
-def test_attention_ops_agree_with_their_fake_implementations(triton_device, layout):
-    """The forward and backward custom ops pass torch.library.opcheck (schema, fake tensors, AOT dispatch),
-    also where q, k, v's leading dimensions do not merge and the backward's general path copies them."""
-    gen = torch.Generator().manual_seed(4)
-
-    def make():
-        if layout == "contiguous":
-            return torch.randn(2, 3, 40, 16, generator=gen).to(triton_device)
-        return torch.randn(3, 40, 2, 16, generator=gen).to(triton_device).permute(2, 0, 1, 3)  # (2, 3, 40, 16)
-
-    q, k, v, grad = make(), make(), make(), make()
-    out, lse = torch.zeros(q.shape, device=triton_device), torch.zeros(q.shape[:-1], device=triton_device)
-    torch.library.opcheck(torch.ops.cs336.flash_attention_forward.default, (q, k, v, out, lse, True, 16, 16))
-    torch.ops.cs336.flash_attention_forward(q, k, v, out, lse, True, 16, 16)  # the backward reads the forward's O, L
-    torch.library.opcheck(torch.ops.cs336.flash_attention_backward.default, (q, k, v, out, grad, lse, True, 16, 16))
-
-
 def test_triton_rejects_bad_tiles(triton_device, monkeypatch):
-    monkeypatch.setattr(flash_api, "DEFAULT_TILES", (16, 24))
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 24))
     with pytest.raises(ValueError, match=r"tiles = \(16, 24\): k_tile must be a power of two >= 16, got 24"):
         FlashAttentionTriton.apply(*(torch.randn(1, 16, 16, device=triton_device) for _ in range(3)))
 
@@ -756,7 +714,7 @@ def test_pytorch_causal_matches_sdpa(small_tiles, n_q, n_k, dtype):
 @pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)], ids=["q16_k16", "q32_k16", "q16_k32"])
 @pytest.mark.parametrize("n_q, n_k", CAUSAL_RAGGED.values(), ids=CAUSAL_RAGGED.keys())
 def test_triton_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q, n_k, tiles):
-    monkeypatch.setattr(flash_api, "DEFAULT_TILES", tiles)
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
     check_causal_against_sdpa(FlashAttentionTriton.apply, (2, n_q, 16), (2, n_k, 16), torch.float32, triton_device,
                               1e-5)
 
@@ -789,7 +747,7 @@ def test_triton_keys_no_query_sees_get_zero_gradients(small_tiles, triton_device
     (the gradients are allocated uninitialised: here filled with NaN, so a skipped store shows)."""
     empty_like = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(float("nan")))
-    monkeypatch.setattr(flash_api, "DEFAULT_TILES", tiles)
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
     check_causal_against_sdpa(FlashAttentionTriton.apply, (1, 20, 16), (1, 90, 16), torch.float32, triton_device, 1e-5)
 
 
@@ -840,7 +798,7 @@ def test_non_bool_is_causal_raises_type_error(small_tiles, triton_device, monkey
     """As scaled_dot_product_attention: only a bool, so a truthy "False" cannot switch the mask on; refused
     also after a valid call of the same geometry (whose route or C++ program is then cached)."""
     if HAS_CUDA:  # the default tiles: a tiles override keeps eager calls off the C++ node
-        monkeypatch.setattr(flash_api, "DEFAULT_TILES", None)
+        monkeypatch.setattr(FlashAttentionTriton, "tiles", None)
     on_cpu = apply in (FlashAttentionPytorch.apply, naive_attention)
     q, k, v = _qkv((1, 16, 16), device="cpu" if on_cpu else triton_device)
     apply(q, k, v, True)
@@ -906,7 +864,7 @@ def test_triton_head_dims_on_gpu(shape, dtype, is_causal):
 def test_triton_with_pytorch_backward_on_gpu(monkeypatch, shape_q, shape_kv, dtype, is_causal):
     """The forward kernels of test_triton_on_gpu, the backward equations in (uncompiled) PyTorch."""
     monkeypatch.setattr(FlashAttentionPytorch, "compile_backward", False)
-    monkeypatch.setattr(flash_api, "DEFAULT_BACKWARD_IMPL", "pytorch")
+    monkeypatch.setattr(FlashAttentionTriton, "backward_impl", "pytorch")
     check_against_reference(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, is_causal, "cuda")
 
 

@@ -11,7 +11,6 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-from cs336_systems.attention import api as flash_api  # noqa: E402
 from cs336_systems.attention import configs as flash_configs  # noqa: E402
 from cs336_systems.attention.configs import (  # noqa: E402
     ConfigTable,
@@ -239,7 +238,7 @@ def test_each_kernel_runs_its_own_configuration(user_cache):
     for kernel, config in chosen.items():
         ConfigTable([user_cache]).store(name, ProblemKey.of(kernel, 16, torch.float32, True, 45, 45), config, user_cache)
     flash_configs.reload_config_table()
-    assert flash_api.DEFAULT_TILES is None
+    assert FlashAttentionTriton.tiles is None
     q = torch.zeros(1, 45, 16, device=device)
     for kernel, config in chosen.items():
         assert kernel_config(kernel, q, 45, True) == config

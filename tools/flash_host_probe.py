@@ -125,10 +125,10 @@ def diagnose(calls: int, shape: str) -> None:
                 "forward only": lambda: apply(q, k, v, True),
             }
             if name == "triton":
-                from cs336_systems.attention.launch.dispatch import flash_backward_triton, flash_forward_with_route
+                from cs336_systems.attention.launch.dispatch import flash_backward_triton, flash_forward_triton
 
                 def without_engine():
-                    out, lse, _ = flash_forward_with_route(q, k, v, True)
+                    out, lse = flash_forward_triton(q, k, v, True)
                     flash_backward_triton(q, k, v, out, do, lse, True)
 
                 variants["kernels, no autograd"] = without_engine

@@ -17,13 +17,11 @@ The package by role (docs/architecture.md), each layer importing only those belo
 Triton and Gluon kernels, math first); `heuristics` (every threshold and route rule) and `configs` (the
 tuned table); `launch` (shape facts in `layout`, launch plans and caches in `plans`, the Gluon launches in
 `gluon`, the route of a call and the Python host path in `dispatch`, the C++ autograd node in `native`);
-this module on top, whose calls take the options `backward_impl` and `tiles` and pass them down.
-
-One host path: `FlashAttentionTriton.apply` (and so `flash_attention`) sends eager CUDA calls through the C++
-node where it serves the geometry (it replays the launches of the same routes, no Python on the host path);
-every other call, torch.compile's included, takes the Python `autograd.Function`, whose forward and backward
-are the custom ops of `launch.dispatch` around the same route decision and launch code. On CPU tensors the
-kernels run only under TRITON_INTERPRET=1, set before triton is imported.
+this module on top, which alone reads the switches `FlashAttentionTriton.backward_impl` and `.tiles` and
+passes them down. `FlashAttentionTriton.apply` (and so `flash_attention_triton`, `flash_attention`) sends
+eager CUDA calls through the C++ node where it serves the geometry (the same kernels and launch plans, no
+Python on the host path); everything else, torch.compile included, takes the Python `autograd.Function`.
+On CPU tensors the kernels run only under TRITON_INTERPRET=1, set before triton is imported.
 """
 
 from __future__ import annotations
@@ -31,56 +29,79 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from cs336_systems.attention.launch import dispatch, native
+from cs336_systems.attention.launch import native
+from cs336_systems.attention.launch.dispatch import (
+    flash_backward_triton,
+    flash_forward_with_route,
+    gluon_forward_applies,
+    kernel_config,
+)
+from cs336_systems.attention.launch.gluon import launch_forward_gluon
+from cs336_systems.attention.launch.layout import INTERPRETED
+from cs336_systems.attention.launch.plans import launch_forward
 from cs336_systems.attention.pytorch import FlashAttentionPytorch, flash_backward
+from cs336_systems.attention.validation import check_triton_inputs
 
 BACKWARD_IMPLS = ("triton", "pytorch")
-# What a call that names no option gets (tests and notebook 09 lower the tiles for the interpreter). Module
-# values rather than class attributes: torch.compile reads them as constants of the graph, where a class
-# attribute of the autograd.Function broke the graph.
-DEFAULT_BACKWARD_IMPL = "triton"
-DEFAULT_TILES: tuple[int, int] | None = None
 
 
 class FlashAttentionTriton(torch.autograd.Function):
     """O = softmax(Q K^T / sqrt(d) [+ causal mask]) V with Triton kernels; saves L, Q, K, V, O.
 
-    `apply(q, k, v, is_causal=False, backward_impl=None, tiles=None)`: `backward_impl` "triton" | "pytorch",
-    `tiles` a (Q_TILE, K_TILE) pair of powers of two >= 16 that overrides the tiles of every kernel's
-    configuration (`configs.config_for`); None takes `DEFAULT_BACKWARD_IMPL`, `DEFAULT_TILES`.
+    `apply(q, k, v, is_causal=False, backward_impl=None)`. Class-level switches:
+    `backward_impl` ("triton" | "pytorch"), the default when the call names none (read when the
+    forward runs), and `tiles`, a (Q_TILE, K_TILE) pair of powers of two >= 16 that overrides
+    the tiles of every kernel's configuration (`configs.config_for`; the interpreter tests
+    use 16).
     """
+
+    backward_impl: str = "triton"
+    tiles: tuple[int, int] | None = None
 
     @classmethod
     def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-              backward_impl: str | None = None, tiles: tuple[int, int] | None = None) -> torch.Tensor:
+              backward_impl: str | None = None) -> torch.Tensor:
         """Eager CUDA calls with the Triton backward go through the C++ autograd node of `launch.native`
-        where it serves the geometry (the same routes and launches, no Python on the host path; its grad_fn
-        shows the same saved tensors); every other call, torch.compile's included, through this Function,
-        whose passes are the custom ops of `launch.dispatch`. (torch.compile calls `forward` directly.)"""
-        backward_impl, tiles = backward_impl or DEFAULT_BACKWARD_IMPL, tiles or DEFAULT_TILES
-        if backward_impl == "triton" and not torch.compiler.is_compiling():
-            out = native.attention(q, k, v, is_causal, tiles)
+        where it serves the geometry (the same kernels and plans, no Python on the host path; its grad_fn
+        shows the same saved tensors); every other call, torch.compile's included, through this Function."""
+        if (backward_impl or cls.backward_impl) == "triton" and not torch.compiler.is_compiling():
+            out = native.attention(q, k, v, is_causal, cls.tiles)
             if out is not None:
                 return out
-        return super().apply(q, k, v, is_causal, backward_impl, tiles)
+        return super().apply(q, k, v, is_causal, backward_impl)
 
     @classmethod
     def python_apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                     backward_impl: str | None = None, tiles: tuple[int, int] | None = None) -> torch.Tensor:
+                     backward_impl: str | None = None) -> torch.Tensor:
         """This Python autograd.Function alone, never the C++ node (to compare the two paths)."""
-        return super().apply(q, k, v, is_causal, backward_impl, tiles)
+        return super().apply(q, k, v, is_causal, backward_impl)
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                backward_impl: str | None = None, tiles: tuple[int, int] | None = None) -> torch.Tensor:
-        backward_impl, tiles = backward_impl or DEFAULT_BACKWARD_IMPL, tiles or DEFAULT_TILES
+    def forward(
+        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, backward_impl: str | None = None
+    ) -> torch.Tensor:
+        backward_impl = backward_impl or FlashAttentionTriton.backward_impl
         if backward_impl not in BACKWARD_IMPLS:
             raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
-        out, lse = dispatch.forward(q, k, v, is_causal, tiles)
+        tiles = FlashAttentionTriton.tiles
+        if torch.compiler.is_compiling():
+            # Traced here rather than through flash_forward_triton: traced there, the forward's subgraph
+            # allocated and returned O and L itself, and the compiled leaderboard forward ran slower
+            # (docs/flash_attention_tuning.md).
+            check_triton_inputs(q, k, v, is_causal, INTERPRETED)
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+            if gluon_forward_applies(q, k, v, is_causal, INTERPRETED, tiles):
+                launch_forward_gluon(q, k, v, out, lse, is_causal)
+            else:
+                launch_forward(q, k, v, out, lse, is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles))
+            ctx.route_key = None
+        else:
+            out, lse, ctx.route_key = flash_forward_with_route(q, k, v, is_causal, tiles)
+        ctx.tiles = tiles
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal
         ctx.backward_impl = backward_impl
-        ctx.tiles = tiles
         return out
 
     @staticmethod
@@ -92,18 +113,18 @@ class FlashAttentionTriton(torch.autograd.Function):
                 q, k, v, out, grad_out, lse, ctx.is_causal, compiled=FlashAttentionPytorch.compile_backward
             )
         else:
-            grads = dispatch.backward(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.tiles)
-        return (*grads, None, None, None)
+            grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.route_key, ctx.tiles)
+        return (*grads, None, None)
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *,
-                    backward_impl: str | None = None, tiles: tuple[int, int] | None = None) -> torch.Tensor:
+def flash_attention_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, backward_impl: str | None = None
+) -> torch.Tensor:
+    """`FlashAttentionTriton.apply` with the backward chosen per call (None: the class default), keyword only."""
+    return FlashAttentionTriton.apply(q, k, v, is_causal, backward_impl)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """softmax(Q K^T / sqrt(d) [+ causal mask, as SDPA's]) V of (..., N, d) tensors, differentiable: the
-    library's one entry to FlashAttention-2. `backward_impl` ("triton", the default, or "pytorch") and
-    `tiles` (a (Q_TILE, K_TILE) override of the kernels' tiles) are per call; None takes the module's
-    defaults."""
-    return FlashAttentionTriton.apply(q, k, v, is_causal, backward_impl, tiles)
-
-
-# The name under which notebooks, tools and the benchmarks call it.
-flash_attention_triton = flash_attention
+    library's one entry to FlashAttention-2 (`flash_attention_triton` with the default backward)."""
+    return flash_attention_triton(q, k, v, is_causal)

@@ -147,30 +147,28 @@ def backward_route(forward_key: tuple, q, k, v, out, grad_out, lse, is_causal: b
     return route
 
 
-def run_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                is_causal: bool, tiles: tuple[int, int] | None = None) -> tuple:
-    """O and L of (..., N, d) inputs into `out` (q's shape, contiguous) and `lse` (q.shape[:-1], fp32) by the
-    route of the inputs' geometry (`forward_route`); returns the geometry's key, under which
-    `flash_backward_triton(..., route_key=key)` finds its route. Bad inputs raise a ValueError that names the
-    problem (when the geometry is first seen; `is_causal` is the callers' to check on every call, since a route
-    found by its key skips the inputs' checks)."""
+def flash_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                         tiles: tuple[int, int] | None = None):
+    """O and L (q.shape[:-1], fp32) of (..., N, d) inputs, eagerly: the Gluon kernel where
+    `gluon_forward_applies`, else `flash_fwd_kernel`; bad inputs raise a ValueError that names the problem.
+    (While torch.compile traces, `FlashAttentionTriton.forward` decides in place.)"""
+    return flash_forward_with_route(q, k, v, is_causal, tiles)[:2]
+
+
+def flash_forward_with_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                             tiles: tuple[int, int] | None = None):
+    """`flash_forward_triton`'s O and L, and the key of the inputs' geometry under which
+    `flash_backward_triton(..., route_key=key)` finds its route (the model's strided layout without copies)."""
+    check_is_causal(is_causal)  # on every call: a route found by its key skips the inputs' checks
     key = geometry_key(q, k, v, is_causal, tiles)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     route = forward_route(key, q, k, v, out, lse, is_causal, tiles)
     if route is GLUON:
         launch_forward_gluon(q, k, v, out, lse, is_causal)
     else:
         LAUNCHES.run("forward", route, (q, k, v, out, lse))
-    return key
-
-
-def flash_forward_with_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                             tiles: tuple[int, int] | None = None):
-    """O and L (q.shape[:-1], fp32) of (..., N, d) inputs in new tensors, and their geometry's key
-    (`run_forward`), for callers that keep the key for their backward."""
-    check_is_causal(is_causal)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    return out, lse, run_forward(q, k, v, out, lse, is_causal, tiles)
+    return out, lse, key
 
 
 def flash_backward_triton(
@@ -185,7 +183,7 @@ def flash_backward_triton(
     tiles: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (shapes and dtypes of q, k, v) from the two Triton kernels or, where
-    `gluon_backward_applies`, the fused Gluon kernel. `route_key`: the key `run_forward` returned with
+    `gluon_backward_applies`, the fused Gluon kernel. `route_key`: the key `flash_forward_with_route` returned with
     `out` and `lse`, under which the route is kept (None: decided in full)."""
     if route_key is not None:
         route = backward_route(route_key, q, k, v, out, grad_out, lse, is_causal, tiles)
@@ -215,72 +213,3 @@ def flash_backward_triton(
     launch_dq(q, k, v, out, grad_out, lse, delta, grad_q, is_causal, kernel_config("dq", q, n_k, is_causal, tiles))
     launch_dkdv(q, k, v, grad_out, lse, delta, grad_k, grad_v, is_causal, kernel_config("dkdv", q, n_k, is_causal, tiles))
     return grad_q, grad_k, grad_v
-
-
-# ---------------------------------------------------------------------------- the one host path
-# The forward and the backward as custom ops: torch.compile sees each as one opaque call with a fake
-# implementation (shapes and strides, no data), and runs the same route and launch code as eager calls at
-# run time. Dynamo could trace `@triton.jit` launches, but not the route caches, the C++-style launch plans or
-# Gluon's tensor descriptors. The forward writes into O and L that the traced graph allocates: where the
-# forward's subgraph allocated and returned them itself, the compiled leaderboard forward ran slower
-# (docs/flash_attention_tuning.md). Tiles travel as two integers (0: the tuned configuration), as a custom
-# op's schema takes no optional tuple.
-
-
-def _tiles(q_tile: int, k_tile: int) -> tuple[int, int] | None:
-    return (q_tile, k_tile) if q_tile else None
-
-
-@torch.library.custom_op("cs336::flash_attention_forward", mutates_args=("out", "lse"))
-def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-               is_causal: bool, q_tile: int, k_tile: int) -> None:
-    run_forward(q, k, v, out, lse, is_causal, _tiles(q_tile, k_tile))
-
-
-@forward_op.register_fake
-def _(q, k, v, out, lse, is_causal, q_tile, k_tile) -> None:
-    check_triton_inputs(q, k, v, is_causal, INTERPRETED)  # while torch.compile traces: bad inputs fail there
-
-
-def _in_layout_of(grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """`grad` with the strides of `torch.empty_like(t)`, the fake implementation's (a copy only where the
-    general path's contiguous gradients differ from them)."""
-    if grad.stride() == t.stride():
-        return grad
-    like = torch.empty_like(t)
-    return grad if like.stride() == grad.stride() else like.copy_(grad)
-
-
-@torch.library.custom_op("cs336::flash_attention_backward", mutates_args=())
-def backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
-                lse: torch.Tensor, is_causal: bool, q_tile: int,
-                k_tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    tiles = _tiles(q_tile, k_tile)
-    grads = flash_backward_triton(q, k, v, out, grad_out, lse, is_causal, geometry_key(q, k, v, is_causal, tiles),
-                                  tiles)
-    return tuple(_in_layout_of(g, t) for g, t in zip(grads, (q, k, v)))
-
-
-@backward_op.register_fake
-def _(q, k, v, out, grad_out, lse, is_causal, q_tile, k_tile):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-            tiles: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """O and L of (..., N, d) inputs through the forward op (eager calls and torch.compile alike)."""
-    check_is_causal(is_causal)  # on every call, before the op's schema turns it into a bool
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):  # the check's error names the argument
-        check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    q_tile, k_tile = tiles or (0, 0)
-    torch.ops.cs336.flash_attention_forward(q, k, v, out, lse, bool(is_causal), q_tile, k_tile)
-    return out, lse
-
-
-def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, grad_out: torch.Tensor,
-             lse: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None):
-    """dQ, dK, dV through the backward op; `out` and `lse` are `forward`'s."""
-    q_tile, k_tile = tiles or (0, 0)
-    return torch.ops.cs336.flash_attention_backward(q, k, v, out, grad_out, lse, bool(is_causal), q_tile, k_tile)
