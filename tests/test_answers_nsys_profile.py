@@ -104,7 +104,8 @@ def test_2025_answers_keep_to_the_2025_grid(tmp_path):
     results = _results(tmp_path)
     a = build("nsys_profile.a", results)
     assert _read(a.table) == {(s, c) for s in ("small", "2.7B") for c in GRID}
-    assert "Doubling" not in a.text and "Nsight Systems" in a.caveat
+    assert "Doubling" not in a.text and "Nsight Systems" in a.caveat  # said once, in part (a), of a GPU run
+    assert not any("Nsight" in build(f"nsys_profile.{p}", results).caveat for p in "bcde")
     assert "the forward pass of small at context 256" in a.text
     assert "`softmax at 256`" in build("nsys_profile.c", results).text
     d = build("nsys_profile.d", results)

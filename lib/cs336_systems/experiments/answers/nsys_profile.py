@@ -30,9 +30,9 @@ NUMBER_WORDS = {1: "one", 2: "two"}
 BUSY = 0.9
 # Where the profiles come from, said once per writeup (in part a).
 PROFILER_NOTE = ("These profiles are PyTorch's profiler's, not Nsight Systems' (which could not write a report on the GPU "
-                 "machines this report was made on): its GPU activity comes from CUPTI, as Nsight Systems' does, and every "
-                 "step carries the same named ranges; notebook 02 gives the `nsys` command for a machine where Nsight "
-                 "Systems works.")
+                 "machines used for this workbook's GPU report): its GPU activity comes from CUPTI, as Nsight Systems' "
+                 "does, and every step carries the same named ranges; notebook 02 gives the `nsys` command for a machine "
+                 "where Nsight Systems works.")
 
 
 def _profile_unit(results: Results) -> tuple[bool, str]:
@@ -223,7 +223,7 @@ def _nsys_a(results: Results, handout: str) -> Answer:
         text = longest_sentence(found) + " " + text
     table = both[list(table_cols)].rename(columns=table_cols).round(3)
     table["size"] = [size_label(s, handout) for s in table["size"]]
-    return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, both["size"]), PROFILER_NOTE))
+    return Answer(text=text, table=table, caveat=join_caveats(caveat, cpu_caveat(gpu, both["size"]), PROFILER_NOTE if gpu else ""))
 
 
 def _matmul_count(size: str) -> tuple[int, int]:
