@@ -14,9 +14,10 @@
 
 # %% [markdown]
 # # Problem `nsys_profile` — where the time of a step goes, kernel by kernel
-# Spring 2025 handout §1.1.4 (the same five questions are in the spring 2026 handout, §2.1.4):
-# profile the forward pass, the backward pass and the optimizer step of every model size at context
-# 128, 256, 512 and 1024 (noting the ones that run out of memory), then answer (a) how long the
+# Spring 2025 handout §1.1.4: profile the forward pass, the backward pass and the optimizer step of
+# every model size at context 128, 256, 512 and 1024 (noting the ones that run out of memory). The
+# spring 2026 handout (§2.1.4) asks the same of two sizes of its choice at three power-of-two contexts
+# above 128, the largest being the longest that fits in memory. Both then answer (a) how long the
 # forward pass takes next to the Python timer of the benchmarking script, (b) which kernel takes the
 # most GPU time in the forward pass, how often it runs per forward pass and whether it also leads in
 # forward+backward, (c) which non-matmul kernels take non-trivial time, (d) how the matmul share
@@ -25,8 +26,11 @@
 
 # %% tags=["parameters"]
 profile = None            # "cpu" | "gpu"; None picks gpu when CUDA is available
-sizes = None              # model sizes; None means the default of the profile
-context_lengths = None    # None means 128, 256, 512, 1024 on gpu
+sizes = None              # model sizes of the grid; None means the 2025 handout's five on gpu
+context_lengths = None    # contexts of the grid; None means 128, 256, 512, 1024 on gpu
+longest_sizes = None      # sizes searched for the longest context that fits (2026); None means small and xl on gpu
+longest_from = None       # the search doubles the context from here...
+longest_cap = None        # ...up to this cap, which bounds the run time; None means 256 and 16384 on gpu
 batch_size = 4
 warmup = None             # warm-up steps; the last runs under the profiler and is filtered out by its range
 steps = None              # profiled measured steps
@@ -42,6 +46,9 @@ from cs336_systems.report import setup_notebook
 ctx = setup_notebook("02_nsys_profile", profile=profile)
 sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=["small", "medium", "large", "xl", "2.7B"])
 context_lengths = ctx.pick(context_lengths, cpu=[32], gpu=[128, 256, 512, 1024])
+longest_sizes = ctx.pick(longest_sizes, cpu=sizes, gpu=["small", "2.7B"])  # the 2026 xl has the 2.7B's shape
+longest_from = ctx.pick(longest_from, cpu=context_lengths[0], gpu=256)
+longest_cap = ctx.pick(longest_cap, cpu=context_lengths[-1], gpu=16384)
 warmup = ctx.pick(warmup, cpu=1, gpu=2)
 steps = ctx.pick(steps, cpu=2, gpu=2)
 timeline_size = ctx.pick(timeline_size, cpu=sizes[0], gpu="small")
@@ -50,17 +57,25 @@ timing_warmup = ctx.pick(timing_warmup, cpu=1, gpu=5)
 timing_steps = ctx.pick(timing_steps, cpu=3, gpu=10)
 
 # %%
+from dataclasses import replace
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from cs336_systems.benchmarking import BenchmarkConfig, grid, sweep
+from cs336_systems.benchmarking import BenchmarkConfig, sweep, with_predicted_memory
 from cs336_systems.experiments.answers import give
-from cs336_systems.profiling.profile_sweep import matmul_shares, profile_sweep, top_kernels
+from cs336_systems.profiling.profile_sweep import (
+    combine, context_ladder, longest_contexts, matmul_shares, profile_sweep, top_kernels,
+)
 from cs336_systems.profiling.timeline import CATEGORY_COLORS, plot_timeline, range_span
 from cs336_systems.profiling.trace import load_trace, range_instances
 
 # %% [markdown]
 # ## How the profile is taken
+# Nsight Systems could not write a report on the GPU machines the repository's GPU report was made on,
+# so this notebook takes the same measurements with PyTorch's own profiler; the `nsys` command for a
+# machine where Nsight Systems works is at the end, and it shows the same named ranges.
+#
 # `cs336_systems.profiling.profile_sweep` runs the benchmarking harness under `torch.profiler`
 # (CPU activity, plus CUDA activity through CUPTI, the same activity records Nsight Systems
 # reads), exports each trace as Chrome/Perfetto JSON and reads it back as a table of events. The
@@ -71,19 +86,28 @@ from cs336_systems.profiling.trace import load_trace, range_instances
 # that **launched** it lies inside the range, which is how Nsight Systems projects NVTX ranges onto
 # the GPU rows; only the measured steps count. Each size and context is profiled twice: an
 # inference forward pass, and a full training step (forward, cross-entropy, backward, AdamW).
+#
+# Two sweeps: the 2025 grid (every size at every context), then, for the 2026 handout, the search for
+# the longest context that fits: each of `longest_sizes` goes up by doubling from `longest_from` and
+# stops after the first context whose training step runs out of memory (its rows are kept, with the
+# analytic peak that explains them) or at `longest_cap`. Configurations the grid profiled already are
+# not profiled again.
 
 # %%
 base = BenchmarkConfig(batch_size=batch_size, warmup=warmup, steps=steps)
 traces_dir = ctx.path("traces")
-profiled = profile_sweep(base, sizes, context_lengths, trace_for=(timeline_size, timeline_context), trace_dir=traces_dir)
-runs = profiled.runs
+on_grid = profile_sweep(base, sizes, context_lengths, trace_for=(timeline_size, timeline_context), trace_dir=traces_dir)
+ladder = context_ladder(longest_from, longest_cap)
+searched = profile_sweep(base, longest_sizes, ladder, until_oom=True, known=on_grid.runs)
+profiled = combine(on_grid, searched)
+runs = with_predicted_memory(profiled.runs, ctx.device)
 ctx.save_table(runs, "profiled_runs", show=False)
 unit = profiled.unit
 gpu = unit == "CUDA kernel"
 oom = runs[runs.status != "ok"]
 ctx.md(
     f"Profiled {len(runs)} runs ({len(sizes)} size{'s' * (len(sizes) > 1)} × {len(context_lengths)} context{'s' * (len(context_lengths) > 1)} "
-    f"× forward / training step), "
+    f"× forward / training step, and {len(searched.runs)} more in the search for the longest context), "
     f"batch {batch_size}, {warmup} warm-up and {steps} measured steps each. "
     + (f"Out of memory: {', '.join(f'{r.size} at {r.context_length} ({r.mode})' for r in oom.itertuples())}."
        if len(oom) else "Every configuration fit in memory.")
@@ -93,6 +117,15 @@ ctx.md(
 )
 
 # %% [markdown]
+# ### The longest context that fits
+# Per searched size: the contexts at which a whole training step fits, the first whose training step
+# ran out of memory, whether the forward alone still fits there, and the analytic peak of that
+# training step (`cs336_systems.accounting.memory`) next to the GPU's memory.
+
+# %%
+ctx.save_table(longest_contexts(runs, longest_sizes, ladder), "longest_context");
+
+# %% [markdown]
 # ## (a) Forward time: profiler against the Python timer
 # The benchmarking script's number (harness, `timeit.default_timer` around synchronized steps, no
 # profiler) next to what the profile says about the same forward pass: the wall time of the
@@ -100,8 +133,10 @@ ctx.md(
 # the forward pass's kernels (from its first kernel's start to its last kernel's end).
 
 # %%
-timed = sweep(grid(BenchmarkConfig(batch_size=batch_size, mode="forward", warmup=timing_warmup, steps=timing_steps),
-                   size=sizes, context_length=context_lengths), desc="harness timing")
+timing = BenchmarkConfig(batch_size=batch_size, mode="forward", warmup=timing_warmup, steps=timing_steps)
+forwards = runs[runs["mode"] == "forward"]
+timed = sweep([replace(timing, size=s, context_length=c) for s, c in zip(forwards["size"], forwards.context_length)],
+              desc="harness timing")
 device_col = "forward_gpu_span_ms" if gpu else "forward_compute_ms"
 fwd = runs[(runs["mode"] == "forward") & (runs.status == "ok")]
 compare = timed[["size", "context_length", "status", "mean_ms", "std_ms"]].rename(
@@ -142,14 +177,17 @@ if len(top):
 # %% [markdown]
 # ## (c) Non-matmul kernels with non-trivial time in the forward pass
 # Every non-matmul kernel with at least `share_threshold` of the forward pass's kernel time, for
-# the detailed configuration; then the category shares for all configurations.
+# the detailed configuration (all configurations' are saved beside it); then the category shares for
+# all configurations.
 
 # %%
 k = profiled.kernels
-detail_k = k[(k.scope == "forward") & (k["size"] == timeline_size) & (k.context_length == timeline_context)]
-non_matmul = detail_k[(detail_k.category != "matmul") & (detail_k.share >= share_threshold)]
-ctx.save_table(non_matmul[["size", "context_length", "kernel", "category", "total_ms", "instances", "avg_us", "share"]],
-               "non_matmul_forward");
+columns = ["size", "context_length", "kernel", "category", "total_ms", "instances", "avg_us", "share"]
+forward_k = k[k.scope == "forward"]
+non_matmul_all = forward_k[(forward_k.category != "matmul") & (forward_k.share >= share_threshold)][columns]
+ctx.save_table(non_matmul_all, "non_matmul_forward_all", show=False)
+non_matmul = non_matmul_all[(non_matmul_all["size"] == timeline_size) & (non_matmul_all.context_length == timeline_context)]
+ctx.save_table(non_matmul, "non_matmul_forward");
 shares = matmul_shares(profiled)
 fwd_cat = shares.pivot_table(index=["size", "context_length"], columns="category", values="forward").reset_index()
 ctx.save_table(fwd_cat, "forward_category_shares");

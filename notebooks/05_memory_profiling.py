@@ -29,7 +29,7 @@ size = None               # model size; None means 2.7B on gpu
 context_lengths = None    # None means 128, 256, 512 (2025) and 2048 (2026) on gpu
 batch_size = 4
 warmup = 1                # steps before measuring, so AdamW's state exists as in steady training
-snapshot_context = None   # context of the recorded timelines (a) and (e); None means 256 on gpu
+snapshot_contexts = None  # contexts of the recorded timelines (a) and (e); None means 128, 256 and 2048 on gpu
 top_allocations = 8       # source lines coloured in the timelines
 
 # %%
@@ -38,23 +38,23 @@ from cs336_systems.report import setup_notebook
 ctx = setup_notebook("05_memory_profiling", profile=profile)
 size = ctx.pick(size, cpu="tiny", gpu="2.7B")
 context_lengths = ctx.pick(context_lengths, cpu=[32, 64], gpu=[128, 256, 512, 2048])
-snapshot_context = ctx.pick(snapshot_context, cpu=context_lengths[-1], gpu=256)
+snapshot_contexts = ctx.pick(snapshot_contexts, cpu=[context_lengths[-1]], gpu=[128, 256, 2048])
 
 # %%
 import linecache
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from cs336_systems.accounting.memory import describe_size, memory_estimate, residual_stream_bytes
-from cs336_systems.benchmarking import BenchmarkConfig, grid
-from cs336_systems.benchmarking.harness import is_out_of_memory
+from cs336_systems.benchmarking import BenchmarkConfig, grid, with_predicted_memory
 from cs336_systems.profiling.memory import (
-    largest_allocations, load_snapshot, phase_peaks, plot_active_memory, record_step_snapshot, snapshot_allocations,
+    largest_allocations, load_snapshot, phase_peaks, plot_active_memory, snapshot_allocations,
 )
+from cs336_systems.profiling.memory_snapshots import plot_timelines, record_snapshots, snapshot_table
 from cs336_systems.profiling.peak_memory import measure_peak_memory
 from cs336_systems.profiling.saved_tensors import block_memory
 from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.answers.memory import timeline_contexts
 from cs336_systems.report.environment import repo_root
 
 MIB, GIB = 2**20, 2**30
@@ -65,7 +65,7 @@ model_config = base.model_config()
 autocast_device = ctx.device.type  # CUDA and CPU autocast keep different ops in fp32
 ctx.save_table(pd.DataFrame([dict(size=size, d_model=model_config.d_model, d_ff=model_config.d_ff,
                                   num_layers=model_config.num_layers, num_heads=model_config.num_heads,
-                                  batch=batch_size, snapshot_context=snapshot_context)]), "memory_model");
+                                  batch=batch_size)]), "memory_model");
 
 # %% [markdown]
 # ## (a) Active memory over one step
@@ -83,46 +83,49 @@ ctx.save_table(pd.DataFrame([dict(size=size, d_model=model_config.d_model, d_ff=
 # backward releases them layer by layer while parameter gradients (as large as the parameters)
 # accumulate; AdamW then updates in place with one temporary per parameter, and the gradients are
 # released at its end.
+#
+# Each handout asks for its own contexts (2025: one of 128, 256 and 512, here 256; 2026: 128 and
+# 2048), so a snapshot of each mode is recorded at every context of `snapshot_contexts`. A step that
+# runs out of memory is a row with status OOM beside its analytic peak: its snapshot is kept up to
+# the failure (recorded without a warm-up step when the warm-up already failed), and the phase that
+# was running then is the part of the step that does not fit.
 
 # %%
 snapshots = {}
 if ctx.device.type == "cuda":
-    for mode in ("forward", "train-step"):
-        path = ctx.path(f"memory_snapshot_{size}_ctx{snapshot_context}_{mode}.pickle")
-        config = BenchmarkConfig(**{**base.__dict__, "context_length": snapshot_context, "mode": mode})
-        try:
-            snapshots[mode] = load_snapshot(record_step_snapshot(config, path))
-        except Exception as err:  # noqa: BLE001 - out of memory is reported, anything else is not expected
-            if not is_out_of_memory(err):
-                raise
-            ctx.not_run(f"(a) {mode} snapshot at context {snapshot_context}", "out of memory")
+    recorded = record_snapshots(base, snapshot_contexts, lambda c, m: ctx.path(f"memory_snapshot_{size}_ctx{c}_{m}.pickle"))
+    snapshots = {(r.mode, r.context_length): load_snapshot(r.path) for r in recorded if r.path is not None}
+    snapshot_runs = with_predicted_memory(snapshot_table(recorded).assign(size=size, batch_size=batch_size, precision="fp32"),
+                                          ctx.device)
+    ctx.save_table(snapshot_runs, "memory_snapshots")
+    for r in snapshot_runs[snapshot_runs.status != "ok"].itertuples():
+        ctx.md(f"Context {r.context_length}, {r.mode}: **out of memory** in its {r.failed_phase} (analytic peak "
+               f"{r.predicted_peak_gib:.1f} GiB, against the GPU's {r.device_memory_gib:.0f} GiB)"
+               + (f"; its snapshot, recorded {'without a warm-up step' if r.warmup == 0 else 'after the warm-up'}, ends "
+                  "where it ran out." if r.snapshot else "."))
 else:
     ctx.not_run("(a) live memory snapshots", "torch.cuda.memory._record_memory_history records the CUDA caching "
                 "allocator and this machine has no GPU; the figure below renders the stored example snapshot instead")
-    snapshots["example"] = load_snapshot(repo_root() / "tests" / "data" / "memory_snapshot_example.pickle")
+    snapshots[("example", snapshot_contexts[0])] = load_snapshot(repo_root() / "tests" / "data" / "memory_snapshot_example.pickle")
 
 # %%
 titles = {"forward": "inference forward pass", "train-step": "training step (forward, backward, AdamW)",
           "example": "EXAMPLE: synthetic snapshot from tests/data (not a measurement)"}
-phase_tables = []
-for mode, (snapshot, phases) in snapshots.items():
-    fig = plot_active_memory(snapshot, phases, top=top_allocations,
-                             title=f"{size}, context {snapshot_context}: {titles[mode]}" if mode != "example" else titles[mode])
-    ctx.save_figure(fig, f"active_memory_{mode}")
-    phase_tables.append(phase_peaks(snapshot_allocations(snapshot), phases).assign(run=mode))
+phase_tables = [phase_peaks(snapshot_allocations(snapshot), phases).assign(run=mode, context=c)
+                for (mode, c), (snapshot, phases) in snapshots.items()]
 phase_table = pd.concat(phase_tables, ignore_index=True)
 for col in ("start_bytes", "peak_bytes", "end_bytes"):
     phase_table[col.replace("bytes", u)] = phase_table.pop(col) / scale
 ctx.save_table(phase_table, "phase_memory");
 
 # %%
-if {"forward", "train-step"} <= set(snapshots):  # both timelines in one figure, for the writeup
-    fig, axes = plt.subplots(2, 1, figsize=(12, 10))
-    for ax, mode in zip(axes, ("forward", "train-step")):
-        ax.imshow(plt.imread(ctx.figures_dir / f"active_memory_{mode}.png"))
-        ax.axis("off")
-    fig.tight_layout()
-    ctx.save_figure(fig, "active_memory_timelines", show=False)
+if ctx.device.type == "cuda":  # one figure per handout: a row per mode, a column per context it asks for
+    for contexts in dict.fromkeys(tuple(timeline_contexts(snapshot_contexts, h)) for h in ("2025", "2026")):
+        fig = plot_timelines(recorded, contexts, lambda m, c: f"{size}, context {c}: {titles[m]}", top=top_allocations)
+        ctx.save_figure(fig, "active_memory_timelines_ctx" + "_".join(map(str, contexts)))
+else:
+    (snapshot, phases), = snapshots.values()
+    ctx.save_figure(plot_active_memory(snapshot, phases, top=top_allocations, title=titles["example"]), "active_memory_example")
 give(ctx, "memory_profiling.a", "memory_profiling.a.2026")
 
 # %% [markdown]
@@ -220,15 +223,18 @@ def _source_line(label: str) -> str:
     return linecache.getline(str(matches[0]), int(line)).strip() if len(matches) == 1 else ""
 
 
-mode = "forward" if "forward" in snapshots else next(iter(snapshots), None)
-if mode is None:
-    ctx.not_run("(e) largest allocations", "no snapshot could be recorded (out of memory)")
+forwards = [key for key in snapshots if key[0] in ("forward", "example")]
+if not forwards:
+    ctx.not_run("(e) largest allocations", "no snapshot of a forward pass could be recorded (out of memory)")
 else:
-    allocations = snapshot_allocations(snapshots[mode][0])
-    largest = largest_allocations(allocations[allocations.start >= 0], top=10)
-    largest["looks_like"] = [describe_size(int(s * MIB), model_config, batch_size, snapshot_context) for s in largest.size_mib]
-    largest["code"] = [_source_line(label) for label in largest.label]
-    ctx.save_table(largest, f"largest_allocations_{mode}")
+    tables = []
+    for mode, c in forwards:
+        allocations = snapshot_allocations(snapshots[(mode, c)][0])
+        largest = largest_allocations(allocations[allocations.start >= 0], top=10)
+        largest["looks_like"] = [describe_size(int(s * MIB), model_config, batch_size, c) for s in largest.size_mib]
+        largest["code"] = [_source_line(label) for label in largest.label]
+        tables.append(largest.assign(context=c))
+    ctx.save_table(pd.concat(tables, ignore_index=True), f"largest_allocations_{forwards[0][0]}")
 give(ctx, "memory_profiling.e", "memory_profiling.e.2026")
 
 # %% [markdown]

@@ -160,3 +160,83 @@ def test_block_memory_matches_the_analytic_count_and_its_gradients():
     assert summary["parameter_gradient_bytes"] == summary["parameter_bytes"]
     assert abs(summary["inferred_gradient_bytes"] - direct) <= 64
     assert "block input" in set(ops["operation"])
+
+
+# ---------------------------------------------------------------- timelines and snapshots at each handout's contexts
+
+XL = dict(size="2.7B", d_model=2560, d_ff=10240, num_layers=32, num_heads=32, batch=4)
+
+
+def _phase(run, context, phase, start, peak, end):
+    return dict(phase=phase, events=10, run=run, context=context, start_gib=start, peak_gib=peak, end_gib=end)
+
+
+def _snapshot_results(tmp_path) -> Results:
+    """Snapshots at 128, 256 and 2048: every step fits but the training step at 2048, whose warm-up ran out of
+    memory; it was recorded again from a fresh model and ran out in its forward."""
+    phases = []
+    for c, rise in ((128, 0.1), (256, 0.2), (2048, 8.5)):
+        phases.append(_phase("forward", c, "forward", 12.85, 12.85 + rise, 12.85))
+        if c < 2048:
+            phases += [_phase("train-step", c, "forward", 38.35, 50.8, 50.8),
+                       _phase("train-step", c, "backward", 50.8, 51.2 + c / 1000, 51.0),
+                       _phase("train-step", c, "optimizer step", 51.0, 51.1, 38.35)]
+    phases.append(_phase("train-step", 2048, "forward", 12.8, 79.0, 79.0))
+    snapshots = pd.DataFrame([dict(context_length=c, mode=m, status="ok", snapshot=f"s_{c}_{m}.pickle", warmup=1,
+                                   failed_phase="", predicted_peak_gib=50.0, device_memory_gib=79.2)
+                              for c in (128, 256, 2048) for m in ("forward", "train-step")])
+    oom = (snapshots.context_length == 2048) & (snapshots["mode"] == "train-step")
+    snapshots.loc[oom, ["status", "warmup", "failed_phase", "predicted_peak_gib"]] = ["OOM", 0, "forward", 311.84]
+    largest = pd.DataFrame([dict(size_mib=40.0 * c / 256, label="model.py:131 forward", count=96,
+                                 looks_like="B×S×F (SwiGLU hidden), fp32", code="return self.w2(...)", context=c)
+                            for c in (128, 256)]
+                           + [dict(size_mib=2048.0, label="naive.py:20 naive_attention", count=64,
+                                   looks_like="B×H×S×S (attention scores / probabilities), fp32", code="scores = q @ k", context=2048),
+                              dict(size_mib=320.0, label="model.py:131 forward", count=96,
+                                   looks_like="B×S×F (SwiGLU hidden), fp32", code="return self.w2(...)", context=2048)])
+    results = tmp_path / "results"
+    (results / "figures").mkdir(parents=True)
+    for name in ("active_memory_timelines_ctx256", "active_memory_timelines_ctx128_2048"):
+        (results / "figures" / f"{name}.png").write_bytes(b"")
+    for name, df in {"phase_memory": pd.DataFrame(phases), "memory_snapshots": snapshots, "memory_model": pd.DataFrame([XL]),
+                     "largest_allocations_forward": largest}.items():
+        df.to_csv(results / f"{name}.csv", index=False)
+    return Results(results)
+
+
+def test_2026_timelines_are_at_its_contexts_and_say_which_phase_does_not_fit(tmp_path):
+    results = _snapshot_results(tmp_path)
+    a = build("memory_profiling.a.2026", results)
+    assert a.answered and a.caveat == "" and jargon(a.text) == []
+    assert a.figure == "figures/active_memory_timelines_ctx128_2048.png"
+    assert "Timelines of the xl model (d_model 2560, d_ff 10240, 32 layers, 32 heads) at contexts 128 and 2048" in a.text
+    assert "rises by at most 102 MiB at context 128 and 8,704 MiB at context 2048 in one short spike per layer" in a.text
+    assert "At context 128, in a training step the forward ramps from 38.35 to 50.80 GiB" in a.text
+    assert ("At context 2048 the training step does not fit: it ran out of memory in its forward, after memory had "
+            "reached 79.00 GiB (recorded from a fresh model without a warm-up step, so with no gradients or AdamW state "
+            "yet); the analytic model puts the whole step's peak at 311.8 GiB, against the GPU's 79 GiB.") in a.text
+    # the 2025 answer keeps its one context
+    a25 = build("memory_profiling.a", results)
+    assert "at context 256," in a25.text and "2048" not in a25.text and "128" not in a25.text
+    assert a25.figure == "figures/active_memory_timelines_ctx256.png"
+
+
+def test_2026_largest_allocations_are_read_at_2048_and_128(tmp_path):
+    results = _snapshot_results(tmp_path)
+    e = build("memory_profiling.e.2026", results)
+    assert e.answered and e.caveat == ""
+    assert "context 2048, recorded on this machine, the largest allocations are **2,048.0 MiB** each, fp32 B×H×S×S" in e.text
+    assert "Next come 320.0 MiB (fp32 B×S×F (SwiGLU hidden))." in e.text
+    assert "At context 128 the largest are 20.0 MiB each, fp32 B×S×F (SwiGLU hidden) tensors" in e.text
+    assert set(e.table["context"]) == {128, 2048}
+    e25 = build("memory_profiling.e", results)
+    assert "context 256" in e25.text and "2048" not in e25.text and "context" not in e25.table
+
+
+def test_timeline_contexts_fall_back_to_what_the_run_recorded():
+    from cs336_systems.experiments.answers.memory import timeline_contexts
+
+    assert timeline_contexts([128, 256, 2048], "2025") == [256]
+    assert timeline_contexts([128, 256, 2048], "2026") == [128, 2048]
+    assert timeline_contexts([256], "2026") == [256]
+    assert timeline_contexts([32, 64], "2026") == [32, 64] and timeline_contexts([64], "2025") == [64]

@@ -233,12 +233,14 @@ def plot_active_memory(
     top: int = 8,
     title: str | None = None,
     x: str = "event",
+    ax=None,
 ):
     """Stacked area of active memory over the trace: the `top` source lines with the largest
     allocations in colour (labelled), memory from before recording at the bottom, the rest grey.
 
     x="event" puts allocation/free events on the x axis, as memory_viz does; x="time" uses ms.
-    Phases (from the recorder) are shaded and named along the top.
+    Phases (from the recorder) are shaded and named along the top. Drawn on `ax` when given (one
+    panel of a larger figure), else on a figure of its own; returns the figure.
     """
     import matplotlib.pyplot as plt
 
@@ -265,7 +267,8 @@ def plot_active_memory(
     palette = plt.get_cmap("tab10").colors
     colours = {BEFORE_RECORDING: "#c9c9c9", "smaller allocations": "#8c8c8c"}
     colours.update({label: palette[i % len(palette)] for i, label in enumerate(coloured)})
-    fig, ax = plt.subplots(figsize=(12, 5))
+    own = ax is None
+    fig, ax = plt.subplots(figsize=(12, 5)) if own else (ax.figure, ax)
     ax.stackplot(xs, active.to_numpy().T, labels=[_legend_label(g, largest) for g in order],
                  colors=[colours[g] for g in order], step="post", linewidth=0)
     top_y = float(active.sum(axis=1).max()) * 1.08
@@ -282,7 +285,8 @@ def plot_active_memory(
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     if title:
         ax.set_title(title)
-    fig.tight_layout()
+    if own:
+        fig.tight_layout()
     return fig
 
 

@@ -270,10 +270,11 @@ _2026 = [
     ("benchmarking_script", "c", "sentences", "01_benchmarking_script", "benchmarking_script.c.2026",
      "Redo the 2026 timings with no warm-up and with one or two warm-up steps, and explain the differences."),
 
-    # Two sizes of one's choice and three contexts above 128 instead of every size at 128-1024.
+    # Two sizes of one's choice and three contexts above 128, the largest the longest that fits, instead of every
+    # size at 128-1024.
     ("nsys_profile", "a", "sentences", "02_nsys_profile", "nsys_profile.a.2026",
-     "For two chosen sizes and three contexts above 128, compare the profiled forward time with the Python-timer "
-     "measurement."),
+     "For two chosen sizes at three contexts above 128 up to the longest that fits, compare profiled and Python-timer "
+     "forward times."),
     ("nsys_profile", "b", "sentences", "02_nsys_profile", "nsys_profile.b.2026",
      "Identify the top forward kernel by GPU time, its calls per forward, and whether it stays on top once backward "
      "is included."),

@@ -166,4 +166,5 @@ from cs336_systems.experiments.answers import (  # noqa: E402, F401
     distributed,
     leaderboard_8b,
     memory,
+    nsys_profile,
 )

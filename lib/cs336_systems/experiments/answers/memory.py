@@ -118,12 +118,30 @@ def _caveat(*parts: str) -> str:
 
 # ---------------------------------------------------------------- (a) timelines
 
+# The contexts of each handout's timelines and largest allocations: 2025 names none of its three, and
+# 256 is its default; 2026 asks for 128 and 2048.
+TIMELINE_CONTEXTS = {"2025": (256,), "2026": CONTEXTS_2026}
+
+
+def timeline_contexts(recorded, handout: str) -> list[int]:
+    """The contexts of `recorded` a handout's timelines show: its own, else as many of the run's as it asks for."""
+    recorded = sorted({int(c) for c in recorded})
+    wanted = [c for c in TIMELINE_CONTEXTS[handout] if c in recorded]
+    return wanted or recorded[:len(TIMELINE_CONTEXTS[handout])]
+
+
 def _snapshot_context(results: Results, model: dict) -> int | None:
+    """The one context of a run that recorded its snapshots at a single context (before each handout had its own)."""
     if model.get("snapshot_context") is not None and model["snapshot_context"] == model["snapshot_context"]:
         return int(model["snapshot_context"])
     for path in sorted(results.folder.glob("memory_snapshot_*_ctx*_forward.pickle")):
         return int(re.search(r"_ctx(\d+)_", path.name).group(1))
     return None
+
+
+def _with_contexts(table: pd.DataFrame, results: Results, model: dict) -> pd.DataFrame:
+    """`table` with a `context` column: its own, or the single snapshot context of an older run."""
+    return table if "context" in table.columns else table.assign(context=_snapshot_context(results, model))
 
 
 def _parameters(results: Results, suffix: str) -> float:
@@ -144,51 +162,98 @@ def _measured_snapshots(results: Results) -> pd.DataFrame:
     return phases
 
 
+def _failures(results: Results) -> dict[tuple[str, int], dict]:
+    """The recorded steps that ran out of memory, by (mode, context): their failed phase and analytic peak."""
+    if not results.has("memory_snapshots"):
+        return {}
+    runs = results.table("memory_snapshots")
+    return {(r["mode"], int(r["context_length"])): r for r in runs[runs.status != "ok"].to_dict("records")}
+
+
+def _values(values, unit: str, digits: int = 2) -> str:
+    """'12.85 GiB' when the values print the same, else '12.85 and 12.87 GiB'."""
+    words = list(dict.fromkeys(f"{v:,.{digits}f}" for v in values))
+    return f"{and_join(words)} {unit}"
+
+
 @builds_each_handout("memory_profiling.a")
 def _timelines(results: Results, handout: str) -> Answer:
-    phases = _measured_snapshots(results)
     model = _model(results, PROFILING, "memory_model")
-    context = _snapshot_context(results, model)
+    phases = _with_contexts(_measured_snapshots(results), results, model)
+    contexts = timeline_contexts(phases.context, handout)
     suffix, unit = _unit(phases, "peak")
-    at = {(r.run, r.phase): r for r in phases.itertuples()}
+    at = {(r.run, int(r.context), r.phase): r for r in phases.itertuples()}
+    failed = _failures(results)
     v = lambda r, k: getattr(r, f"{k}_{suffix}")  # noqa: E731
     params = _parameters(results, suffix)
+    several = len(contexts) > 1
     sentences = []
-    if ("forward", "forward") in at:
-        f = at[("forward", "forward")]
-        rise = (v(f, "peak") - v(f, "start")) * (1024 if unit == "GiB" else 1)
+    forward = [(c, at[("forward", c, "forward")]) for c in contexts
+               if ("forward", c, "forward") in at and ("forward", c) not in failed]
+    if forward:
+        mib = 1024 if unit == "GiB" else 1
+        rises = [f"{(v(f, 'peak') - v(f, 'start')) * mib:,.0f} MiB" + (f" at context {c}" if several else "")
+                 for c, f in forward]
         sentences.append(
-            f"In inference (forward only, under no_grad) memory starts at {v(f, 'start'):.2f} {unit}"
+            f"In inference (forward only, under no_grad) memory starts at {_values([v(f, 'start') for _, f in forward], unit)}"
             + (f", {params:.2f} {unit} of it the parameters" if params else "")
-            + f", rises by at most {rise:,.0f} MiB in one short spike per layer and ends at {v(f, 'end'):.2f} {unit}: each "
-            "layer's intermediates are freed once the next layer has used them, and there are no gradients and no "
-            "optimizer state.")
-    steps = {p: at[("train-step", p)] for p in ("forward", "backward", "optimizer step") if ("train-step", p) in at}
-    if len(steps) == 3:
-        f, b, o = (steps[p] for p in ("forward", "backward", "optimizer step"))
-        top = max(steps, key=lambda p: v(steps[p], "peak"))
-        sentences.append(
-            f"In a training step the forward ramps from {v(f, 'start'):.2f} to {v(f, 'end'):.2f} {unit} as activations are "
-            f"saved for the backward; the backward starts at {v(b, 'start'):.2f}, peaks at {v(b, 'peak'):.2f} and ends at "
-            f"{v(b, 'end'):.2f} {unit}, freeing the saved activations while it creates the gradients; the optimizer step "
-            f"peaks at {v(o, 'peak'):.2f} {unit} and drops to {v(o, 'end'):.2f} {unit} when the gradients are released.")
-        sentences.append(
-            "So each stage shows in the shape: the ramp is the forward, the backward follows until every gradient exists, "
-            f"and AdamW's per-parameter temporaries end in the drop; the step's highest point, {v(steps[top], 'peak'):.2f} "
-            f"{unit}, is in the {top}.")
+            + f", rises by at most {and_join(rises)} in one short spike per layer and ends at "
+            f"{_values([v(f, 'end') for _, f in forward], unit)}: each layer's intermediates are freed once the next layer "
+            "has used them, and there are no gradients and no optimizer state.")
+    for c in contexts:
+        lead = f"At context {c}, in" if several else "In"
+        steps = {p: at[("train-step", c, p)] for p in ("forward", "backward", "optimizer step") if ("train-step", c, p) in at}
+        if ("train-step", c) in failed:
+            sentences.append(_failed_step(failed[("train-step", c)], steps, c, unit, v))
+        elif len(steps) == 3:
+            f, b, o = (steps[p] for p in ("forward", "backward", "optimizer step"))
+            top = max(steps, key=lambda p: v(steps[p], "peak"))
+            sentences.append(
+                f"{lead} a training step the forward ramps from {v(f, 'start'):.2f} to {v(f, 'end'):.2f} {unit} as "
+                f"activations are saved for the backward; the backward starts at {v(b, 'start'):.2f}, peaks at "
+                f"{v(b, 'peak'):.2f} and ends at {v(b, 'end'):.2f} {unit}, freeing the saved activations while it creates the "
+                f"gradients; the optimizer step peaks at {v(o, 'peak'):.2f} {unit} and drops to {v(o, 'end'):.2f} {unit} "
+                "when the gradients are released.")
+            sentences.append(
+                "So each stage shows in the shape: the ramp is the forward, the backward follows until every gradient "
+                f"exists, and AdamW's per-parameter temporaries end in the drop; the step's highest point, "
+                f"{v(steps[top], 'peak'):.2f} {unit}, is in the {top}.")
     if not sentences:
         raise NotAnswered("this run recorded no timeline of a forward pass or of a training step")
-    where = f"at context {context}" if context else ""
-    text = f"Timelines of {_model_name(model, handout)} {where}, recorded {_on(results, PROFILING)}. " + " ".join(sentences)
-    try:
-        figure, note = results.figure("active_memory_timelines"), ""
-    except NotAnswered:
+    text = (f"Timelines of {_model_name(model, handout)} at {_contexts(contexts)}, recorded {_on(results, PROFILING)}. "
+            + " ".join(sentences))
+    names = [f"active_memory_timelines_ctx{'_'.join(map(str, contexts))}", "active_memory_timelines"]
+    figure = next((f"figures/{n}.png" for n in names if (results.folder / "figures" / f"{n}.png").exists()), None)
+    note = ""
+    if figure is None:
         figure = results.figure("active_memory_train-step")
         note = "The figure here is the training step's timeline; the inference timeline is the notebook's other figure."
     context_note = ""
-    if handout == "2026" and context not in CONTEXTS_2026:
-        context_note = f"The timelines are at context {context}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
+    if handout == "2026" and not set(CONTEXTS_2026) <= set(contexts):
+        context_note = f"The timelines are at {_contexts(contexts)}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
     return Answer(text=text, figure=figure, caveat=_caveat(note, context_note, _model_caveat(model, handout)))
+
+
+def _failed_step(failed: dict, steps: dict, context: int, unit: str, v) -> str:
+    """The sentence for a training step that ran out of memory: the phase that did not fit, how far its snapshot
+    got, and the analytic peak of the whole step."""
+    phase = failed["failed_phase"]
+    text = f"At context {context} the training step does not fit: " + (
+        "not even the model and its optimizer could be built" if phase == "model" else f"it ran out of memory in its {phase}")
+    if phase in steps:
+        fresh = int(failed.get("warmup", 1)) == 0
+        text += (f", after memory had reached {v(steps[phase], 'peak'):.2f} {unit}"
+                 + (" (recorded from a fresh model without a warm-up step, so with no gradients or AdamW state yet)"
+                    if fresh else ""))
+        done = [p for p in ("forward", "backward", "optimizer step") if p in steps and p != phase]
+        if done:
+            text += f", its {and_join(done)} having run"
+    peak = failed.get("predicted_peak_gib")
+    if peak is not None and peak == peak:
+        device = failed.get("device_memory_gib")
+        text += (f"; the analytic model puts the whole step's peak at {peak:,.1f} GiB"
+                 + (f", against the GPU's {device:.0f} GiB" if device is not None and device == device else ""))
+    return text + "."
 
 
 # ---------------------------------------------------------------- (b), (c) peaks
@@ -376,30 +441,43 @@ def _largest_answer(results: Results, handout: str) -> Answer:
     if not results.has("largest_allocations_forward"):
         raise NotAnswered("the largest allocations are read from a CUDA memory snapshot of a forward pass, and this run "
                           "recorded none (it had no GPU, or the snapshot ran out of memory)")
-    largest = results.table("largest_allocations_forward")
     model = _model(results, PROFILING, "memory_model")
-    context = _snapshot_context(results, model)
+    every = _with_contexts(results.table("largest_allocations_forward"), results, model)
+    contexts = timeline_contexts(every.context, handout)
+    context = contexts[-1]  # the longest, in detail; the others in a sentence each
+    largest = every[every.context == context]
     top_size = largest.size_mib.max()
     top = largest[largest.size_mib == top_size]
-    shapes = [_tensor_words(s) for s in dict.fromkeys(top.looks_like.fillna("")) if s]
-    made = and_join(f"`{r.label}`" + (f" (`{r.code.strip()}`)" if isinstance(getattr(r, "code", None), str) else "")
-                 + f" ({r.count} times)" for r in top.itertuples())
     nxt = largest[largest.size_mib < top_size].drop_duplicates("size_mib").head(2)
     text = (f"In the forward-pass snapshot of {_model_name(model, handout)} at batch {int(model.get('batch', 4))}, context "
             f"{context}, recorded {_on(results, PROFILING)}, the largest allocations are **{top_size:,.1f} MiB** each"
-            + (f", {' or '.join(shapes)} tensors" if shapes else "")
-            + f"; their stack traces lead to {made}.")
+            + _made_by(top) + ".")
     if len(nxt):
         text += " Next come " + and_join(
             f"{r.size_mib:,.1f} MiB ({_tensor_words(r.looks_like)})" if isinstance(r.looks_like, str) and r.looks_like
             else f"{r.size_mib:,.1f} MiB" for r in nxt.itertuples()) + "."
-    table = largest.rename(columns={"size_mib": "size (MiB)", "label": "made at", "count": "allocations",
-                                    "looks_like": "tensor it matches", "code": "source line"})
+    for c in contexts[:-1]:
+        rows = every[every.context == c]
+        first = rows[rows.size_mib == rows.size_mib.max()]
+        text += f" At context {c} the largest are {rows.size_mib.max():,.1f} MiB each" + _made_by(first) + "."
+    shown = every[every.context.isin(contexts)].sort_values("context", ascending=False, kind="stable")
+    table = shown.drop(columns=[] if len(contexts) > 1 and "context" in shown else ["context"]).rename(
+        columns={"size_mib": "size (MiB)", "label": "made at", "count": "allocations", "looks_like": "tensor it matches",
+                 "code": "source line"})
     table["size (MiB)"] = table["size (MiB)"].round(2)
     context_note = ""
-    if handout == "2026" and context not in CONTEXTS_2026:
-        context_note = f"The snapshot is at context {context}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
+    if handout == "2026" and not set(CONTEXTS_2026) <= set(contexts):
+        context_note = f"The snapshot is at {_contexts(contexts)}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
     return Answer(text=text, table=table, caveat=_caveat(context_note, _model_caveat(model, handout)))
+
+
+def _made_by(top: pd.DataFrame) -> str:
+    """', fp32 B×H×S×S (attention scores / probabilities) tensors; their stack traces lead to `naive.py:20 …` (…) (64
+    times)' for the rows of one allocation size."""
+    shapes = [_tensor_words(s) for s in dict.fromkeys(top.looks_like.fillna("")) if s]
+    made = and_join(f"`{r.label}`" + (f" (`{r.code.strip()}`)" if isinstance(getattr(r, "code", None), str) else "")
+                    + f" ({r.count} times)" for r in top.itertuples())
+    return (f", {' or '.join(shapes)} tensors" if shapes else "") + f"; their stack traces lead to {made}"
 
 
 def _tensor_words(looks_like: str) -> str:
