@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 
 from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
-from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory
+from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
 from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, shardable_weight
@@ -221,6 +221,7 @@ def _profile_forwards(ctx: DistContext, config: FSDPBenchmarkConfig, wrapped: nn
         def forward():
             with torch.no_grad(), annotated("forward"):
                 wrapped(tokens)
+            synchronize(ctx.device)  # the trace ends with the pass's last kernel, not when the host is done
 
         events, status = None, "ok"
         try:
