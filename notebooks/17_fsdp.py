@@ -45,8 +45,8 @@ equality_dtypes = ["fp32", "fp16"]
 equality_steps = 3
 analysis_sizes = ["xl", "2.7B"]  # the models of the analytic table (always computed): both handouts' xl
 profile_size = None        # the model whose forward is profiled for (b); None = by profile (cpu: nano, gpu: 2.7B)
-profile_batches = None     # per-rank batches of the profiled forwards; None = by profile (cpu: [2], gpu: [2, 16, 64])
-gpu_bound_at = 0.8         # GPU-busy fraction from which a profiled forward counts as paced by the GPU
+profile_batches = None     # per-rank batches of the profiled forwards; None = by profile (cpu: [2], gpu: [2, 16, 64, 128])
+gpu_bound_at = 0.8         # GPU-busy fraction from which a profiled forward counts as paced by the GPU (and the series ends)
 timeline_modules = 16      # modules drawn in the gather schedule
 
 # %%
@@ -62,7 +62,7 @@ steps = ctx.pick(steps, cpu=3, gpu=10)
 later_warmup = ctx.pick(later_warmup, cpu=warmup, gpu=2)
 later_steps = ctx.pick(later_steps, cpu=steps, gpu=6)
 profile_size = ctx.pick(profile_size, cpu="nano", gpu="2.7B")
-profile_batches = ctx.pick(profile_batches, cpu=[2], gpu=[2, 16, 64])
+profile_batches = ctx.pick(profile_batches, cpu=[2], gpu=[2, 16, 64, 128])
 
 # %%
 import pandas as pd
@@ -86,6 +86,7 @@ config = FSDPBenchmarkConfig(
     steps=steps, world_size=world_size, backend=backend, equality_steps=equality_steps, equality_dtypes=tuple(equality_dtypes),
     runs=(("replicated", "fp32"), ("fsdp", "fp32"), ("fsdp2", "fp32"), ("fsdp", compute_dtype), ("fsdp2", compute_dtype)),
     profile_run=("fsdp", compute_dtype), profile_size=profile_size, profile_batches=tuple(profile_batches),
+    profile_until_busy=gpu_bound_at,
 )
 configs = per_size(config, sizes, later_warmup, later_steps)
 result = run_fsdp_benchmark(configs)
@@ -142,6 +143,9 @@ expected = expected_saving(configs)
 ctx.save_table(expected, "fsdp_expected_saving_measured_model");
 for size, rows in expected.groupby("size", sort=False):
     saving = measured_saving(result["runs"], size)
+    if saving["state_GB"] != saving["state_GB"]:  # NaN: the replicated baseline or FSDP (fp32) did not run
+        ctx.md(f"The measured run ({size}): the replicated baseline or FSDP did not run in fp32 (see the status column).")
+        continue
     unit, scale = ("GB", 1.0) if rows.total_GB.max() > 1 else ("MB", 1e3)
     text = (
         f"The measured run ({size}, {backend}): the analysis expects FSDP to save {rows.saving_GB.iloc[1] * scale:.3f} {unit} per rank; "
@@ -182,12 +186,14 @@ give(ctx, "fsdp", "fsdp_accounting.a")
 # %% [markdown]
 # ## `fsdp_accounting` (b): do the all-gathers keep pace with the forward pass?
 # Forward passes of the `profile_size` model with FSDP in the low compute dtype run under
-# `torch.profiler` (rank 0's trace), one per per-rank batch of `profile_batches`. They run
+# `torch.profiler` (rank 0's trace), one per per-rank batch of `profile_batches` up to the first
+# that keeps the GPU busy at least `gpu_bound_at` of the pass (a larger batch would only confirm
+# it, or not fit; one that does not fit is a row with status `OOM` and ends the series). They run
 # without gradients (`torch.no_grad`): FSDP's hooks gather and prefetch exactly as in training,
-# and a batch far larger than the training one fits. That matters: at the training batch this
-# FSDP's forward is paced by the host (each module's hooks and launches take longer than its
-# kernels), the GPU idles between modules, and any gather looks "in time". Only where the GPU is
-# the bottleneck does the profile say whether communication keeps pace with compute.
+# and a batch far larger than the training one fits. That matters: at a small batch the forward
+# can be paced by the host (each module's hooks and launches taking longer than its kernels);
+# the GPU then idles between modules and any gather looks "in time". Only where the GPU is the
+# bottleneck does the profile say whether communication keeps pace with compute.
 #
 # Measured on the GPU clock, per forward: the **busy fraction** (the union of the compute
 # kernels' intervals over the forward's span; at least `gpu_bound_at` counts as GPU-bound), the

@@ -335,3 +335,12 @@ def test_fsdp_profile_answer_keeps_the_idle_caveat_where_the_host_set_the_pace(t
     assert "At 64 sequences" in answer.text and "below the 80%" in answer.text
     assert "overlap compute and finish in time" not in answer.text
     assert "busy only 55%" in answer.caveat and "compute-bound" in answer.caveat
+
+
+def test_a_run_whose_profiled_size_did_not_fit_says_so(tmp_path):
+    from cs336_systems.experiments.fsdp_timeline import summarize_profiles
+
+    _fsdp_folder(tmp_path)
+    summarize_profiles([]).to_csv(tmp_path / "fsdp_forward_profiles.csv", index=False)
+    answer = build("fsdp_accounting.b", Results(tmp_path))
+    assert not answer.answered and "no forward pass could be profiled" in answer.reason

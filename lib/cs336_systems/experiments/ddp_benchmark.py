@@ -254,8 +254,11 @@ def _benchmark_flavours(ctx: DistContext, config: DDPBenchmarkConfig, warm_up: b
 
 
 def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
-    """overhead_ms = step - no-communication step; sync_fraction = sync / step."""
+    """overhead_ms = step - no-communication step; sync_fraction = sync / step (NaN where a flavour did not run)."""
     df = df.copy()
+    for col in ("step_ms", "sync_ms"):  # absent when every flavour ran out of memory
+        if col not in df:
+            df[col] = math.nan
     base = df.loc[(df.kind == "no-communication") & (df.status == "ok"), "step_ms"]
     df["overhead_ms"] = df["step_ms"] - base.iloc[0] if len(base) else math.nan
     df["sync_fraction"] = df["sync_ms"] / df["step_ms"]
@@ -273,8 +276,8 @@ def benchmark_ddp_sizes(configs: Sequence[DDPBenchmarkConfig]) -> tuple[pd.DataF
     its `size` column telling them apart, and rank 0's profiled timelines by size, then flavour."""
     configs = one_per_size(configs)
     rows, timelines = spawn(_sizes_worker, configs[0].world_size, args=(configs,), backend=configs[0].backend, timeout_s=1800)[0]
-    df = pd.concat([add_overheads(pd.DataFrame([r for r in rows if r["size"] == c.size])) for c in configs], ignore_index=True)
-    return df, timelines
+    df = pd.DataFrame(rows)
+    return pd.concat([add_overheads(df[df["size"] == c.size]) for c in configs], ignore_index=True), timelines
 
 
 Config = TypeVar("Config")

@@ -23,9 +23,10 @@ One distributed run does everything, so start-up is paid once and every number s
    batch of `profile_batches`, for fsdp_timeline: every all-gather of the forward pass against the
    moment its module's forward needed the weight, and how busy the GPU was. They run without
    gradients (torch.no_grad; FSDP's hooks gather and prefetch exactly as in training), so a batch
-   far larger than the training one fits: at the training batch the forward of this FSDP is paced
-   by the host (Python hooks and launches), and only a GPU-bound forward shows whether the
-   gathers keep pace with compute.
+   far larger than the training one fits: a small batch's forward can be paced by the host (Python
+   hooks and launches), and only a GPU-bound forward shows whether the gathers keep pace with
+   compute. With `profile_until_busy`, the series ends at the first forward
+   whose GPU-busy fraction (rank 0's, fsdp_timeline.forward_overlap) reaches it.
 Given one configuration per model size (`ddp_benchmark.per_size`), one run measures every size in
 turn (the equality check once, on the first configuration's settings); a `size` column tells the
 rows apart.
@@ -47,6 +48,7 @@ import torch.nn as nn
 from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
 from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
+from cs336_systems.experiments.fsdp_timeline import forward_overlap
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, shardable_weight
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
@@ -74,6 +76,7 @@ class FSDPBenchmarkConfig:
     profile_run: tuple[str, str] | None = ("fsdp", "bf16")
     profile_size: str | None = None  # the model size whose profile_run is profiled (None: every size)
     profile_batches: tuple[int, ...] | None = None  # per-rank batches of the profiled forwards (None: the training one)
+    profile_until_busy: float | None = None  # end the series at the first forward whose GPU-busy fraction reaches this
     warmup: int = 3
     steps: int = 10
     world_size: int = 2
@@ -237,12 +240,14 @@ def _profile_forwards(ctx: DistContext, config: FSDPBenchmarkConfig, wrapped: nn
             events, status = None, "OOM"
         del tokens
         free_device_memory()
-        ok = all(s == ["ok"] for s in gather_timings([status]))
+        busy = forward_overlap(events)["busy_fraction"] if events is not None else math.nan
+        (status_0, busy_0), *others = gather_timings([status, busy])
+        ok = status_0 == "ok" and all(o[0] == "ok" for o in others)
         out.append(dict(size=config.size, strategy=config.profile_run[0], compute_dtype=config.profile_run[1],
                         batch_per_rank=batch, context_length=config.context_length, status="ok" if ok else "OOM",
                         events=events if ok else None))
-        if not ok:
-            break
+        if not ok or (config.profile_until_busy is not None and busy_0 >= config.profile_until_busy):
+            break  # a larger batch would not fit, or would only confirm what this one shows
     return out
 
 

@@ -184,7 +184,8 @@ def summarize_profiles(profiles: list[dict], busy_threshold: float = 0.8) -> pd.
             row.update(forward_overlap(events), gathers=len(timing), gathers_in_time=int(timing.in_time.sum()),
                        late_ms=float(late.exposed_ms.sum()))
         rows.append(row)
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows, columns=["size", "strategy", "compute_dtype", "batch_per_rank", "context_length", "status",
+                                      "tokens_per_rank"] if not rows else None)
     for col in (*OVERLAP_COLUMNS, "gathers", "gathers_in_time", "late_ms"):
         if col not in df:
             df[col] = math.nan

@@ -130,7 +130,7 @@ class _Rows:
 def _for_handout(df: pd.DataFrame, handout: str, usable=lambda rows: True) -> _Rows:
     """The rows of `df` for `handout`: its XL model's where `usable(rows)`, else the 2025 XL's, else the first
     usable size's (in the run's order); a table without a size column is one model's, returned whole."""
-    if "size" not in df.columns:
+    if "size" not in df.columns or df.empty:
         return _Rows(df, None)
     sizes = list(dict.fromkeys(df["size"].astype(str)))
     by_size = {s: df[df["size"].astype(str) == s].reset_index(drop=True) for s in sizes}
@@ -1055,9 +1055,10 @@ def fsdp_gather_timing(results: Results) -> Answer:
     smaller = profiles[(profiles.status == "ok") & (profiles.batch_per_rank < p.batch_per_rank) & profiles.busy_fraction.notna()]
     if len(smaller):
         s0 = smaller.iloc[0]
-        text += (f" At {_sequences(s0.batch_per_rank)} per rank the same forward kept the "
-                 f"GPU busy only {pct(s0.busy_fraction, 0)} of {_ms(s0.forward_ms)}: there the host's hooks and kernel "
-                 "launches set the pace, and the gathers finished in the GPU's idle time.")
+        text += (f" At {_sequences(s0.batch_per_rank)} per rank the same forward kept the GPU busy only "
+                 f"{pct(s0.busy_fraction, 0)} of {_ms(s0.forward_ms)}"
+                 + (": there the GPU spent most of the pass waiting for the host's hooks and kernel launches."
+                    if s0.busy_fraction < 0.5 else "."))
     return Answer(text=text, figure=figure, caveat=f"{caveat} {_run_caveat(setup, '2026', pick.xl_failed)}".strip())
 
 
