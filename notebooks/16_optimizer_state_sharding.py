@@ -55,8 +55,6 @@ later_steps = ctx.pick(later_steps, cpu=steps, gpu=6)
 unit = ctx.pick(None, cpu="MB", gpu="GB")
 
 # %%
-import pandas as pd
-
 from cs336_systems.distributed.launch import resolve_backend
 from cs336_systems.experiments.ddp_benchmark import per_size
 from cs336_systems.experiments.sharding_benchmark import (

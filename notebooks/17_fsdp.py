@@ -65,8 +65,6 @@ profile_size = ctx.pick(profile_size, cpu="nano", gpu="2.7B")
 profile_batches = ctx.pick(profile_batches, cpu=[2], gpu=[2, 16, 64, 128])
 
 # %%
-import pandas as pd
-
 from cs336_systems.distributed.launch import resolve_backend
 from cs336_systems.experiments.ddp_benchmark import per_size
 from cs336_systems.experiments.fsdp_benchmark import (

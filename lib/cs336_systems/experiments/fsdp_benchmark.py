@@ -212,7 +212,6 @@ def local_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
     )
 
 
-
 def _profile_forwards(ctx: DistContext, config: FSDPBenchmarkConfig, wrapped: nn.Module) -> list[dict]:
     """One profiled forward pass without gradients per per-rank batch of `profile_batches` (rank 0's trace as
     `events`, None elsewhere); a batch that does not fit ends the series with an OOM row."""
@@ -238,7 +237,6 @@ def _profile_forwards(ctx: DistContext, config: FSDPBenchmarkConfig, wrapped: nn
             if not is_out_of_memory(err):
                 raise
             events, status = None, "OOM"
-        del tokens
         free_device_memory()
         busy = forward_overlap(events)["busy_fraction"] if events is not None else math.nan
         (status_0, busy_0), *others = gather_timings([status, busy])
