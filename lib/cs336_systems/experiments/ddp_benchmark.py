@@ -22,6 +22,8 @@ previous step. Per-rank times are gathered with all_gather_object; means and sta
 are over all ranks and measured steps, `rank_spread_ms` is the gap between the slowest and
 fastest rank's mean. A flavour can also record one profiled step (chrome trace ->
 ddp_timeline.timeline_events). A flavour that runs out of memory becomes a row with status "OOM".
+`benchmark_ddp_sizes` runs one configuration per model size (`per_size`) in the same processes, so
+start-up and the untimed warm-up run are paid once; the `size` column tells the rows apart.
 
 Runs under `spawn` (notebooks) and torchrun alike:
     torchrun --nproc-per-node 2 -m cs336_systems.experiments.ddp_benchmark --size xl --out ddp.csv
@@ -35,8 +37,10 @@ import math
 import os
 import statistics
 import timeit
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 import torch
@@ -204,15 +208,24 @@ def compute_priority(config: DDPBenchmarkConfig, device: torch.device) -> str:
     return "highest" if config.prioritize_compute else "default"
 
 
-def _benchmark_worker(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[list[dict], dict[str, pd.DataFrame]]:
+def _benchmark_worker(ctx: DistContext, config: DDPBenchmarkConfig, warm_up: bool = True) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
     # Everything a flavour allocates lives and dies inside this block, on the one stream it opened.
     with prioritized_compute(ctx.device) if config.prioritize_compute else contextlib.nullcontext():
-        return _benchmark_flavours(ctx, config)
+        return _benchmark_flavours(ctx, config, warm_up)
 
 
-def _benchmark_flavours(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[list[dict], dict[str, pd.DataFrame]]:
+def _sizes_worker(ctx: DistContext, configs: Sequence[DDPBenchmarkConfig]) -> tuple[list[dict], dict[str, dict[str, pd.DataFrame]]]:
+    """Every configuration in turn in these processes; the timelines by size, then flavour."""
+    rows, timelines = [], {}
+    for i, config in enumerate(configs):
+        size_rows, timelines[config.size] = _benchmark_worker(ctx, config, warm_up=i == 0)
+        rows += size_rows
+    return rows, timelines
+
+
+def _benchmark_flavours(ctx: DistContext, config: DDPBenchmarkConfig, warm_up: bool = True) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     inputs, targets = local_batch(ctx, config)
     common = dict(
         size=config.size, world_size=ctx.world_size, backend=ctx.backend, global_batch_size=config.global_batch_size,
@@ -221,7 +234,8 @@ def _benchmark_flavours(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[l
     )
     # Untimed: the first model built in a process pays one-time costs (allocator growth, kernel
     # and thread-pool start-up) that would otherwise land on the first flavour measured.
-    _run_or_oom(ctx, replace(config, warmup=config.warmup + 1, steps=1, profile=()), DDPFlavour("no-communication"), inputs, targets)
+    if warm_up:
+        _run_or_oom(ctx, replace(config, warmup=config.warmup + 1, steps=1, profile=()), DDPFlavour("no-communication"), inputs, targets)
     rows, timelines = [], {}
     for flavour in config.variants():
         status, (info, times, timeline) = _run_or_oom(ctx, config, flavour, inputs, targets)
@@ -239,8 +253,11 @@ def _benchmark_flavours(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[l
 
 
 def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
-    """overhead_ms = step - no-communication step; sync_fraction = sync / step."""
+    """overhead_ms = step - no-communication step; sync_fraction = sync / step (NaN where a flavour did not run)."""
     df = df.copy()
+    for col in ("step_ms", "sync_ms"):  # absent when every flavour ran out of memory
+        if col not in df:
+            df[col] = math.nan
     base = df.loc[(df.kind == "no-communication") & (df.status == "ok"), "step_ms"]
     df["overhead_ms"] = df["step_ms"] - base.iloc[0] if len(base) else math.nan
     df["sync_fraction"] = df["sync_ms"] / df["step_ms"]
@@ -249,8 +266,40 @@ def add_overheads(df: pd.DataFrame) -> pd.DataFrame:
 
 def benchmark_ddp(config: DDPBenchmarkConfig) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """All flavours of `config` in one spawned run: the table and the profiled timelines (rank 0's)."""
-    rows, timelines = spawn(_benchmark_worker, config.world_size, args=(config,), backend=config.backend, timeout_s=1800)[0]
-    return add_overheads(pd.DataFrame(rows)), timelines
+    df, timelines = benchmark_ddp_sizes([config])
+    return df, timelines[config.size]
+
+
+def benchmark_ddp_sizes(configs: Sequence[DDPBenchmarkConfig]) -> tuple[pd.DataFrame, dict[str, dict[str, pd.DataFrame]]]:
+    """All flavours of each configuration (one per model size, `per_size`) in one spawned run: the table,
+    its `size` column telling them apart, and rank 0's profiled timelines by size, then flavour."""
+    configs = one_per_size(configs)
+    rows, timelines = spawn(_sizes_worker, configs[0].world_size, args=(configs,), backend=configs[0].backend, timeout_s=1800)[0]
+    df = pd.DataFrame(rows)
+    return pd.concat([add_overheads(df[df["size"] == c.size]) for c in configs], ignore_index=True), timelines
+
+
+Config = TypeVar("Config")
+
+
+def per_size(config: Config, sizes: Sequence[str], later_warmup: int | None = None, later_steps: int | None = None) -> list[Config]:
+    """One copy of a benchmark configuration (any dataclass with size, warmup and steps) per model size; the
+    sizes after the first take `later_warmup` and `later_steps` where given (a shorter run for a larger model)."""
+    if not sizes:
+        raise ValueError("need at least one model size")
+    later = {k: v for k, v in (("warmup", later_warmup), ("steps", later_steps)) if v is not None}
+    return [replace(config, size=size, **(later if i else {})) for i, size in enumerate(sizes)]
+
+
+def one_per_size(config) -> list:
+    """A configuration, or a sequence of them for one run, as a list; checks that each names its own model
+    size and that they share the processes' world size and backend."""
+    configs = list(config) if isinstance(config, (list, tuple)) else [config]
+    if not configs or len({c.size for c in configs}) != len(configs):
+        raise ValueError(f"need one configuration per model size, got sizes {[c.size for c in configs]}")
+    if len({(c.world_size, c.backend) for c in configs}) != 1:
+        raise ValueError("the configurations of one run must share world_size and backend")
+    return configs
 
 
 def format_bytes(n: float) -> str:
@@ -258,8 +307,16 @@ def format_bytes(n: float) -> str:
 
 
 def describe_setup(df: pd.DataFrame) -> str:
-    """The benchmark's setting, stated from the rows themselves."""
-    r = df[df.status == "ok"].iloc[0]
+    """The benchmark's setting, stated from the rows themselves: one paragraph per model size."""
+    groups = df.groupby("size", sort=False) if "size" in df else [("", df)]
+    return "\n\n".join(_describe_size(size, rows) for size, rows in groups)
+
+
+def _describe_size(size: str, rows: pd.DataFrame) -> str:
+    ok = rows[rows.status == "ok"]
+    if ok.empty:
+        return f"Model **{size}**: every flavour ran out of memory."
+    r = ok.iloc[0]
     stream = {
         "highest": " Every step runs on a CUDA stream of the highest priority, above NCCL's (compute_stream.py).",
         "default": " Every step runs at the default CUDA stream priority, the same as NCCL's.",
@@ -315,13 +372,15 @@ def plot_step_breakdown(df: pd.DataFrame, title: str = ""):
     import matplotlib.pyplot as plt
 
     ok = df[df.status == "ok"]
+    # several model sizes: one group of bars per size
+    labels = ok.flavour + ("\n" + ok["size"].astype(str) if "size" in ok and ok["size"].nunique() > 1 else "")
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(ok) + 2), 4))
     bottom = pd.Series(0.0, index=ok.index)
     for phase, label in zip(PHASE_COLUMNS, ("forward+backward", "gradient sync (exposed)", "optimizer")):
         values = ok[f"{phase}_ms"].fillna(0.0)
-        ax.bar(ok.flavour, values, bottom=bottom, label=label)
+        ax.bar(labels, values, bottom=bottom, label=label)
         bottom += values
-    ax.errorbar(ok.flavour, ok.step_ms, yerr=ok.step_std_ms, fmt="none", ecolor="black", capsize=3)
+    ax.errorbar(labels, ok.step_ms, yerr=ok.step_std_ms, fmt="none", ecolor="black", capsize=3)
     ax.set(ylabel="time per training step (ms)", title=title)
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
     ax.legend(fontsize=8)

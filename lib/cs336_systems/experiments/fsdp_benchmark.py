@@ -19,8 +19,17 @@ One distributed run does everything, so start-up is paid once and every number s
    steps, and the bytes of the live parameters, gradients and optimizer state (local shards).
    FSDP2's parameters are DTensors, so the per-tensor AdamW dispatches through DTensor; the
    optimizer phase is reported separately so that cost can be told apart.
-3. One profiled step of `profile_run` (rank 0's trace), for fsdp_timeline.forward_gather_timing:
-   every all-gather of the forward pass against the moment its module's forward needed the weight.
+3. Profiled forward passes of `profile_run` at `profile_size` (rank 0's traces), one per per-rank
+   batch of `profile_batches`, for fsdp_timeline: every all-gather of the forward pass against the
+   moment its module's forward needed the weight, and how busy the GPU was. They run without
+   gradients (torch.no_grad; FSDP's hooks gather and prefetch exactly as in training), so a batch
+   far larger than the training one fits: a small batch's forward can be paced by the host (Python
+   hooks and launches), and only a GPU-bound forward shows whether the gathers keep pace with
+   compute. With `profile_until_busy`, the series ends at the first forward
+   whose GPU-busy fraction (rank 0's, fsdp_timeline.forward_overlap) reaches it.
+Given one configuration per model size (`ddp_benchmark.per_size`), one run measures every size in
+turn (the equality check once, on the first configuration's settings); a `size` column tells the
+rows apart.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import copy
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -36,14 +46,16 @@ import torch
 import torch.nn as nn
 
 from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
-from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory
-from cs336_systems.experiments.ddp_benchmark import timed_step
+from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
+from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
+from cs336_systems.experiments.fsdp_timeline import forward_overlap
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, shardable_weight
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.experiments.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
+from cs336_systems.profiling.ranges import annotated
 from cs336_systems.profiling.trace import load_trace, record_chrome_trace
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -61,6 +73,9 @@ class FSDPBenchmarkConfig:
         ("replicated", "fp32"), ("fsdp", "fp32"), ("fsdp2", "fp32"), ("fsdp", "bf16"), ("fsdp2", "bf16"),
     )
     profile_run: tuple[str, str] | None = ("fsdp", "bf16")
+    profile_size: str | None = None  # the model size whose profile_run is profiled (None: every size)
+    profile_batches: tuple[int, ...] | None = None  # per-rank batches of the profiled forwards (None: the training one)
+    profile_until_busy: float | None = None  # end the series at the first forward whose GPU-busy fraction reaches this
     warmup: int = 3
     steps: int = 10
     world_size: int = 2
@@ -85,6 +100,16 @@ class FSDPBenchmarkConfig:
             raise ValueError(f"profile_run {self.profile_run} must be one of the runs {self.runs} with strategy 'fsdp'")
         if self.warmup < 1 or self.steps < 1:
             raise ValueError(f"need warmup >= 1 and steps >= 1, got warmup={self.warmup}, steps={self.steps}")
+        if self.profile_batches is not None and (not self.profile_batches or min(self.profile_batches) < 1):
+            raise ValueError(f"profile_batches must be positive per-rank batch sizes, got {self.profile_batches}")
+
+    @property
+    def profiled(self) -> bool:
+        """Whether this configuration's model size is the one whose `profile_run` is profiled."""
+        return self.profile_run is not None and self.profile_size in (None, self.size)
+
+    def profile_batch_sizes(self) -> tuple[int, ...]:
+        return self.profile_batches or (self.global_batch_size // self.world_size,)
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_size(self.size, context_length=self.context_length, vocab_size=self.vocab_size)
@@ -186,8 +211,44 @@ def local_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
     )
 
 
+def _profile_forwards(ctx: DistContext, config: FSDPBenchmarkConfig, wrapped: nn.Module) -> list[dict]:
+    """One profiled forward pass without gradients per per-rank batch of `profile_batches` (rank 0's trace as
+    `events`, None elsewhere); a batch that does not fit ends the series with an OOM row."""
+    out = []
+    for batch in config.profile_batch_sizes():
+        generator = torch.Generator().manual_seed(config.seed)
+        tokens = torch.randint(0, config.vocab_size, (batch, config.context_length), generator=generator).to(ctx.device)
 
-def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_name: str, inputs, targets) -> tuple[dict, list, pd.DataFrame | None]:
+        def forward():
+            with torch.no_grad(), annotated("forward"):
+                wrapped(tokens)
+            synchronize(ctx.device)  # the trace ends with the pass's last kernel, not when the host is done
+
+        events, status = None, "ok"
+        try:
+            forward()  # untimed: this shape's first pass (allocator growth, kernel selection)
+            ctx.barrier()
+            if ctx.rank == 0:
+                events = load_trace(record_chrome_trace(forward))
+            else:
+                forward()  # the collectives of rank 0's profiled pass need a partner
+        except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
+            if not is_out_of_memory(err):
+                raise
+            events, status = None, "OOM"
+        free_device_memory()
+        busy = forward_overlap(events)["busy_fraction"] if events is not None else math.nan
+        (status_0, busy_0), *others = gather_timings([status, busy])
+        ok = status_0 == "ok" and all(o[0] == "ok" for o in others)
+        out.append(dict(size=config.size, strategy=config.profile_run[0], compute_dtype=config.profile_run[1],
+                        batch_per_rank=batch, context_length=config.context_length, status="ok" if ok else "OOM",
+                        events=events if ok else None))
+        if not ok or (config.profile_until_busy is not None and busy_0 >= config.profile_until_busy):
+            break  # a larger batch would not fit, or would only confirm what this one shows
+    return out
+
+
+def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_name: str, inputs, targets) -> tuple[dict, list, list[dict]]:
     # Memory is counted above what was allocated before this run (earlier runs' leftovers, if any).
     free_device_memory()
     baseline = allocated_bytes(ctx.device)
@@ -212,31 +273,40 @@ def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_nam
     optimizer.step()
     info.update(local_tensor_bytes(wrapped, optimizer))
     optimizer.zero_grad(set_to_none=True)
-    events = None
-    if (strategy, dtype_name) == tuple(config.profile_run or ()):
-        if ctx.rank == 0:
-            events = load_trace(record_chrome_trace(step))
-        else:
-            step()  # the collectives of rank 0's profiled step need a partner
-    return info, times, events
+    profiles = []
+    if config.profiled and (strategy, dtype_name) == tuple(config.profile_run):
+        profiles = _profile_forwards(ctx, config, wrapped)
+    return info, times, profiles
 
 
-def _worker(ctx: DistContext, config: FSDPBenchmarkConfig) -> dict:
+def _worker(ctx: DistContext, configs: Sequence[FSDPBenchmarkConfig]) -> dict:
     if ctx.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
-    equality = [row for d in config.equality_dtypes for rows in gather_timings([_equality(ctx, config, d)]) for row in rows]
+    first = configs[0]
+    equality = [row for d in first.equality_dtypes for rows in gather_timings([_equality(ctx, first, d)]) for row in rows]
+    runs, profiles = [], []
+    for config in configs:
+        size_runs, size_profiles = _measure_size(ctx, config)
+        runs.append(size_runs)
+        profiles += size_profiles
+    return dict(equality=pd.DataFrame(equality), runs=pd.concat(runs, ignore_index=True), profiles=profiles,
+                config=asdict(first))
+
+
+def _measure_size(ctx: DistContext, config: FSDPBenchmarkConfig) -> tuple[pd.DataFrame, list[dict]]:
+    """Every strategy's row at `config`'s model size, and the profiled forwards if this size is profiled."""
     inputs, targets = local_batch(ctx, config.vocab_size, config.global_batch_size, config.context_length, config.seed)
-    rows, events = [], None
+    rows, profiles = [], []
     for strategy, dtype_name in config.runs:
         try:
-            info, times, run_events = _run(ctx, config, strategy, dtype_name, inputs, targets)
+            info, times, run_profiles = _run(ctx, config, strategy, dtype_name, inputs, targets)
             status = "ok"
         except Exception as err:  # noqa: BLE001 - only out-of-memory becomes a row
             if not is_out_of_memory(err):
                 raise
-            info, times, run_events, status = {}, [], None, "OOM"
+            info, times, run_profiles, status = {}, [], [], "OOM"
         free_device_memory()
-        events = run_events if run_events is not None else events
+        profiles += run_profiles
         infos = gather_timings([info])
         per_rank = gather_timings([sum(t) for t in times] + [t[i] for i in range(len(PHASES)) for t in times])
         statuses = gather_timings([status])
@@ -249,7 +319,7 @@ def _worker(ctx: DistContext, config: FSDPBenchmarkConfig) -> dict:
     common = dict(size=config.size, world_size=ctx.world_size, backend=ctx.backend,
                   global_batch_size=config.global_batch_size, context_length=config.context_length,
                   warmup=config.warmup, steps=config.steps)
-    return dict(equality=pd.DataFrame(equality), runs=pd.DataFrame(rows).assign(**common), events=events, config=asdict(config))
+    return pd.DataFrame(rows).assign(**common), profiles
 
 
 def _summarize(per_rank: list[list[float]], steps: int) -> dict:
@@ -260,26 +330,40 @@ def _summarize(per_rank: list[list[float]], steps: int) -> dict:
     return row
 
 
-def run_fsdp_benchmark(config: FSDPBenchmarkConfig) -> dict:
-    """Keys: equality (DataFrame), runs (DataFrame), events (rank 0's profiled step, or None), config."""
-    return spawn(_worker, config.world_size, args=(config,), backend=config.backend, timeout_s=1800)[0]
+def run_fsdp_benchmark(config: FSDPBenchmarkConfig | Sequence[FSDPBenchmarkConfig]) -> dict:
+    """Keys: equality (DataFrame), runs (DataFrame, a `size` column), profiles (one dict per profiled forward:
+    size, strategy, compute_dtype, batch_per_rank, context_length, status, events = rank 0's trace or None),
+    config; for one configuration or one per model size (`ddp_benchmark.per_size`)."""
+    configs = one_per_size(config)
+    sizes = [c.size for c in configs]
+    if any(c.profile_size not in (None, *sizes) for c in configs):
+        raise ValueError(f"profile_size {configs[0].profile_size!r} is none of the sizes run, {sizes}")
+    return spawn(_worker, configs[0].world_size, args=(configs,), backend=configs[0].backend, timeout_s=1800)[0]
 
 
 # ---- analysis --------------------------------------------------------------------------------
-def expected_saving(config: FSDPBenchmarkConfig) -> pd.DataFrame:
-    """The analysis (accounting.sharding) for this model: per-rank GB of DDP and FSDP, and the saving."""
-    setup = setup_for_model(config.model_config(), config.world_size)
-    rows = []
-    for strategy, label in (("ddp", "replicated"), ("fsdp", "fsdp")):
-        parts = memory_per_rank(strategy, setup)
-        rows.append(dict(strategy=label, **{f"{k}_GB": v / 1e9 for k, v in parts.items()}, total_GB=sum(parts.values()) / 1e9))
-    df = pd.DataFrame(rows)
-    df["saving_GB"] = df["total_GB"].iloc[0] - df["total_GB"]
-    return df
+def expected_saving(config: FSDPBenchmarkConfig | Sequence[FSDPBenchmarkConfig]) -> pd.DataFrame:
+    """The analysis (accounting.sharding) for each configuration's model: per-rank GB of DDP and FSDP, and the
+    saving, one pair of rows per size."""
+    frames = []
+    for c in one_per_size(config):
+        setup = setup_for_model(c.model_config(), c.world_size)
+        rows = []
+        for strategy, label in (("ddp", "replicated"), ("fsdp", "fsdp")):
+            parts = memory_per_rank(strategy, setup)
+            rows.append(dict(size=c.size, strategy=label, **{f"{k}_GB": v / 1e9 for k, v in parts.items()},
+                             total_GB=sum(parts.values()) / 1e9))
+        df = pd.DataFrame(rows)
+        df["saving_GB"] = df["total_GB"].iloc[0] - df["total_GB"]
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
 
 
-def measured_saving(runs: pd.DataFrame) -> dict[str, float]:
-    """Replicated − FSDP (fp32), for the live parameters+gradients+optimizer state and for the peak, in GB."""
+def measured_saving(runs: pd.DataFrame, size: str | None = None) -> dict[str, float]:
+    """Replicated − FSDP (fp32), for the live parameters+gradients+optimizer state and for the peak, in GB
+    (of `size`'s rows where the table has several sizes)."""
+    if size is not None and "size" in runs:
+        runs = runs[runs["size"] == size]
     fp32 = runs[(runs["compute_dtype"] == "fp32") & (runs["status"] == "ok")].set_index("strategy")
     if not {"replicated", "fsdp"} <= set(fp32.index):
         return dict(state_GB=math.nan, peak_GB=math.nan)
@@ -290,47 +374,15 @@ def measured_saving(runs: pd.DataFrame) -> dict[str, float]:
     )
 
 
-@dataclass(frozen=True)
-class FSDPBars:
-    """The targets, per compute dtype: step time ≤ 1.15 × FSDP2's, peak memory ≤ FSDP2's + 10%."""
-
-    compute_dtype: str
-    fsdp_step_ms: float
-    fsdp2_step_ms: float
-    fsdp_peak_gb: float
-    fsdp2_peak_gb: float
-    memory_measure: str
-    time_pass: bool
-    memory_pass: bool
-
-
-def evaluate_bars(runs: pd.DataFrame) -> list[FSDPBars]:
-    """One FSDPBars per compute dtype that has both fsdp and fsdp2 rows. Without an allocator peak
-    (CPU) the live parameters + gradients + optimizer state stand in for memory."""
-    out = []
-    ok = runs[runs["status"] == "ok"]
-    for dtype, group in ok.groupby("compute_dtype", sort=False):
-        g = group.set_index("strategy")
-        if not {"fsdp", "fsdp2"} <= set(g.index):
-            continue
-        measure = "peak" if g["peak"].notna().all() else "live tensors"
-        mem = g["peak"] if measure == "peak" else g[["parameters", "gradients", "optimizer_state"]].sum(axis=1)
-        out.append(FSDPBars(
-            compute_dtype=dtype, fsdp_step_ms=g.loc["fsdp", "step_ms"], fsdp2_step_ms=g.loc["fsdp2", "step_ms"],
-            fsdp_peak_gb=mem["fsdp"] / 1e9, fsdp2_peak_gb=mem["fsdp2"] / 1e9, memory_measure=measure,
-            time_pass=bool(g.loc["fsdp", "step_ms"] <= 1.15 * g.loc["fsdp2", "step_ms"]),
-            memory_pass=bool(mem["fsdp"] <= 1.10 * mem["fsdp2"]),
-        ))
-    return out
-
-
 def plot_runs(runs: pd.DataFrame, title: str = ""):
     """Left: time per step in phases per run; right: peak memory (or, without one, the live state) per run."""
     import matplotlib.pyplot as plt
 
     ok = runs[runs["status"] == "ok"].reset_index(drop=True)
-    labels = [f"{s}\n{d}" for s, d in zip(ok["strategy"], ok["compute_dtype"])]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    several = "size" in ok and ok["size"].nunique() > 1  # one group of bars per size
+    labels = [f"{s}\n{d}" + (f"\n{z}" if several else "") for s, d, z in
+              zip(ok["strategy"], ok["compute_dtype"], ok["size"] if "size" in ok else ok["strategy"])]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(11, 1.2 * len(ok) + 3), 3.8))
     bottom = pd.Series(0.0, index=ok.index)
     for phase, label in zip(PHASES, ("forward+backward", "gradient sync (exposed)", "optimizer step")):
         left.bar(labels, ok[f"{phase}_ms"], bottom=bottom, label=label)

@@ -6,6 +6,14 @@ each wait, "fsdp forward <module>" around each module's forward. On a GPU trace 
 launched inside those ranges place the gather and the module's compute on the GPU clock; on a
 CPU trace (gloo) the time blocked in the wait is what the forward lost. `plot_gather_schedule`
 draws one row per module: its gather, its forward and any exposed wait.
+
+Whether a gather "was ready in time" says little when the GPU idles between modules (a forward
+paced by the host): `forward_overlap` measures, on the GPU clock of a profiled forward pass,
+
+    busy fraction   |∪ compute kernels| / forward span          (1 = the GPU never waited)
+    all-gather      |∪ NCCL kernels|, of it hidden = |∪ NCCL ∩ ∪ compute|, exposed = the rest
+
+and `summarize_profiles` does so for each profiled batch, marking which ones were GPU-bound.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from cs336_systems.profiling.streams import communication_overlap
 from cs336_systems.profiling.trace import GPU_KINDS
 
 
@@ -138,3 +147,55 @@ def plot_gather_schedule(timing: pd.DataFrame, first: int = 16, title: str = "")
     ax.grid(axis="y", visible=False)
     fig.tight_layout()
     return fig
+
+
+OVERLAP_COLUMNS = ("forward_ms", "busy_fraction", "gather_ms", "hidden_ms", "hidden_fraction", "exposed_ms")
+
+
+def forward_overlap(events: pd.DataFrame) -> dict[str, float]:
+    """A profiled forward pass on the GPU clock (the device that computed most): its span `forward_ms`, the
+    share of it some compute kernel ran (`busy_fraction`), the all-gather kernels' busy time (`gather_ms`),
+    the part of it a compute kernel ran beside (`hidden_ms`, `hidden_fraction`) and the rest (`exposed_ms`).
+    All NaN for a trace without GPU kernels (gloo on CPUs). The trace must hold the forward pass only: every
+    communication kernel in it counts as an all-gather."""
+    if not events["kind"].isin(GPU_KINDS).any():
+        return dict.fromkeys(OVERLAP_COLUMNS, math.nan)
+    per_device = communication_overlap(events)
+    d = per_device.loc[per_device["compute_ms"].idxmax()]
+    return dict(forward_ms=d.span_ms, busy_fraction=d.compute_ms / d.span_ms if d.span_ms else math.nan,
+                gather_ms=d.communication_ms, hidden_ms=d.hidden_ms, hidden_fraction=d.hidden_fraction,
+                exposed_ms=d.exposed_ms)
+
+
+def summarize_profiles(profiles: list[dict], busy_threshold: float = 0.8) -> pd.DataFrame:
+    """One row per profiled forward (`fsdp_benchmark`'s `profiles`): the model, per-rank batch and tokens,
+    status, `forward_overlap`'s measures, how many gathers were ready before their module's compute and how
+    late the others were in all; `gpu_bound` where the busy fraction reached `busy_threshold`, and `shown`
+    on the one whose gathers a report draws: the first GPU-bound forward, else the busiest (on a CPU trace,
+    the first)."""
+    rows = []
+    for p in profiles:
+        row = {k: p[k] for k in ("size", "strategy", "compute_dtype", "batch_per_rank", "context_length", "status")}
+        row["tokens_per_rank"] = p["batch_per_rank"] * p["context_length"]
+        events = p.get("events")
+        if p["status"] == "ok" and events is not None:
+            timing = forward_gather_timing(events)
+            late = timing[~timing.in_time & timing.gather_found]
+            row.update(forward_overlap(events), gathers=len(timing), gathers_in_time=int(timing.in_time.sum()),
+                       late_ms=float(late.exposed_ms.sum()))
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["size", "strategy", "compute_dtype", "batch_per_rank", "context_length", "status",
+                                      "tokens_per_rank"] if not rows else None)
+    for col in (*OVERLAP_COLUMNS, "gathers", "gathers_in_time", "late_ms"):
+        if col not in df:
+            df[col] = math.nan
+    df["busy_threshold"] = busy_threshold
+    df["gpu_bound"] = df["busy_fraction"] >= busy_threshold
+    df["shown"] = False
+    measured = df[(df["status"] == "ok") & df["gathers"].notna()]
+    if len(measured):
+        bound = measured[measured["gpu_bound"]]
+        pick = bound.index[0] if len(bound) else (
+            measured["busy_fraction"].idxmax() if measured["busy_fraction"].notna().any() else measured.index[0])
+        df.loc[pick, "shown"] = True
+    return df

@@ -15,6 +15,9 @@ live tensors of each kind, counted from the objects themselves (so they exist on
 `rest` = allocated − their sum (activations, temporaries, communication buffers).
 Time per iteration: forward+backward, gradient synchronization, optimizer step, each phase
 synchronized (ddp_benchmark.timed_step), over `steps` measured steps after `warmup` ones.
+Given one configuration per model size (`ddp_benchmark.per_size`), one run measures every size in
+turn (the equality check once, on the first configuration's settings); a `size` column tells the
+rows apart.
 """
 
 from __future__ import annotations
@@ -23,16 +26,20 @@ import copy
 import math
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 import torch
 import torch.nn as nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from cs336_systems.accounting.sharding import ShardingSetup, memory_per_rank, setup_for_model, transformer_parameter_shapes
+from cs336_systems.accounting.sharding import (
+    ShardingSetup, communication_table, memory_per_rank, memory_table, setup_for_model, transformer_parameter_shapes,
+    zero_paper_memory,
+)
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
-from cs336_systems.experiments.ddp_benchmark import timed_step
+from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_greedy
@@ -196,10 +203,21 @@ def _run_optimizer(ctx: DistContext, config: ShardingBenchmarkConfig, kind: str,
     return memory, times
 
 
-def _worker(ctx: DistContext, config: ShardingBenchmarkConfig) -> dict:
+def _worker(ctx: DistContext, configs: Sequence[ShardingBenchmarkConfig]) -> dict:
     if ctx.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
-    equality = [row for rows in gather_timings(_equality(ctx, config)) for row in rows]
+    equality = [row for rows in gather_timings(_equality(ctx, configs[0])) for row in rows]
+    memory, timing = [], []
+    for config in configs:
+        size_memory, size_timing = _measure_size(ctx, config)
+        memory.append(size_memory)
+        timing.append(size_timing)
+    return dict(equality=pd.DataFrame(equality), memory=pd.concat(memory, ignore_index=True),
+                timing=pd.concat(timing, ignore_index=True), config=asdict(configs[0]))
+
+
+def _measure_size(ctx: DistContext, config: ShardingBenchmarkConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The memory rows (every rank) and the timing rows of every optimizer at `config`'s model size."""
     inputs, targets = local_batch(ctx, config.vocab_size, config.global_batch_size, config.context_length, config.seed)
     memory_rows, timing_rows = [], []
     for kind in config.optimizers:
@@ -217,12 +235,8 @@ def _worker(ctx: DistContext, config: ShardingBenchmarkConfig) -> dict:
         timing_rows.append(_timing_row(kind, per_rank, config.steps, "ok" if all(s == ["ok"] for s in statuses) else "OOM"))
     common = dict(size=config.size, world_size=ctx.world_size, backend=ctx.backend,
                   global_batch_size=config.global_batch_size, context_length=config.context_length)
-    return dict(
-        equality=pd.DataFrame(equality),
-        memory=pd.DataFrame(memory_rows).assign(**common) if memory_rows else pd.DataFrame(),
-        timing=pd.DataFrame(timing_rows).assign(**common, warmup=config.warmup, steps=config.steps),
-        config=asdict(config),
-    )
+    return (pd.DataFrame(memory_rows).assign(**common) if memory_rows else pd.DataFrame(columns=["optimizer", "point", "rank", "size"]),
+            pd.DataFrame(timing_rows).assign(**common, warmup=config.warmup, steps=config.steps))
 
 
 def _timing_row(kind: str, per_rank: list[list[float]], steps: int, status: str) -> dict:
@@ -239,9 +253,21 @@ def _timing_row(kind: str, per_rank: list[list[float]], steps: int, status: str)
     return row
 
 
-def run_sharding_benchmark(config: ShardingBenchmarkConfig) -> dict:
-    """Equality, memory and timing tables of one spawned run (keys equality, memory, timing, config)."""
-    return spawn(_worker, config.world_size, args=(config,), backend=config.backend, timeout_s=1800)[0]
+def run_sharding_benchmark(config: ShardingBenchmarkConfig | Sequence[ShardingBenchmarkConfig]) -> dict:
+    """Equality, memory and timing tables of one spawned run (keys equality, memory, timing, config), for
+    one configuration or one per model size (`ddp_benchmark.per_size`)."""
+    configs = one_per_size(config)
+    return spawn(_worker, configs[0].world_size, args=(configs,), backend=configs[0].backend, timeout_s=1800)[0]
+
+
+def run_setup(configs: Sequence, backend: str) -> pd.DataFrame:
+    """One row per configuration of a run: the model (size, parameters), the batch, the ranks and the steps."""
+    rows = []
+    for c in configs:
+        params = setup_for_model(c.model_config(), c.world_size).num_params
+        rows.append(dict(size=c.size, parameters=params, context_length=c.context_length, global_batch_size=c.global_batch_size,
+                         world_size=c.world_size, backend=backend, warmup=c.warmup, steps=c.steps))
+    return pd.DataFrame(rows)
 
 
 # ---- analysis ---------------------------------------------------------------------------------
@@ -271,25 +297,53 @@ def analytic_breakdown(config: ShardingBenchmarkConfig) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+ANALYSIS_STRATEGIES = ("ddp", "optimizer_sharding", "zero1", "zero2", "fsdp")
+
+
+def analysis_tables(sizes: Sequence[str], context_length: int, world_size: int) -> dict[str, pd.DataFrame]:
+    """The sharding analysis (`accounting.sharding`) of each model size, a `size` column first: what a rank
+    holds per strategy (`memory`), what it sends per step (`communication`) and ZeRO's mixed-precision
+    accounting (`zero_paper`); `setups` maps each size to its ShardingSetup."""
+    setups = {s: setup_for_model(ModelConfig.from_size(s, context_length=context_length), world_size) for s in sizes}
+
+    def stack(table) -> pd.DataFrame:
+        return pd.concat([table(setup).assign(size=s) for s, setup in setups.items()], ignore_index=True).pipe(
+            lambda df: df[["size", *[c for c in df if c != "size"]]])
+
+    return dict(memory=stack(lambda x: memory_table(x, ANALYSIS_STRATEGIES)),
+                communication=stack(lambda x: communication_table(x, ANALYSIS_STRATEGIES)),
+                zero_paper=stack(lambda x: zero_paper_memory(x.num_params, world_size)), setups=setups)
+
+
 UNITS = {"GB": 1e9, "MB": 1e6}
 
 
 def breakdown_table(memory: pd.DataFrame, config: ShardingBenchmarkConfig, unit: str = "GB") -> pd.DataFrame:
-    """Measured next to the analytic expectation, in `unit`, per optimizer, point and rank."""
-    expected = analytic_breakdown(config).rename(columns={p: f"expected_{p}" for p in PARTS})
-    df = memory.merge(expected, on=["optimizer", "rank", "point"], how="left")
+    """Measured next to the analytic expectation, in `unit`, per model size, optimizer, point and rank (the
+    expectation of each size from `config` at that size)."""
+    sizes = list(dict.fromkeys(memory["size"])) if "size" in memory else [config.size]
+    expected = pd.concat([analytic_breakdown(replace(config, size=s)).assign(size=s) for s in sizes], ignore_index=True)
+    expected = expected.rename(columns={p: f"expected_{p}" for p in PARTS})
+    df = memory.assign(size=memory["size"] if "size" in memory else config.size)
+    df = df.merge(expected, on=["size", "optimizer", "rank", "point"], how="left")
     cols = ["allocated", "peak", "rest", *PARTS, *(f"expected_{p}" for p in PARTS)]
-    df[cols] = df[cols] / UNITS[unit]
+    df[cols] = df[cols].astype(float) / UNITS[unit]
+    df["size"] = pd.Categorical(df["size"], sizes, ordered=True)
     df["point"] = pd.Categorical(df["point"], POINTS, ordered=True)
     df["optimizer"] = pd.Categorical(df["optimizer"], OPTIMIZERS, ordered=True)
-    return df.sort_values(["optimizer", "point", "rank"])[["optimizer", "point", "rank", "allocated", "peak", *PARTS, "rest", *(f"expected_{p}" for p in PARTS)]]
+    columns = ["size", "optimizer", "point", "rank", "allocated", "peak", *PARTS, "rest", *(f"expected_{p}" for p in PARTS)]
+    return df.sort_values(["size", "optimizer", "point", "rank"])[columns].reset_index(drop=True)
 
 
-def plot_breakdown(table: pd.DataFrame, rank: int = 0, unit: str = "GB", title: str = ""):
-    """Stacked bars (parameters, gradients, optimizer state, rest) per optimizer and point; peaks as markers."""
+def plot_breakdown(table: pd.DataFrame, rank: int = 0, unit: str = "GB", title: str = "", size: str | None = None):
+    """Stacked bars (parameters, gradients, optimizer state, rest) per optimizer and point; peaks as markers.
+    `size`: the rows of that model size (default: the first in the table)."""
     import matplotlib.pyplot as plt
 
-    df = table[table["rank"] == rank].reset_index(drop=True)
+    df = table[table["rank"] == rank]
+    if "size" in df:
+        df = df[df["size"] == (size if size is not None else df["size"].iloc[0])]
+    df = df.reset_index(drop=True)
     labels = [f"{o}\n{p}" for o, p in zip(df["optimizer"], df["point"])]
     fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(df) + 2), 4.2))
     bottom = pd.Series(0.0, index=df.index)
@@ -312,54 +366,15 @@ def plot_step_times(timing: pd.DataFrame, title: str = ""):
     import matplotlib.pyplot as plt
 
     ok = timing[timing["status"] == "ok"].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    # several model sizes: one group of bars per size
+    labels = ok["optimizer"] + ("\n" + ok["size"].astype(str) if "size" in ok and ok["size"].nunique() > 1 else "")
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(ok) + 2), 3.8))
     bottom = pd.Series(0.0, index=ok.index)
     for phase, label in zip(PHASES, ("forward+backward", "gradient sync (exposed)", "optimizer step + broadcasts")):
-        ax.bar(ok["optimizer"], ok[f"{phase}_ms"], bottom=bottom, label=label)
+        ax.bar(labels, ok[f"{phase}_ms"], bottom=bottom, label=label)
         bottom += ok[f"{phase}_ms"]
-    ax.errorbar(ok["optimizer"], ok["step_ms"], yerr=ok["step_std_ms"], fmt="none", ecolor="black", capsize=3)
+    ax.errorbar(labels, ok["step_ms"], yerr=ok["step_std_ms"], fmt="none", ecolor="black", capsize=3)
     ax.set(ylabel="time per iteration (ms)", title=title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
-
-
-@dataclass(frozen=True)
-class ShardingBars:
-    """The issue's two bars, evaluated from one run."""
-
-    memory_measure: str  # "peak" (GPU allocator) or "live tensors" (CPU: parameters + gradients + state)
-    unsharded_after_step_gb: float
-    sharded_after_step_gb: float
-    half_adamw_state_gb: float
-    memory_pass: bool
-    unsharded_step_ms: float
-    sharded_step_ms: float
-    zero_step_ms: float
-    time_pass: bool
-
-    @property
-    def memory_limit_gb(self) -> float:
-        return self.unsharded_after_step_gb - 0.9 * self.half_adamw_state_gb
-
-
-def evaluate_bars(memory: pd.DataFrame, timing: pd.DataFrame) -> ShardingBars:
-    """Sharded peak after the step ≤ unsharded peak − 0.9 · half the AdamW state; step time ≤ 1.1× unsharded.
-
-    Memory is the worst rank's. "half the AdamW state" is half of the unsharded optimizer's measured
-    state bytes; on a CPU (no allocator peak) parameters + gradients + optimizer state stand in.
-    """
-    after = memory[memory["point"] == "after step"]
-    measure = "peak" if after["peak"].notna().all() else "live tensors"
-    value = after["peak"] if measure == "peak" else after[list(PARTS)].sum(axis=1)
-    worst = (value.groupby(after["optimizer"], observed=True).max() / 1e9).to_dict()
-    half_state = after.loc[after["optimizer"] == "unsharded", "optimizer_state"].max() / 2 / 1e9
-    step = timing.set_index("optimizer")["step_ms"].to_dict() if "step_ms" in timing else {}
-    unsharded_gb, sharded_gb = worst.get("unsharded", math.nan), worst.get("sharded", math.nan)
-    unsharded_ms, sharded_ms = step.get("unsharded", math.nan), step.get("sharded", math.nan)
-    return ShardingBars(
-        memory_measure=measure, unsharded_after_step_gb=unsharded_gb, sharded_after_step_gb=sharded_gb,
-        half_adamw_state_gb=half_state, memory_pass=bool(sharded_gb <= unsharded_gb - 0.9 * half_state),
-        unsharded_step_ms=unsharded_ms, sharded_step_ms=sharded_ms, zero_step_ms=step.get("zero", math.nan),
-        time_pass=bool(sharded_ms <= 1.1 * unsharded_ms),
-    )

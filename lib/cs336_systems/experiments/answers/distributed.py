@@ -5,6 +5,10 @@ Every timing is compared with the run's own baseline or with PyTorch's implement
 measured in the same run (DistributedDataParallel, ZeroRedundancyOptimizer, FSDP2's `fully_shard`). A
 run's setting (model, batch, ranks, backend) comes from the notebook's `*_setup` table; runs that
 predate it fall back to the note of the notebook's headline record.
+
+Notebooks 13, 14, 16 and 17 time several model sizes in one run (a `size` column): an answer reads the
+rows of its handout's XL model (2025: "xl"; 2026: the 2.7B's shape) where the run has them and they can
+answer, else those of another size, with a caveat saying which model the numbers are for and why.
 """
 
 from __future__ import annotations
@@ -101,8 +105,51 @@ def _model_shape(size: str, params: float | None = None) -> str:
             f"{heads} head{'s' * (heads != 1)}; {_count(params)}")
 
 
+def _is_xl(size: str | None, handout: str) -> bool:
+    """Whether `size` is `handout`'s XL model, by shape (the 2026 xl runs as "2.7B" or "xl-2026")."""
+    from cs336_systems.model import handout_name
+
+    return size is not None and handout_name(str(size), handout) == "xl"
+
+
 def _model_name(size: str) -> str:
-    return {"xl": "the 2025 handout's XL model", XL_2026: "the 2026 handout's xl model"}.get(size, f"the `{size}` model")
+    if _is_xl(size, "2025"):
+        return "the 2025 handout's XL model"
+    return "the 2026 handout's xl model" if _is_xl(size, "2026") else f"the `{size}` model"
+
+
+@dataclass
+class _Rows:
+    """The rows of a several-size table that answer one handout."""
+
+    rows: pd.DataFrame
+    size: str | None  # None: the table has no size column (a run of one model)
+    xl_failed: bool = False  # the handout's XL model was in the run but its rows cannot answer (out of memory)
+
+
+def _for_handout(df: pd.DataFrame, handout: str, usable=lambda rows: True) -> _Rows:
+    """The rows of `df` for `handout`: its XL model's where `usable(rows)`, else the 2025 XL's, else the first
+    usable size's (in the run's order); a table without a size column is one model's, returned whole."""
+    if "size" not in df.columns or df.empty:
+        return _Rows(df, None)
+    sizes = list(dict.fromkeys(df["size"].astype(str)))
+    by_size = {s: df[df["size"].astype(str) == s].reset_index(drop=True) for s in sizes}
+    order = sorted(sizes, key=lambda s: (not _is_xl(s, handout), not _is_xl(s, "2025")))
+    ran_xl = any(_is_xl(s, handout) for s in sizes)
+    for s in order:
+        if usable(by_size[s]):
+            return _Rows(by_size[s], s, ran_xl and not _is_xl(s, handout))
+    return _Rows(by_size[order[0]], order[0])
+
+
+def _ok_with(names: tuple[str, ...], key: str = "flavour"):
+    """A `usable` test: every one of `names` has an ok row."""
+    return lambda rows: set(names) <= set(rows.loc[rows.get("status", pd.Series("ok", index=rows.index)) == "ok", key])
+
+
+def _short_name(size: str) -> str:
+    """'2025 XL', '2026 xl' or the library's name, for a table column."""
+    return "2025 XL" if _is_xl(size, "2025") else "2026 xl" if _is_xl(size, "2026") else str(size)
 
 
 def _model_phrase(size: str, params: float | None = None) -> str:
@@ -170,11 +217,14 @@ def _headline_note(results: Results, notebook: str) -> tuple[str, int | None, st
     return None
 
 
-def _setup(results: Results, notebook: str, table: str, world_size: int | None = None) -> Setup:
-    """The run's setting from `table` (the notebook's setup table), else its headline note."""
+def _setup(results: Results, notebook: str, table: str, world_size: int | None = None, size: str | None = None) -> Setup:
+    """The run's setting from `table` (the notebook's setup table; its row for `size` where it has one per
+    model), else its headline note."""
     hardware = _hardware(results, notebook)
     if results.has(table):
-        r = results.table(table).iloc[0]
+        t = results.table(table)
+        match = t[t["size"].astype(str) == size] if size is not None and "size" in t else t.iloc[0:0]
+        r = (match if len(match) else t).iloc[0]
         get = lambda col, kind=int: kind(r[col]) if col in r and pd.notna(r[col]) else None  # noqa: E731
         return Setup(size=str(r["size"]), world_size=int(r["world_size"]), backend=str(r["backend"]), hardware=hardware,
                      parameters=get("parameters", float), context_length=get("context_length"),
@@ -189,15 +239,18 @@ def _setup(results: Results, notebook: str, table: str, world_size: int | None =
     return Setup(size=size, world_size=ranks, backend=backend, hardware=hardware)
 
 
-def _run_caveat(setup: Setup, handout: str = "2025") -> str:
-    """What the run leaves out of the handout's setting: GPUs, and the 2026 xl for 2026 keys."""
+def _run_caveat(setup: Setup, handout: str = "2025", xl_failed: bool = False) -> str:
+    """What the run leaves out of the handout's setting: GPUs, and the handout's XL model (2026 always, 2025 on
+    GPUs, where the CPU sentence does not already say it); `xl_failed`: that model ran out of memory."""
     parts = []
     if not setup.on_gpus:
         parts.append(f"This run is the CPU profile: {_model_phrase(setup.size, setup.parameters)} on "
                      f"{setup.ranks}, not the handout's XL model on two GPUs; its times show the method, not GPU costs.")
-    if handout == "2026" and setup.size != XL_2026:
-        parts.append(f"The 2026 handout asks for its xl model ({_model_shape(XL_2026)}), which this run does not "
-                     f"include: these numbers are for {_model_phrase(setup.size, setup.parameters)}.")
+    if not _is_xl(setup.size, handout) and (handout == "2026" or setup.on_gpus):
+        xl = ("its xl model", XL_2026) if handout == "2026" else ("its XL model", "xl")
+        why = "which ran out of memory on these GPUs in this run" if xl_failed else "which this run does not include"
+        parts.append(f"The {handout} handout asks for {xl[0]} ({_model_shape(xl[1])}), {why}: these numbers are for "
+                     f"{_model_phrase(setup.size, setup.parameters)}.")
     return " ".join(parts)
 
 
@@ -404,17 +457,19 @@ def ddp_bucketed(results: Results) -> Answer:
 # ---------------------------------------------------------------- 13: naive and flat DDP timed
 
 
-def _naive_flat(results: Results) -> tuple[Setup, pd.DataFrame, pd.DataFrame]:
-    df = results.table("naive_flat_step")
-    setup = _setup(results, NB_NAIVE, "naive_flat_setup")
-    ok = _ok(df)
-    _need(ok, ("no-communication", "naive", "flat"), "DDP")
-    return setup, df, ok
+def _naive_flat(results: Results, handout: str) -> tuple[Setup, pd.DataFrame, pd.DataFrame, bool]:
+    """The setting, the step rows and the ok rows by flavour of `handout`'s model, and whether its XL failed."""
+    needed = ("no-communication", "naive", "flat")
+    pick = _for_handout(results.table("naive_flat_step"), handout, _ok_with(needed))
+    setup = _setup(results, NB_NAIVE, "naive_flat_setup", size=pick.size)
+    ok = _ok(pick.rows)
+    _need(ok, needed, "DDP")
+    return setup, pick.rows, ok, pick.xl_failed
 
 
 @builds_each_handout("naive_ddp_benchmarking")
 def _naive_benchmarking(results: Results, handout: str) -> Answer:
-    setup, df, ok = _naive_flat(results)
+    setup, df, ok, xl_failed = _naive_flat(results, handout)
     base, naive = ok.loc["no-communication"], ok.loc["naive"]
     text = (f"Setup: {setup.describe()}; every step is split into forward+backward, gradient communication and the "
             f"optimizer step, with a device synchronize between them, and the same step without communication is the "
@@ -423,12 +478,12 @@ def _naive_benchmarking(results: Results, handout: str) -> Answer:
             f"{_ms(naive.sync_ms)} ({pct(naive.sync_fraction)}) is spent communicating gradients; the baseline step "
             f"takes {_ms(base.step_ms)}.{_noise_note(base, {'naive DDP': naive})}")
     table = _steps_table(df, {"no-communication": "no communication (baseline)", "naive": "naive (per parameter)"})
-    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
+    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, xl_failed))
 
 
 @builds_each_handout("minimal_ddp_flat_benchmarking")
 def _flat_benchmarking(results: Results, handout: str) -> Answer:
-    setup, df, ok = _naive_flat(results)
+    setup, df, ok, xl_failed = _naive_flat(results, handout)
     naive, flat = ok.loc["naive"], ok.loc["flat"]
     calls = naive.all_reduce_calls - flat.all_reduce_calls
     saved = naive.sync_ms - flat.sync_ms
@@ -451,7 +506,7 @@ def _flat_benchmarking(results: Results, handout: str) -> Answer:
     text += _spread_note([("the flat and naive steps", flat, naive)])
     table = _steps_table(df, {"no-communication": "no communication (baseline)", "naive": "naive (per parameter)",
                               "flat": "flat (one all-reduce)"})
-    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
+    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, xl_failed))
 
 
 # ---------------------------------------------------------------- 14: overlapping individual all-reduces
@@ -459,10 +514,12 @@ def _flat_benchmarking(results: Results, handout: str) -> Answer:
 
 @builds_each_handout("ddp_overlap_individual_parameters_benchmarking.a")
 def _individual_benchmarking(results: Results, handout: str) -> Answer:
-    df = results.table("overlap_individual_step")
-    setup = _setup(results, NB_INDIVIDUAL, "overlap_individual_setup")
+    needed = ("no-communication", "naive", "flat", "individual")
+    pick = _for_handout(results.table("overlap_individual_step"), handout, _ok_with(needed))
+    df = pick.rows
+    setup = _setup(results, NB_INDIVIDUAL, "overlap_individual_setup", size=pick.size)
     ok = _ok(df)
-    _need(ok, ("no-communication", "naive", "flat", "individual"), "DDP")
+    _need(ok, needed, "DDP")
     base, naive, flat, ind = (ok.loc[k] for k in ("no-communication", "naive", "flat", "individual"))
     grew = ind.fwd_bwd_ms - base.fwd_bwd_ms
     text = (f"With {setup.describe()}, overlapping per-parameter all-reduces with the backward pass gives a step of "
@@ -481,15 +538,16 @@ def _individual_benchmarking(results: Results, handout: str) -> Answer:
             + _noise_note(base, {"naive": naive, "flat": flat, "overlapping DDP": ind}))
     table = _steps_table(df, {"no-communication": "no communication (baseline)", "naive": "naive (per parameter)",
                               "flat": "flat (one all-reduce)", "individual": "overlapping, per parameter"})
-    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
+    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, pick.xl_failed))
 
 
 @builds_each_handout("ddp_overlap_individual_parameters_benchmarking.b")
 def _timelines(results: Results, handout: str) -> Answer:
-    o = results.table("timeline_overlap").set_index("flavour")
+    pick = _for_handout(results.table("timeline_overlap"), handout, _ok_with(("naive", "individual")))
+    o = pick.rows.set_index("flavour")
     if not {"naive", "individual"} <= set(o.index):
         raise NotAnswered("this run did not profile both the naive and the overlapping step")
-    setup = _setup(results, NB_INDIVIDUAL, "overlap_individual_setup")
+    setup = _setup(results, NB_INDIVIDUAL, "overlap_individual_setup", size=pick.size)
     naive, ind = o.loc["naive"], o.loc["individual"]
     lanes = "CUDA stream" if setup.on_gpus else "gloo threads"
     text = (f"In one profiled step of each on rank 0 ({_model_name(setup.size)}, {setup.ranks}), "
@@ -500,8 +558,10 @@ def _timelines(results: Results, handout: str) -> Answer:
             f"{_ms(ind.after_backward_ms)} after it.")
     caveat = ("The two timelines are drawn from torch.profiler traces of one step each, not Nsight Systems screenshots; "
               "the profiler slows a step, so these times are longer than the benchmark's.")
-    return Answer(text=text, figure=results.figure("timeline_naive_vs_individual"),
-                  caveat=f"{caveat} {_run_caveat(setup, handout)}".strip())
+    figure = f"timeline_naive_vs_individual_{pick.size}"  # one figure per size; runs of one size drew one unnamed
+    figure = results.figure(figure if pick.size is not None and (results.folder / f"figures/{figure}.png").exists()
+                            else "timeline_naive_vs_individual")
+    return Answer(text=text, figure=figure, caveat=f"{caveat} {_run_caveat(setup, handout, pick.xl_failed)}".strip())
 
 
 # ---------------------------------------------------------------- 15: bucketed DDP
@@ -645,11 +705,11 @@ def bucketed_overhead_model(results: Results) -> Answer:
 # ---------------------------------------------------------------- 16: optimizer state sharding
 
 
-def _sharding_setup(results: Results) -> Setup:
+def _sharding_setup(results: Results, size: str | None = None) -> Setup:
     ranks = None
     if results.has("sharding_memory_breakdown"):
         ranks = int(results.table("sharding_memory_breakdown")["rank"].nunique())
-    return _setup(results, NB_SHARDING, "sharding_setup", world_size=ranks)
+    return _setup(results, NB_SHARDING, "sharding_setup", world_size=ranks, size=size)
 
 
 @builds("optimizer_state_sharding")
@@ -680,8 +740,13 @@ def _memory_unit(df: pd.DataFrame) -> str:
 def _sharding_memory(results: Results, handout: str) -> Answer:
     raw = results.table("sharding_memory_breakdown")
     unit = _memory_unit(raw)
-    df = raw.rename(columns=lambda c: c.removesuffix(f"_{unit}"))
-    setup = _sharding_setup(results)
+
+    def measured(rows: pd.DataFrame) -> bool:  # an optimizer that ran out of memory has no rows
+        return {"unsharded", "sharded"} <= set(rows[rows.point == "after step"].optimizer)
+
+    pick = _for_handout(raw, handout, measured)
+    df = pick.rows.rename(columns=lambda c: c.removesuffix(f"_{unit}"))
+    setup = _sharding_setup(results, pick.size)
     t = df.groupby(["optimizer", "point"], sort=False).max(numeric_only=True)
     if not {("unsharded", "after step"), ("sharded", "after step")} <= set(t.index):
         raise NotAnswered("the unsharded and sharded optimizers were not both measured")
@@ -720,16 +785,17 @@ def _sharding_memory(results: Results, handout: str) -> Answer:
     table = table.rename(columns={"peak": f"peak since previous point ({unit})", "parameters": f"parameters ({unit})",
                                   "gradients": f"gradients ({unit})", "optimizer_state": f"optimizer state ({unit})",
                                   "rest": f"other tensors ({unit})"}).round(2 if unit == "GB" else 3)
-    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
+    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, pick.xl_failed))
 
 
 @builds_each_handout("optimizer_state_sharding_accounting.b")
 def _sharding_time(results: Results, handout: str) -> Answer:
-    df = results.table("sharding_step_time")
+    pick = _for_handout(results.table("sharding_step_time"), handout, _ok_with(("unsharded", "sharded"), "optimizer"))
+    df = pick.rows
     ok = df[df.status == "ok"].set_index("optimizer")
     if not {"unsharded", "sharded"} <= set(ok.index):
         raise NotAnswered("the unsharded and sharded optimizers were not both timed")
-    setup = _sharding_setup(results)
+    setup = _sharding_setup(results, pick.size)
     u, s = ok.loc["unsharded"], ok.loc["sharded"]
     text = (f"With {setup.describe()}, an iteration takes {_ms(u.step_ms)} ± {u.step_std_ms:.1f} ms with AdamW and "
             f"{_ms(s.step_ms)} ± {s.step_std_ms:.1f} ms with the sharded AdamW, {_x(s.step_ms / u.step_ms)} "
@@ -749,21 +815,33 @@ def _sharding_time(results: Results, handout: str) -> Answer:
     cols = {"step_ms": "iteration (ms)", "step_std_ms": "± std (ms)", "fwd_bwd_ms": "forward+backward (ms)",
             "sync_ms": "exposed gradient all-reduce (ms)", "optimizer_ms": "optimizer step incl. broadcasts (ms)"}
     table = ok[[c for c in cols if c in ok]].rename(index=names, columns=cols).rename_axis("optimizer").reset_index().round(1)
-    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout))
+    return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, pick.xl_failed))
+
+
+def _of_size(df: pd.DataFrame, size: str | None) -> pd.DataFrame:
+    return df[df["size"].astype(str) == size] if size is not None and "size" in df else df
 
 
 @builds("optimizer_state_sharding_accounting.c")
 def sharding_vs_zero1(results: Results) -> Answer:
-    """How ours differs from ZeRO stage 1, in memory and communication, computed for XL."""
-    mem = results.table("sharding_analysis_memory").set_index("label")
-    comm = results.table("sharding_analysis_communication").set_index("label")
+    """How ours differs from ZeRO stage 1, in memory and communication, computed for both handouts' XL models."""
+    mem_all, comm_all = results.table("sharding_analysis_memory"), results.table("sharding_analysis_communication")
+    sizes = list(dict.fromkeys(mem_all["size"].astype(str))) if "size" in mem_all else [None]
+    # the 2025 XL first (the model of the 2025 sub-part); a table without sizes is the 2025 XL's
+    sizes.sort(key=lambda s: s is not None and not _is_xl(s, "2025"))
     ours, zero1, ddp = "optimizer state sharding (ours)", "ZeRO stage 1 (P_os)", "DDP (all replicated)"
-    params = mem.loc[ddp, "parameters_GB"] * 1e9 / 4
+
+    def of(size):
+        mem, comm = _of_size(mem_all, size).set_index("label"), _of_size(comm_all, size).set_index("label")
+        return mem, comm, mem.loc[ddp, "parameters_GB"] * 1e9 / 4
+
+    mem, comm, params = of(sizes[0])
     world = round(mem.loc[ddp, "optimizer_state_GB"] / mem.loc[zero1, "optimizer_state_GB"])
     extra_kb = (mem.loc[ours, "optimizer_state_GB"] - mem.loc[zero1, "optimizer_state_GB"]) * 1e6
+    name = _model_name(sizes[0]) if sizes[0] is not None else "the 2025 handout's XL model"
     text = (f"ZeRO stage 1 replaces the gradient all-reduce with a reduce-scatter (each rank receives only its slice "
             f"of the summed gradients) followed by an all-gather of the updated parameters, whereas ours keeps DDP's "
-            f"all-reduce and then broadcasts each parameter from its owner; for the 2025 handout's XL model ({params / 1e9:.3f} B "
+            f"all-reduce and then broadcasts each parameter from its owner; for {name} ({params / 1e9:.3f} B "
             f"parameters) on {world} ranks that is {comm.loc[ddp, 'sent_per_rank_GB']:.2f} GB sent per rank and step for "
             f"DDP and ZeRO-1 ({_x(comm.loc[zero1, 'relative_to_ddp'])} DDP) against "
             f"{comm.loc[ours, 'sent_per_rank_GB']:.2f} GB for ours ({_x(comm.loc[ours, 'relative_to_ddp'])}). "
@@ -772,36 +850,57 @@ def sharding_vs_zero1(results: Results) -> Answer:
             f"({mem.loc[zero1, 'optimizer_state_GB']:.3f} GB of state per rank) while ours assigns whole parameters, "
             f"leaving {extra_kb:,.1f} kB more on the most loaded rank (greedy assignment bounds the excess by one "
             f"parameter's state).")
+    for size in sizes[1:]:
+        m2, c2, p2 = of(size)
+        text += (f" For {_model_name(size)} ({p2 / 1e9:.3f} B parameters) the same comparison gives "
+                 f"{c2.loc[ddp, 'sent_per_rank_GB']:.2f} GB against {c2.loc[ours, 'sent_per_rank_GB']:.2f} GB sent per rank "
+                 f"and step, {m2.loc[ours, 'parameters_GB']:.2f} GB each of weights and gradients, and "
+                 f"{(m2.loc[ours, 'optimizer_state_GB'] - m2.loc[zero1, 'optimizer_state_GB']) * 1e6:,.1f} kB more "
+                 "optimizer state than ZeRO-1's equal slices on the most loaded rank.")
     if results.has("sharding_zero_paper_mixed_precision"):
-        zp = results.table("sharding_zero_paper_mixed_precision").set_index("strategy")
+        zp = _of_size(results.table("sharding_zero_paper_mixed_precision"), sizes[0]).set_index("strategy")
         text += (f" ZeRO's paper counts mixed-precision training, where the fp32 master weights are optimizer state and "
-                 f"are sharded too: there P_os needs {zp.loc['zero1', 'total_GB']:.2f} GB per rank for this model against "
-                 f"DDP's {zp.loc['ddp', 'total_GB']:.2f} GB, while ours, training in fp32, keeps full fp32 weights.")
+                 f"are sharded too: there P_os needs {zp.loc['zero1', 'total_GB']:.2f} GB per rank for "
+                 f"{'this model' if len(sizes) == 1 else name} against DDP's "
+                 f"{zp.loc['ddp', 'total_GB']:.2f} GB, while ours, training in fp32, keeps full fp32 weights.")
     rows = [ddp, ours, zero1]
-    table = pd.DataFrame({
-        "scheme": rows,
-        "collectives per step": [comm.loc[r, "collectives"] for r in rows],
-        "sent per rank (GB)": [comm.loc[r, "sent_per_rank_GB"] for r in rows],
-        "optimizer state per rank (GB)": [mem.loc[r, "optimizer_state_GB"] for r in rows],
-        "weights+gradients+state per rank (GB)": [mem.loc[r, "total_GB"] for r in rows],
-    }).round(3)
-    return Answer(text=text, table=table)
+    frames = []
+    for size in sizes:
+        m2, c2, _ = of(size)
+        frame = pd.DataFrame({
+            "scheme": rows,
+            "collectives per step": [c2.loc[r, "collectives"] for r in rows],
+            "sent per rank (GB)": [c2.loc[r, "sent_per_rank_GB"] for r in rows],
+            "optimizer state per rank (GB)": [m2.loc[r, "optimizer_state_GB"] for r in rows],
+            "weights+gradients+state per rank (GB)": [m2.loc[r, "total_GB"] for r in rows],
+        })
+        if len(sizes) > 1:
+            frame.insert(0, "model", _short_name(size))
+        frames.append(frame)
+    return Answer(text=text, table=pd.concat(frames, ignore_index=True).round(3))
 
 
 # ---------------------------------------------------------------- 17: FSDP
 
 
-def _fsdp_setup(results: Results) -> Setup:
+def _fsdp_setup(results: Results, size: str | None = None) -> Setup:
     ranks = int(results.table("fsdp_equality")["rank"].nunique()) if results.has("fsdp_equality") else None
-    return _setup(results, NB_FSDP, "fsdp_setup", world_size=ranks)
+    return _setup(results, NB_FSDP, "fsdp_setup", world_size=ranks, size=size)
+
+
+def _fsdp_compared(rows: pd.DataFrame) -> bool:
+    """Whether this FSDP and FSDP2 both ran at some compute dtype."""
+    ok = rows[rows.status == "ok"]
+    return any({"fsdp", "fsdp2"} <= set(g.strategy) for _, g in ok.groupby("compute_dtype"))
 
 
 @builds("fsdp")
 def fsdp(results: Results) -> Answer:
     """Where FSDP is, its equality with non-parallel training, and how it compares with FSDP2."""
     eq = results.table("fsdp_equality")
-    runs = results.table("fsdp_runs")
-    setup = _fsdp_setup(results)
+    pick = _for_handout(results.table("fsdp_runs"), "2026", _fsdp_compared)
+    runs = pick.rows
+    setup = _fsdp_setup(results, pick.size)
     worst = eq.groupby("compute_dtype", sort=False).agg(max_abs_diff=("max_abs_diff", "max"), tolerance=("tolerance", "first"))
     checks = ", ".join(f"{r.max_abs_diff:.1e} in {d} (tolerance {r.tolerance:.0e})" for d, r in worst.iterrows())
     text = ("Class `FSDP(module, compute_dtype=None)` of `cs336_systems.distributed` (file `distributed/fsdp.py`) "
@@ -833,15 +932,19 @@ def fsdp(results: Results) -> Answer:
     else:
         cols.pop("peak")
     table = table[["strategy", "compute_dtype", *cols]].rename(columns={**cols, "compute_dtype": "compute dtype"}).round(2)
-    return Answer(text=text, table=table.reset_index(drop=True), caveat=_run_caveat(setup, "2026"))
+    return Answer(text=text, table=table.reset_index(drop=True), caveat=_run_caveat(setup, "2026", pick.xl_failed))
 
 
 def _measured_saving(results: Results, setup: Setup) -> str:
-    """The measured run's expected saving next to what it saved (live state, and the allocator's peak on a GPU)."""
+    """The measured run's expected saving next to what it saved (live state, and the allocator's peak on a GPU),
+    at the setting's model where the run measured several."""
     if not (results.has("fsdp_runs") and results.has("fsdp_expected_saving_measured_model")):
         return ""
-    expected = results.table("fsdp_expected_saving_measured_model").set_index("strategy").loc["fsdp", "saving_GB"]
-    runs = results.table("fsdp_runs")
+    expected = _of_size(results.table("fsdp_expected_saving_measured_model"), setup.size)
+    if "fsdp" not in set(expected.strategy):
+        return ""
+    expected = expected.set_index("strategy").loc["fsdp", "saving_GB"]
+    runs = _of_size(results.table("fsdp_runs"), setup.size)
     ok = runs[(runs.status == "ok") & (runs.compute_dtype == "fp32")].set_index("strategy")
     if not {"replicated", "fsdp"} <= set(ok.index):
         return ""
@@ -863,10 +966,19 @@ def _measured_saving(results: Results, setup: Setup) -> str:
 @builds("fsdp_accounting.a")
 def fsdp_expected_saving(results: Results) -> Answer:
     """The memory FSDP should save from the peak, from the sharding analysis, next to what the run saved."""
-    setup = _fsdp_setup(results)
-    name = "fsdp_analysis_memory_2026_xl" if results.has("fsdp_analysis_memory_2026_xl") else "fsdp_analysis_memory"
-    model = XL_2026 if name.endswith("2026_xl") else "xl"
-    analysis = results.table(name).set_index("strategy")
+    measured = _for_handout(results.table("fsdp_runs"), "2026", lambda rows: (rows.status == "ok").any()) \
+        if results.has("fsdp_runs") else _Rows(pd.DataFrame(), None)
+    setup = _fsdp_setup(results, measured.size)
+    # The analysis of both XL models (a size column); runs before it kept the 2026 xl's in a table of its own.
+    analysis = results.table("fsdp_analysis_memory")
+    if "size" in analysis:
+        pick = _for_handout(analysis, "2026")
+        analysis, model = pick.rows, pick.size
+    elif results.has("fsdp_analysis_memory_2026_xl"):
+        analysis, model = results.table("fsdp_analysis_memory_2026_xl"), XL_2026
+    else:
+        model = "xl"
+    analysis = analysis.set_index("strategy")
     ddp, sharded = analysis.loc["ddp"], analysis.loc["fsdp"]
     params = ddp.parameters_GB * 1e9 / 4
     world = round(ddp.parameters_GB / (sharded.parameters_GB - 0)) if sharded.parameters_GB else setup.world_size
@@ -880,7 +992,7 @@ def fsdp_expected_saving(results: Results) -> Answer:
         columns={"label": "strategy", "parameters_GB": "weights (GB)", "gradients_GB": "gradients (GB)",
                  "optimizer_state_GB": "AdamW state (GB)", "total_GB": "total per rank (GB)"}).round(2)
     caveats = []
-    if model != XL_2026:
+    if not _is_xl(model, "2026"):
         caveats.append(f"The 2026 handout's standard model is its xl ({_model_shape(XL_2026)}); this run's analysis is "
                        f"for {_model_phrase(model, params)}.")
     if not setup.on_gpus:
@@ -890,7 +1002,72 @@ def fsdp_expected_saving(results: Results) -> Answer:
 
 @builds("fsdp_accounting.b")
 def fsdp_gather_timing(results: Results) -> Answer:
-    """What the profiled forward pass shows about the all-gathers' timing (figure)."""
+    """Whether the forward all-gathers keep pace with compute, from profiled forward passes (figure)."""
+    if not results.has("fsdp_forward_profiles"):
+        return _gather_timing_of_one_step(results)
+    pick = _for_handout(results.table("fsdp_forward_profiles"), "2026", lambda rows: rows["shown"].astype(bool).any())
+    profiles = pick.rows
+    if not profiles["shown"].astype(bool).any():
+        raise NotAnswered("no forward pass could be profiled in this run")
+    p = profiles[profiles["shown"].astype(bool)].iloc[0]
+    setup = _fsdp_setup(results, pick.size)
+    t = results.table("fsdp_forward_gathers")
+    late = t[~t.in_time & t.gather_found]
+    shape = f"{_sequences(p.batch_per_rank)} of {int(p.context_length)} tokens per rank"
+    gpu = pd.notna(p.busy_fraction)
+    text = (f"Forward passes of {_model_name(pick.size or setup.size)} with FSDP in {p.compute_dtype} were profiled on rank 0 of "
+            f"{setup.ranks}, without gradients (torch.no_grad: FSDP's hooks gather and prefetch as in training"
+            + (", and a batch large enough to keep the GPU busy fits). " if gpu else "). "))
+    figure = results.figure("fsdp_profiler_timeline")
+    caveat = "The timeline is drawn from a torch.profiler trace, not an Nsight Systems screenshot."
+    if not gpu:
+        text += (f"At {shape}, {int(p.gathers_in_time)} of the {int(p.gathers)} forward all-gathers finished before "
+                 f"their module's forward needed the weight; a gather counts as late when its wait blocked"
+                 + (f", and {len(late)} did, by {_ms(late.exposed_ms.sum())} in all." if len(late) else "."))
+        caveat = f"On the CPU (gloo) the gathers are timed by the host's waits, not by GPU kernels. {caveat}"
+        return Answer(text=text, figure=figure, caveat=f"{caveat} {_run_caveat(setup, '2026', pick.xl_failed)}".strip())
+    threshold = float(p.busy_threshold)
+    text += (f"At {shape} the GPU was busy {pct(p.busy_fraction, 0)} of the {_ms(p.forward_ms)} forward (the union of its "
+             f"compute kernels over the pass's span on the GPU clock)"
+             + (", so the GPU, not the host, set the pace. " if p.gpu_bound else
+                f", below the {pct(threshold, 0)} from which this report counts a pass as paced by the GPU. ")
+             + f"Its {int(p.gathers)} all-gathers kept the NCCL stream busy {_ms(p.gather_ms)}, {pct(p.hidden_fraction)} of "
+             f"it while a compute kernel ran on the other stream, which leaves {_ms(p.exposed_ms)} of communication "
+             f"exposed ({pct(p.exposed_ms / p.forward_ms)} of the forward); {int(p.gathers_in_time)} of the "
+             f"{int(p.gathers)} gathers finished before their module's first kernel"
+             + (f" and {len(late)} {'was' if len(late) == 1 else 'were'} late by {_ms(late.exposed_ms.sum())} in all"
+                if len(late) else "") + ". ")
+    if p.gpu_bound:
+        # exposed: the GPU only communicated; under 5% of the pass, the gathers cost the forward little
+        if p.exposed_ms < 0.05 * p.forward_ms:
+            text += ("So the all-gathers overlap compute and finish in time: communication does not hold up the forward pass."
+                     if p.hidden_fraction >= 0.5 else
+                     "So the all-gathers finish in time, though mostly while the compute stream was between kernels "
+                     "rather than beside compute.")
+        else:
+            text += (f"So communication does not keep pace with compute: for {pct(p.exposed_ms / p.forward_ms)} of the "
+                     "forward pass the GPU does nothing but gather weights.")
+    else:
+        text += (f"With the GPU idle {pct(1 - p.busy_fraction, 0)} of the pass, the gathers could run in its idle time: this "
+                 "profile shows that they are issued early enough, not whether they keep pace with compute.")
+        caveat += (f" Even the busiest forward profiled kept the GPU busy only {pct(p.busy_fraction, 0)} of the time, so "
+                   "it cannot show whether the gathers would keep pace with a compute-bound forward pass.")
+    smaller = profiles[(profiles.status == "ok") & (profiles.batch_per_rank < p.batch_per_rank) & profiles.busy_fraction.notna()]
+    if len(smaller):
+        s0 = smaller.iloc[0]
+        text += (f" At {_sequences(s0.batch_per_rank)} per rank the same forward kept the GPU busy only "
+                 f"{pct(s0.busy_fraction, 0)} of {_ms(s0.forward_ms)}"
+                 + (": there the GPU spent most of the pass waiting for the host's hooks and kernel launches."
+                    if s0.busy_fraction < 0.5 else "."))
+    return Answer(text=text, figure=figure, caveat=f"{caveat} {_run_caveat(setup, '2026', pick.xl_failed)}".strip())
+
+
+def _sequences(n: float) -> str:
+    return f"{int(n)} sequence{'s' * (int(n) != 1)}"
+
+
+def _gather_timing_of_one_step(results: Results) -> Answer:
+    """Runs that profiled one training step at the training batch (no forward profiles table)."""
     t = results.table("fsdp_forward_gathers")
     setup = _fsdp_setup(results)
     timed = t[t.gather_found]
