@@ -87,6 +87,11 @@ def step_flops(size: str, batch: int, context: int, mode: str) -> float:
     return forward_flops(config, batch, context) * (1 if mode == "forward" else 3)
 
 
+def size_flops(size: str) -> float:
+    """Orders sizes by their FLOPs per token."""
+    return step_flops(size, 1, 1, "forward")
+
+
 def layer_bound(rows: pd.DataFrame) -> pd.DataFrame | None:
     """The smallest sizes (at least MIN_POINTS) whose time per layer stays within LAYER_SPREAD while their
     FLOPs per layer spread at least FLOP_SPREAD: timed by kernel launches, not FLOPs. Columns: size, ms,
@@ -299,7 +304,7 @@ def _size_inversion(at: pd.DataFrame, name) -> str:
     order = {"forward-backward": 0, "forward": 1, "train-step": 2}
     groups = sorted(at.groupby(["precision", "mode"], sort=False), key=lambda kv: order.get(kv[0][1], 3))
     for (precision, mode), g in groups:
-        g = g.sort_values("size", key=lambda sizes: sizes.map(_size_flops))
+        g = g.sort_values("size", key=lambda sizes: sizes.map(size_flops))
         for a, b in zip(g.itertuples(), g.iloc[1:].itertuples()):
             if b.mean_ms >= a.mean_ms or LAUNCH_BOUND not in (a.regime, b.regime) or a.graphed_ms != a.graphed_ms \
                     or b.graphed_ms != b.graphed_ms:

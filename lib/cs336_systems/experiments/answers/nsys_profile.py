@@ -17,7 +17,7 @@ import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds_each_handout
 from cs336_systems.experiments.answers.benchmarking import (
-    NB_PROFILE, cpu_caveat, join_caveats, layers, machine, naming_2026, size_2026, size_label, span, step_flops,
+    NB_PROFILE, cpu_caveat, join_caveats, layers, machine, naming_2026, size_2026, size_flops, size_label, span,
 )
 from cs336_systems.experiments.answers.words import and_join, pct
 from cs336_systems.model import handout_name
@@ -51,7 +51,7 @@ class Search:
 
     @property
     def sizes(self) -> list[str]:
-        return sorted(self.table["size"], key=_size_flops)
+        return sorted(self.table["size"], key=size_flops)
 
     def fits(self, size: str) -> list[int]:
         """The contexts at which the size's whole training step fits, ascending."""
@@ -97,7 +97,7 @@ def _select_without_search(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """A run that did not search for the longest context: the smallest and the largest 2026 size of the run at
     the contexts above 128, and a caveat saying how it departs from the handout."""
     sizes = [s for s in dict.fromkeys(df["size"]) if size_2026(s)]
-    chosen = sizes if len(sizes) <= 2 else [min(sizes, key=_size_flops), max(sizes, key=_size_flops)]
+    chosen = sizes if len(sizes) <= 2 else [min(sizes, key=size_flops), max(sizes, key=size_flops)]
     if not chosen:
         chosen = list(dict.fromkeys(df["size"]))
     contexts = sorted(c for c in set(df.context_length) if c > 128) or sorted(set(df.context_length))
@@ -112,11 +112,6 @@ def _select_without_search(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     caveat += " It did not look for the longest context that fits."
     caveat = join_caveats(caveat, naming_2026(chosen))
     return sel, caveat
-
-
-def _size_flops(size: str) -> float:
-    """Orders sizes by their FLOPs per token."""
-    return step_flops(size, 1, 1, "forward")
 
 
 def _detail(results: Results, handout: str = "2025") -> tuple[str, int] | None:
@@ -201,15 +196,18 @@ def _nsys_a(results: Results, handout: str) -> Answer:
             f"configurations the profiled time is {span(both.ratio)}× the Python timer's")
     table_cols = {"size": "size", "context_length": "context", "harness_ms": "Python timer (ms)",
                   "harness_std_ms": "Python timer std (ms)", device_col: "profiled forward (ms)", "ratio": "profiled / timer"}
+    def configurations(n: int) -> str:
+        return f"{n} configuration" + ("" if n == 1 else "s")
+
     if gpu:
         fwd = runs[runs["mode"] == "forward"][["size", "context_length", "forward_compute_ms", "forward_gpu_span_ms"]]
         both = both.merge(fwd.rename(columns={"forward_gpu_span_ms": "_span"}), on=["size", "context_length"], how="left")
         both["busy"] = both.forward_compute_ms / both._span
         busy, idle = both[both.busy >= BUSY], both[both.busy < BUSY]
         if len(busy) and len(idle):
-            text += (f": where the kernels fill at least {BUSY:.0%} of the forward's span ({len(busy)} configurations) "
+            text += (f": where the kernels fill at least {BUSY:.0%} of the forward's span ({configurations(len(busy))}) "
                      f"the two agree to {span(busy.ratio)}×, while where the GPU waits between kernels for the CPU to "
-                     f"launch them (kernels {span(100 * idle.busy, '{:.0f}', '%')} of the span, {len(idle)} configurations) "
+                     f"launch them (kernels {span(100 * idle.busy, '{:.0f}', '%')} of the span, {configurations(len(idle))}) "
                      f"the profile runs {span(idle.ratio)}× the timer's time: the profiler's own cost per launch "
                      f"lengthens those gaps.")
         else:
