@@ -65,7 +65,12 @@ import pandas as pd
 from cs336_systems.benchmarking import BenchmarkConfig, sweep, with_predicted_memory
 from cs336_systems.experiments.answers import give
 from cs336_systems.profiling.profile_sweep import (
-    combine, context_ladder, longest_contexts, matmul_shares, profile_sweep, top_kernels,
+    combine,
+    context_ladder,
+    longest_contexts,
+    matmul_shares,
+    profile_sweep,
+    top_kernels,
 )
 from cs336_systems.profiling.timeline import CATEGORY_COLORS, plot_timeline, range_span
 from cs336_systems.profiling.trace import load_trace, range_instances

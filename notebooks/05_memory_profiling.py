@@ -47,14 +47,18 @@ import pandas as pd
 
 from cs336_systems.accounting.memory import describe_size, memory_estimate, residual_stream_bytes
 from cs336_systems.benchmarking import BenchmarkConfig, grid, with_predicted_memory
+from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.answers.memory import timeline_contexts
 from cs336_systems.profiling.memory import (
-    largest_allocations, load_snapshot, phase_peaks, plot_active_memory, snapshot_allocations,
+    largest_allocations,
+    load_snapshot,
+    phase_peaks,
+    plot_active_memory,
+    snapshot_allocations,
 )
 from cs336_systems.profiling.memory_snapshots import plot_timelines, record_snapshots, snapshot_table
 from cs336_systems.profiling.peak_memory import measure_peak_memory
 from cs336_systems.profiling.saved_tensors import block_memory
-from cs336_systems.experiments.answers import give
-from cs336_systems.experiments.answers.memory import timeline_contexts
 from cs336_systems.report.environment import repo_root
 
 MIB, GIB = 2**20, 2**30

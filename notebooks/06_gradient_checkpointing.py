@@ -52,13 +52,13 @@ import math
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.ticker import NullFormatter, ScalarFormatter
 import seaborn as sns
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from cs336_systems.accounting.memory import block_saved_tensors, memory_estimate, residual_stream_bytes
 from cs336_systems.benchmarking import BenchmarkConfig
-from cs336_systems.experiments.checkpointing import CheckpointedLM, strategy_costs
 from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.checkpointing import CheckpointedLM, strategy_costs
 from cs336_systems.profiling.peak_memory import measure_peak_memory
 
 MIB, GIB = 2**20, 2**30
@@ -126,7 +126,7 @@ ctx.md(
     f"From N = {lo} to N = {hi} blocks ({hi // lo}× deeper), peak activation memory grows "
     + ", ".join(f"{grow.loc[hi, s] / grow.loc[lo, s]:.2f}× with **{s}**" for s in ["none", "every", "binary", "chain"])
     + f" (√ of the depth ratio is {math.sqrt(hi / lo):.2f}, log₂N goes from {math.log2(lo):.0f} to {math.log2(hi):.0f}); "
-    + f"block forwards grow " + ", ".join(f"{work.loc[hi, s] / work.loc[lo, s]:.1f}× with {s}" for s in ["none", "every", "binary", "chain"])
+    + "block forwards grow " + ", ".join(f"{work.loc[hi, s] / work.loc[lo, s]:.1f}× with {s}" for s in ["none", "every", "binary", "chain"])
     + f". At N = {hi}, chain nesting needs {grow.loc[hi, 'chain'] / grow.loc[hi, 'none']:.1%} of the memory of no "
     f"checkpointing for {work.loc[hi, 'chain'] / work.loc[hi, 'none']:.0f}× the forwards."
 )

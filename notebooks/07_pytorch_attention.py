@@ -50,7 +50,13 @@ import seaborn as sns
 import torch
 
 from cs336_systems.experiments.answers import give
-from cs336_systems.experiments.attention_benchmark import MiB, attention_sweep, naive_attention_memory, quadratic_fit, seq_len_axis
+from cs336_systems.experiments.attention_benchmark import (
+    MiB,
+    attention_sweep,
+    naive_attention_memory,
+    quadratic_fit,
+    seq_len_axis,
+)
 from cs336_systems.report.tables import fmt_ms
 
 budget_bytes = None if memory_budget_mib is None else int(memory_budget_mib * MiB)

@@ -177,7 +177,12 @@ import torch
 
 from cs336_systems.benchmarking import BenchmarkConfig
 from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
-from cs336_systems.benchmarking.compiled import best_versus_llama, compile_comparison, optimizer_comparison, step_phase_table
+from cs336_systems.benchmarking.compiled import (
+    best_versus_llama,
+    compile_comparison,
+    optimizer_comparison,
+    step_phase_table,
+)
 from cs336_systems.benchmarking.llama_reference import transformers_available
 from cs336_systems.report.tables import fmt_ms
 

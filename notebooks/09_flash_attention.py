@@ -52,15 +52,15 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton
-from cs336_systems.attention.reference import TOLERANCE
-from cs336_systems.experiments.attention_benchmark import accuracy_table, peak_memory_sweep, seq_len_axis
-from cs336_systems.attention.pytorch import flash_backward_reference, flash_forward_tiles
-from cs336_systems.attention.launch.layout import kernels_interpreted
 from cs336_systems.attention.api import flash_attention_triton
 from cs336_systems.attention.kernels.triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.kernels.triton_forward import flash_fwd_kernel
+from cs336_systems.attention.launch.layout import kernels_interpreted
 from cs336_systems.attention.naive import naive_attention
+from cs336_systems.attention.pytorch import flash_backward_reference, flash_forward_tiles
+from cs336_systems.attention.reference import TOLERANCE
 from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.attention_benchmark import accuracy_table, peak_memory_sweep, seq_len_axis
 
 FlashAttentionTriton.tiles = triton_tiles
 FlashAttentionPytorch.compile_backward = compile_backward

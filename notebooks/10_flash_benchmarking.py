@@ -56,17 +56,16 @@ ceiling_n = ctx.pick(ceiling_n, cpu=512, gpu=8192)
 rounds = ctx.pick(rounds, cpu=1, gpu=3)
 
 # %%
-import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from cs336_systems.experiments.answers import give
-from cs336_systems.experiments.answers.attention import span as ratio_span
-from cs336_systems.experiments.attention_benchmark import seq_len_axis
 from cs336_systems.attention.reference import TOLERANCE
 from cs336_systems.benchmarking.attention_registry import IMPLEMENTATIONS
 from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
 from cs336_systems.benchmarking.timing import TimingSettings
+from cs336_systems.experiments.answers import give
+from cs336_systems.experiments.answers.attention import span as ratio_span
+from cs336_systems.experiments.attention_benchmark import seq_len_axis
 from cs336_systems.experiments.flash_benchmark import (
     IMPL_LABELS,
     compare_latencies,

@@ -38,8 +38,6 @@ tune = None             # tune our kernels for this configuration first, in a fr
 # %%
 import os
 
-import torch
-
 from cs336_systems.report import resolve_profile, setup_notebook
 
 if resolve_profile(profile) == "cpu":
@@ -57,20 +55,20 @@ import pandas as pd
 
 from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
 from cs336_systems.benchmarking.timing import TimingSettings
+from cs336_systems.experiments.answers import give
 from cs336_systems.experiments.flash_leaderboard import (
     CPU_SCALED_DOWN,
     CPU_SCALED_DOWN_2026,
     LEADERBOARD,
     LEADERBOARD_2026,
     LEADERBOARD_2026_BARS,
+    clock_text,
     floors,
     leaderboard_bars,
-    clock_text,
     leaderboard_table,
     measure_copy_bandwidth,
     read_tuning_record,
 )
-from cs336_systems.experiments.answers import give
 from cs336_systems.report.environment import repo_root
 from cs336_systems.report.tables import fmt_ms
 

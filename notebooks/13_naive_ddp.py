@@ -46,12 +46,17 @@ later_warmup = ctx.pick(later_warmup, cpu=warmup, gpu=2)
 later_steps = ctx.pick(later_steps, cpu=steps, gpu=6)
 
 # %%
+from cs336_systems.distributed.launch import resolve_backend
 from cs336_systems.experiments.ddp_benchmark import (
-    DDPBenchmarkConfig, benchmark_ddp_sizes, describe_setup, format_bytes, per_size, plot_step_breakdown,
+    DDPBenchmarkConfig,
+    benchmark_ddp_sizes,
+    describe_setup,
+    format_bytes,
+    per_size,
+    plot_step_breakdown,
 )
 from cs336_systems.experiments.ddp_equivalence import check_equivalence, summarize_equivalence
 from cs336_systems.experiments.ddp_flavours import expand_flavours
-from cs336_systems.distributed.launch import resolve_backend
 
 backend = resolve_backend("auto", world_size)
 if ctx.profile == "gpu" and backend != "nccl":

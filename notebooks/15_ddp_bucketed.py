@@ -67,14 +67,20 @@ scaling_world_sizes = ctx.pick(scaling_world_sizes, cpu=[2, 4], gpu=[2, 4, 8])
 # %%
 import numpy as np
 
+from cs336_systems.distributed.launch import nccl_cta_limit_supported, resolve_backend
 from cs336_systems.experiments.ddp_benchmark import (
-    DDPBenchmarkConfig, benchmark_ddp, describe_setup, describe_stream_priority_effect, format_bytes, plot_bucket_sweep,
-    plot_step_breakdown, stream_priority_effect,
+    DDPBenchmarkConfig,
+    benchmark_ddp,
+    describe_setup,
+    describe_stream_priority_effect,
+    format_bytes,
+    plot_bucket_sweep,
+    plot_step_breakdown,
+    stream_priority_effect,
 )
 from cs336_systems.experiments.ddp_equivalence import check_equivalence, summarize_equivalence
 from cs336_systems.experiments.ddp_flavours import FLAVOURS, expand_flavours, flavour_of
 from cs336_systems.experiments.ddp_overhead_model import fit_overhead, latex_equations, plot_overhead_fit
-from cs336_systems.distributed.launch import nccl_cta_limit_supported, resolve_backend
 
 backend = resolve_backend("auto", world_size)
 if ctx.profile == "gpu" and backend != "nccl":

@@ -58,7 +58,13 @@ unit = ctx.pick(None, cpu="MB", gpu="GB")
 from cs336_systems.distributed.launch import resolve_backend
 from cs336_systems.experiments.ddp_benchmark import per_size
 from cs336_systems.experiments.sharding_benchmark import (
-    ShardingBenchmarkConfig, analysis_tables, breakdown_table, plot_breakdown, plot_step_times, run_setup, run_sharding_benchmark,
+    ShardingBenchmarkConfig,
+    analysis_tables,
+    breakdown_table,
+    plot_breakdown,
+    plot_step_times,
+    run_setup,
+    run_sharding_benchmark,
 )
 
 backend = resolve_backend("auto", world_size)

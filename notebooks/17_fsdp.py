@@ -68,7 +68,11 @@ profile_batches = ctx.pick(profile_batches, cpu=[2], gpu=[2, 16, 64, 128])
 from cs336_systems.distributed.launch import resolve_backend
 from cs336_systems.experiments.ddp_benchmark import per_size
 from cs336_systems.experiments.fsdp_benchmark import (
-    FSDPBenchmarkConfig, expected_saving, measured_saving, plot_runs, run_fsdp_benchmark,
+    FSDPBenchmarkConfig,
+    expected_saving,
+    measured_saving,
+    plot_runs,
+    run_fsdp_benchmark,
 )
 from cs336_systems.experiments.fsdp_timeline import forward_gather_timing, plot_gather_schedule, summarize_profiles
 from cs336_systems.experiments.sharding_benchmark import analysis_tables, run_setup

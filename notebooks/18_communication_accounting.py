@@ -38,11 +38,27 @@ import pandas as pd
 import sympy as sp
 
 from cs336_systems.accounting.ffn_stack import (
-    GB, GiB, H100, TPU_V5P, XXL, FFNStack, devices_table, fsdp_devices_to_fit, fsdp_fit_table, fsdp_memory_per_device,
-    stack_memory_per_device, stack_saved_activation_bytes, training_state_bytes, training_state_table,
+    GB,
+    H100,
+    TPU_V5P,
+    XXL,
+    FFNStack,
+    devices_table,
+    fsdp_devices_to_fit,
+    fsdp_fit_table,
+    fsdp_memory_per_device,
+    stack_memory_per_device,
+    stack_saved_activation_bytes,
+    training_state_bytes,
+    training_state_table,
 )
 from cs336_systems.accounting.mesh import (
-    mesh_batch_table, mesh_best_split, mesh_forward_times, mesh_max_tp, mesh_min_batch, mesh_times_table,
+    mesh_batch_table,
+    mesh_best_split,
+    mesh_forward_times,
+    mesh_max_tp,
+    mesh_min_batch,
+    mesh_times_table,
 )
 from cs336_systems.accounting.symbolic import latex_equation
 from cs336_systems.experiments.answers import give

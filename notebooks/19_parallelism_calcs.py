@@ -44,8 +44,17 @@ import sympy as sp
 
 from cs336_systems.accounting.ffn_stack import H100, XXL
 from cs336_systems.accounting.parallelism import (
-    B, C, D, D_FF, W, best_fsdp_tp_split, ffn_weight_bytes, fsdp_tp_max_devices_overlapped,
-    fsdp_tp_max_devices_shared, fsdp_tp_split_table, leading_term,
+    D_FF,
+    B,
+    C,
+    D,
+    W,
+    best_fsdp_tp_split,
+    ffn_weight_bytes,
+    fsdp_tp_max_devices_overlapped,
+    fsdp_tp_max_devices_shared,
+    fsdp_tp_split_table,
+    leading_term,
 )
 from cs336_systems.accounting.parallelism_answers import Example, answers_markdown, parallelism_answers
 from cs336_systems.accounting.rings import ring_simulation_table

@@ -273,8 +273,12 @@ ctx.md(f"After {curve_steps} steps the plain reference's loss is {plain:.4f}; "
 # at the scaled-down size, to show it runs and agrees.
 
 # %%
-from cs336_systems.experiments.leaderboard_8b_record import (data_parallel_check, scaled_down_model, torchrun_step,
-                                                             two_gpu_profile)
+from cs336_systems.experiments.leaderboard_8b_record import (
+    data_parallel_check,
+    scaled_down_model,
+    torchrun_step,
+    two_gpu_profile,
+)
 from cs336_systems.training import StepConfig
 
 ctx.md("Per rank: " + "; ".join(

@@ -7,7 +7,6 @@ job in other processes; `make test-fast` leaves both out, `make test` (CI) runs 
 import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -7,8 +7,8 @@ import sympy as sp
 import torch
 
 from cs336_systems.accounting import ffn_stack, mesh, parallelism, rings, sharded_ffn
-from cs336_systems.accounting.ffn_stack import GB, GiB, TPU_V5P, XXL
-from cs336_systems.accounting.parallelism import B, C, D, D_FF, W
+from cs336_systems.accounting.ffn_stack import GB, TPU_V5P, XXL, GiB
+from cs336_systems.accounting.parallelism import D_FF, B, C, D, W
 
 S, N = sp.symbols("S N", positive=True)
 
@@ -80,10 +80,16 @@ def test_mesh_symbolic_forms_and_best_split():
     assert sp.simplify(mesh.mesh_max_tp(F, Cs, Wi, MY) - MY * F * Wi / Cs) == 0
     best = mesh.mesh_best_split(Ns, F, Cs, Wi, MX, MY)
     assert sp.simplify(best["batch"] - Ns * Cs**2 / (MX * MY * F * Wi**2)) == 0
-    table = mesh.mesh_batch_table(16384, 53248, 4.6e14, 1.8e11, [
-        dict(name="fp8", x=16, y=4, m_x=2, m_y=1, bytes_per_value=1),
-        dict(name="too much TP", x=1, y=64, m_x=1, m_y=1),
-    ]).set_index("layout")
+    table = mesh.mesh_batch_table(
+        16384,
+        53248,
+        4.6e14,
+        1.8e11,
+        [
+            dict(name="fp8", x=16, y=4, m_x=2, m_y=1, bytes_per_value=1),
+            dict(name="too much TP", x=1, y=64, m_x=1, m_y=1),
+        ],
+    ).set_index("layout")
     assert table.loc["fp8", "min_global_batch"] == pytest.approx(16 * 4.6e14 / (2 * 1.8e11) / 2)
     assert not table.loc["too much TP", "tp_compute_bound"] and table.loc["too much TP", "min_global_batch"] == math.inf
 
@@ -146,7 +152,9 @@ def test_ring_simulation_table_agrees_and_bad_inputs_fail():
 
 def test_ffn_flops_match_the_flop_counter_unsharded():
     b, d, f = 5, 7, 11
-    forward, backward = sharded_ffn.counted_flops(torch.randn(b, d), torch.randn(d, f), torch.randn(d, f), torch.randn(f, d))
+    forward, backward = sharded_ffn.counted_flops(
+        torch.randn(b, d), torch.randn(d, f), torch.randn(d, f), torch.randn(f, d)
+    )
     assert forward == parallelism.ffn_forward_flops(b, d, f) == 6 * b * d * f
     assert backward == parallelism.ffn_backward_flops(b, d, f) == 12 * b * d * f
 
@@ -162,8 +170,10 @@ def test_per_device_flops_match_the_flop_counter(n):
 
 def test_tensor_parallel_passes_match_autograd():
     gen = torch.Generator().manual_seed(0)
-    x, w1, w2, w3 = (torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
-                     for s in [(6, 8), (8, 12), (8, 12), (12, 8)])
+    x, w1, w2, w3 = (
+        torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
+        for s in [(6, 8), (8, 12), (8, 12), (12, 8)]
+    )
     y = sharded_ffn.ffn(x, w1, w2, w3)
     dy = torch.randn(y.shape, generator=gen, dtype=torch.float64)
     y.backward(dy)
@@ -192,7 +202,9 @@ def test_communication_times_symbolically():
     n = sp.Symbol("N", positive=True)
     assert sp.simplify(parallelism.dp_backward_comm_time(D, D_FF, n, W) - 12 * (n - 1) * D * D_FF / (n * W)) == 0
     assert sp.simplify(parallelism.fsdp_comm_time(D, D_FF, n, W) - 12 * (n - 1) * D * D_FF / (n * W)) == 0
-    assert sp.simplify(parallelism.fsdp_comm_time(D, D_FF, n, W, backward=False) - 6 * (n - 1) * D * D_FF / (n * W)) == 0
+    assert (
+        sp.simplify(parallelism.fsdp_comm_time(D, D_FF, n, W, backward=False) - 6 * (n - 1) * D * D_FF / (n * W)) == 0
+    )
     assert sp.simplify(parallelism.tp_comm_time(B, D, n, W) - 4 * (n - 1) * B * D / (n * W)) == 0
     f, t = sp.symbols("f t", positive=True)
     fsdp, tp = parallelism.fsdp_tp_forward_comm_times(B, D, D_FF, f, t, W)
@@ -223,8 +235,10 @@ def test_numeric_limits_sit_where_compute_equals_communication():
     assert compute == pytest.approx(parallelism.dp_backward_comm_time(a["d_model"], a["d_ff"], n, a["bandwidth"]))
     n = parallelism.tp_max_devices(**a, backward=False)
     above = n + 1
-    assert (parallelism.tp_comm_time(a["batch"], a["d_model"], above, a["bandwidth"])
-            > parallelism.tp_flops(a["batch"], a["d_model"], a["d_ff"], above, backward=False) / a["flops_per_s"])
+    assert (
+        parallelism.tp_comm_time(a["batch"], a["d_model"], above, a["bandwidth"])
+        > parallelism.tp_flops(a["batch"], a["d_model"], a["d_ff"], above, backward=False) / a["flops_per_s"]
+    )
 
 
 def _compute_bound(f, t, shared):
@@ -240,7 +254,9 @@ def test_best_integer_split_matches_brute_force(shared):
     brute = max(f * t for f in range(1, 200) for t in range(1, 100) if _compute_bound(f, t, shared))
     assert best["n"] == best["n_fsdp"] * best["n_tp"] == brute
     assert _compute_bound(best["n_fsdp"], best["n_tp"], shared)
-    limit = (parallelism.fsdp_tp_max_devices_shared if shared else parallelism.fsdp_tp_max_devices_overlapped)(**ARGS)[2]
+    limit = (parallelism.fsdp_tp_max_devices_shared if shared else parallelism.fsdp_tp_max_devices_overlapped)(**ARGS)[
+        2
+    ]
     assert brute <= limit
 
 
@@ -255,11 +271,17 @@ def test_shared_optimum_beats_nearby_real_splits():
 def test_answer_table_covers_every_problem_with_formula_and_number():
     from cs336_systems.accounting.parallelism_answers import Example, answers_markdown, parallelism_answers
 
-    ex = Example(batch=60, d_model=8, d_ff=28, n_devices=4, n_fsdp=4, n_tp=2, flops_per_s=1.0, bandwidth=1.1,
-                 ring_bytes=1000.0)
+    ex = Example(
+        batch=60, d_model=8, d_ff=28, n_devices=4, n_fsdp=4, n_tp=2, flops_per_s=1.0, bandwidth=1.1, ring_bytes=1000.0
+    )
     answers = parallelism_answers(ex)
-    assert set(answers.problem) == {"alternate_ring_all_reduce", "data_parallel_calcs", "fsdp_calcs", "tp_calcs",
-                                    "fsdp_tp_calcs"}
+    assert set(answers.problem) == {
+        "alternate_ring_all_reduce",
+        "data_parallel_calcs",
+        "fsdp_calcs",
+        "tp_calcs",
+        "fsdp_tp_calcs",
+    }
     rows = answers.set_index(["problem", "part", "quantity"])
     assert rows.loc[("alternate_ring_all_reduce", "", "time"), "value"] == pytest.approx(3 * 1000 / 1.1)
     assert rows.loc[("data_parallel_calcs", "a", "backward FLOPs per device"), "value"] == 12 * 60 * 8 * 28 / 4

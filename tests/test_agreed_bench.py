@@ -59,8 +59,9 @@ def test_call_counts_are_do_bench_s():
 def test_one_process_is_do_bench_s_algorithm():
     step, calls = counted_step(10.0)
     flushes = []
-    ms = do_bench_agreed(step, warmup=25, rep=100, device_interface=PerfCounterDevice,
-                         clear_cache=lambda: flushes.append(1))
+    ms = do_bench_agreed(
+        step, warmup=25, rep=100, device_interface=PerfCounterDevice, clear_cache=lambda: flushes.append(1)
+    )
     n_warmup, n_repeat = call_counts(ms, 25, 100)
     # one call, 5 for the estimate, then warm-up and timed calls; the L2 flushed before each estimated and timed call
     assert len(calls) == 1 + 5 + n_warmup + n_repeat

@@ -17,8 +17,16 @@ from cs336_systems.report.writeup import jargon
 
 GPU_RESULTS = Path(__file__).resolve().parents[1] / "reports" / "gpu" / "results"
 KEYS = [
-    "pytorch_attention.a", "torch_compile.a", "torch_compile.b", "torch_compile.b.2026", "flash_forward.a",
-    "flash_forward.b", "flash_forward.c", "flash_backward", "flash_benchmarking.a", "leaderboard",
+    "pytorch_attention.a",
+    "torch_compile.a",
+    "torch_compile.b",
+    "torch_compile.b.2026",
+    "flash_forward.a",
+    "flash_forward.b",
+    "flash_forward.c",
+    "flash_backward",
+    "flash_benchmarking.a",
+    "leaderboard",
 ]
 H100 = "1 × NVIDIA H100 80GB HBM3 (79 GiB, 132 SMs)"
 
@@ -38,7 +46,9 @@ def test_leaderboard_states_both_shapes_against_cudnn_and_flash():
     answer = build("leaderboard", Results(GPU_RESULTS))
     lb = pd.read_csv(GPU_RESULTS / "leaderboard.csv").set_index("impl")
     assert f"{lb.loc['triton'].fwd_bwd_mean_ms:.2f} ms" in answer.text
-    assert f"ours / cuDNN = {lb.loc['triton'].fwd_bwd_mean_ms / lb.loc['sdpa_cudnn'].fwd_bwd_mean_ms:.2f}×" in answer.text
+    assert (
+        f"ours / cuDNN = {lb.loc['triton'].fwd_bwd_mean_ms / lb.loc['sdpa_cudnn'].fwd_bwd_mean_ms:.2f}×" in answer.text
+    )
     assert "N = 16,384, d = 64" in answer.text and "N = 32,768, d = 128" in answer.text
     assert "H200" in answer.caveat
 
@@ -63,17 +73,33 @@ def _results(tmp_path: Path, tables: dict[str, pd.DataFrame], machine: str = H10
     folder.mkdir()
     for name, df in tables.items():
         df.to_csv(folder / f"{name}.csv", index=False)
-    (tmp_path / "runs.json").write_text(json.dumps([
-        {"name": nb, "machine": machine, "status": "ok"}
-        for nb in ("07_pytorch_attention", "08_torch_compile", "10_flash_benchmarking", "11_leaderboard")]))
+    (tmp_path / "runs.json").write_text(
+        json.dumps(
+            [
+                {"name": nb, "machine": machine, "status": "ok"}
+                for nb in ("07_pytorch_attention", "08_torch_compile", "10_flash_benchmarking", "11_leaderboard")
+            ]
+        )
+    )
     return Results(folder)
 
 
 def _compiled_row(d, n, fwd_eager, fwd_compiled, status="ok"):
-    return dict(d_model=d, seq_len=n, status_eager=status, status_compiled=status, forward_ms_eager=fwd_eager,
-                forward_ms_compiled=fwd_compiled, forward_speedup=fwd_eager / fwd_compiled, backward_ms_eager=2.0,
-                backward_ms_compiled=1.0, backward_speedup=2.0, saved_for_backward_mib_eager=3.0,
-                saved_for_backward_mib_compiled=2.0, first_call_ms_compiled=1000.0)
+    return dict(
+        d_model=d,
+        seq_len=n,
+        status_eager=status,
+        status_compiled=status,
+        forward_ms_eager=fwd_eager,
+        forward_ms_compiled=fwd_compiled,
+        forward_speedup=fwd_eager / fwd_compiled,
+        backward_ms_eager=2.0,
+        backward_ms_compiled=1.0,
+        backward_speedup=2.0,
+        saved_for_backward_mib_eager=3.0,
+        saved_for_backward_mib_compiled=2.0,
+        first_call_ms_compiled=1000.0,
+    )
 
 
 def test_two_configurations_give_their_two_values_not_a_median(tmp_path):
@@ -88,9 +114,21 @@ def test_two_configurations_give_their_two_values_not_a_median(tmp_path):
 
 
 def test_saved_memory_growth_is_generated_from_the_sweep(tmp_path):
-    rows = [dict(d_model=16, seq_len=n, status="ok", forward_ms=1.0, forward_std_ms=0.1, backward_ms=2.0,
-                 backward_std_ms=0.1, memory_before_backward_mib=mib + 0.5, saved_for_backward_mib=mib, extended=False)
-            for n, mib in ((256, 6.0), (512, 24.0))]
+    rows = [
+        dict(
+            d_model=16,
+            seq_len=n,
+            status="ok",
+            forward_ms=1.0,
+            forward_std_ms=0.1,
+            backward_ms=2.0,
+            backward_std_ms=0.1,
+            memory_before_backward_mib=mib + 0.5,
+            saved_for_backward_mib=mib,
+            extended=False,
+        )
+        for n, mib in ((256, 6.0), (512, 24.0))
+    ]
     rows.append(dict(d_model=16, seq_len=1024, status="OOM", extended=True))
     answer = build("pytorch_attention.a", _results(tmp_path, {"attention_sweep": pd.DataFrame(rows)}))
     assert "all 2 configurations of the grid ran" in answer.text
@@ -101,8 +139,18 @@ def test_saved_memory_growth_is_generated_from_the_sweep(tmp_path):
 
 def test_leaderboard_ratio_is_ours_over_the_fastest_backend(tmp_path):
     def row(impl, mean, status="ok"):
-        return dict(impl=impl, fwd_ms=mean / 3, bwd_ms=2 * mean / 3, fwd_bwd_ms=mean, tflops=100.0, device="NVIDIA H100",
-                    fwd_bwd_mean_ms=mean, ceiling_fraction=0.5, max_rel_error=0.002, status=status)
+        return dict(
+            impl=impl,
+            fwd_ms=mean / 3,
+            bwd_ms=2 * mean / 3,
+            fwd_bwd_ms=mean,
+            tflops=100.0,
+            device="NVIDIA H100",
+            fwd_bwd_mean_ms=mean,
+            ceiling_fraction=0.5,
+            max_rel_error=0.002,
+            status=status,
+        )
 
     table = pd.DataFrame([row("triton", 4.0), row("sdpa_flash", 8.0), row("sdpa_cudnn", 5.0)])
     answer = build("leaderboard", _results(tmp_path, {"leaderboard": table}))

@@ -16,8 +16,12 @@ from cs336_systems.report.writeup import jargon
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RESULTS = REPO / "reports" / "gpu" / "results"
-NOTEBOOKS = ("01_benchmarking_script", "02_nsys_profile", "03_mixed_precision_accumulation",
-             "04_benchmarking_mixed_precision")
+NOTEBOOKS = (
+    "01_benchmarking_script",
+    "02_nsys_profile",
+    "03_mixed_precision_accumulation",
+    "04_benchmarking_mixed_precision",
+)
 KEYS = sorted({d.answer for d in DELIVERABLES if d.notebook in NOTEBOOKS})
 
 
@@ -44,15 +48,23 @@ def test_gpu_answers_say_when_small_models_are_launch_bound():
 
 
 def _raw(rows: list[tuple], **common) -> pd.DataFrame:
-    base = dict(context_length=256, batch_size=4, precision="fp32", warmup=5, steps=10, status="ok",
-                peak_memory_mib=100.0)
-    return pd.DataFrame([{**base, **common, "size": s, "mode": m, "mean_ms": mean, "std_ms": std} for s, m, mean, std in rows])
+    base = dict(
+        context_length=256, batch_size=4, precision="fp32", warmup=5, steps=10, status="ok", peak_memory_mib=100.0
+    )
+    return pd.DataFrame(
+        [{**base, **common, "size": s, "mode": m, "mean_ms": mean, "std_ms": std} for s, m, mean, std in rows]
+    )
 
 
 def test_timing_numbers_come_from_the_table(tmp_path):
-    _raw([("small", "forward", 12.3456, 0.1), ("small", "forward-backward", 40.0, 0.2),
-          ("2.7B", "forward", 170.0, 0.5), ("2.7B", "forward-backward", 510.0, 1.0)]).to_csv(
-        tmp_path / "by_size_raw.csv", index=False)
+    _raw(
+        [
+            ("small", "forward", 12.3456, 0.1),
+            ("small", "forward-backward", 40.0, 0.2),
+            ("2.7B", "forward", 170.0, 0.5),
+            ("2.7B", "forward-backward", 510.0, 1.0),
+        ]
+    ).to_csv(tmp_path / "by_size_raw.csv", index=False)
     a = build("benchmarking_script.b", Results(tmp_path))
     assert a.answered
     assert "12.35 ms (small)" in a.text and "170 ms (2.7B)" in a.text
@@ -74,11 +86,28 @@ def test_launch_bound_sizes_are_named_when_time_per_layer_is_flat(tmp_path):
 
 
 def test_two_sizes_give_no_trend(tmp_path):
-    rows = [(s, m, ms * (1 if p == "fp32" else f), 0.1, p)
-            for s, ms, f in (("nano", 10.0, 1.3), ("tiny", 20.0, 0.9))
-            for m in ("forward", "forward-backward") for p in ("fp32", "bf16")]
-    raw = pd.DataFrame([dict(size=s, mode=m, mean_ms=ms, std_ms=sd, precision=p, context_length=32, batch_size=4,
-                             status="ok", peak_memory_mib=float("nan")) for s, m, ms, sd, p in rows])
+    rows = [
+        (s, m, ms * (1 if p == "fp32" else f), 0.1, p)
+        for s, ms, f in (("nano", 10.0, 1.3), ("tiny", 20.0, 0.9))
+        for m in ("forward", "forward-backward")
+        for p in ("fp32", "bf16")
+    ]
+    raw = pd.DataFrame(
+        [
+            dict(
+                size=s,
+                mode=m,
+                mean_ms=ms,
+                std_ms=sd,
+                precision=p,
+                context_length=32,
+                batch_size=4,
+                status="ok",
+                peak_memory_mib=float("nan"),
+            )
+            for s, m, ms, sd, p in rows
+        ]
+    )
     raw.to_csv(tmp_path / "precision_raw.csv", index=False)
     a = build("benchmarking_mixed_precision.c", Results(tmp_path))
     assert a.answered
@@ -92,12 +121,16 @@ def test_two_sizes_give_no_trend(tmp_path):
 def test_warmup_words_follow_the_numbers(tmp_path):
     """Words that follow the numbers: 829 and 299 ms are not 'within 5% of' 800 ms, and a first step shorter
     than a steady one is not '0×' of it."""
-    pd.DataFrame([dict(size="nano", warmup=w, steps=4, mean_ms=m, std_ms=s, median_ms=m, min_ms=m)
-                  for w, m, s in ((0, 900.0, 300.0), (1, 829.0, 40.0), (2, 299.0, 30.0), (5, 800.0, 20.0))]).to_csv(
-        tmp_path / "warmup.csv", index=False)
-    pd.DataFrame([dict(warmup=0, step=0, ms=344.0, phase="measured")] +
-                 [dict(warmup=5, step=i, ms=800.0, phase="measured" if i >= 5 else "warm-up") for i in range(9)]).to_csv(
-        tmp_path / "warmup_steps.csv", index=False)
+    pd.DataFrame(
+        [
+            dict(size="nano", warmup=w, steps=4, mean_ms=m, std_ms=s, median_ms=m, min_ms=m)
+            for w, m, s in ((0, 900.0, 300.0), (1, 829.0, 40.0), (2, 299.0, 30.0), (5, 800.0, 20.0))
+        ]
+    ).to_csv(tmp_path / "warmup.csv", index=False)
+    pd.DataFrame(
+        [dict(warmup=0, step=0, ms=344.0, phase="measured")]
+        + [dict(warmup=5, step=i, ms=800.0, phase="measured" if i >= 5 else "warm-up") for i in range(9)]
+    ).to_csv(tmp_path / "warmup_steps.csv", index=False)
     text = build("benchmarking_script.c", Results(tmp_path)).text
     assert "within 5%" not in text and not re.search(r"(?<![\d.])0×", text)
     assert "829 ms and 299 ms, 4% above and 0.37× the 5-step mean" in text
@@ -112,16 +145,24 @@ def test_ratio_words():
 
 
 def test_two_points_are_never_a_launch_bound_group():
-    rows = pd.DataFrame(dict(size=["small", "medium"], ms=[24.0, 48.0],
-                             flops=[step_flops("small", 4, 256, "forward"), step_flops("medium", 4, 256, "forward")]))
+    rows = pd.DataFrame(
+        dict(
+            size=["small", "medium"],
+            ms=[24.0, 48.0],
+            flops=[step_flops("small", 4, 256, "forward"), step_flops("medium", 4, 256, "forward")],
+        )
+    )
     assert layer_bound(rows) is None
 
 
 def test_a_run_no_slower_without_warmup_is_called_noise(tmp_path):
     """A loaded CPU: the run without warm-up faster than the warmed-up one, the 1-step mean far below it."""
-    pd.DataFrame([dict(size="nano", warmup=w, steps=10, mean_ms=m, std_ms=s, median_ms=m, min_ms=m)
-                  for w, m, s in ((0, 887.0, 480.0), (1, 503.0, 200.0), (2, 927.0, 300.0), (5, 1424.0, 508.0))]).to_csv(
-        tmp_path / "warmup.csv", index=False)
+    pd.DataFrame(
+        [
+            dict(size="nano", warmup=w, steps=10, mean_ms=m, std_ms=s, median_ms=m, min_ms=m)
+            for w, m, s in ((0, 887.0, 480.0), (1, 503.0, 200.0), (2, 927.0, 300.0), (5, 1424.0, 508.0))
+        ]
+    ).to_csv(tmp_path / "warmup.csv", index=False)
     text = build("benchmarking_script.c", Results(tmp_path)).text
     assert "a mean 38% below the warmed-up one" in text
     assert "lost in the step-to-step noise" in text and "pays one-time costs" not in text
@@ -134,8 +175,10 @@ def _rows_2026_with_oom(precisions=("fp32",)) -> pd.DataFrame:
     for p in precisions:
         f = 1.0 if p == "fp32" else 0.5
         for size, ms in (("small", 20.0), ("2.7B", 300.0)):
-            rows += [dict(size=size, mode=m, mean_ms=ms * k * f, std_ms=0.1, precision=p, status="ok")
-                     for m, k in (("forward", 1), ("forward-backward", 3), ("train-step", 3.5))]
+            rows += [
+                dict(size=size, mode=m, mean_ms=ms * k * f, std_ms=0.1, precision=p, status="ok")
+                for m, k in (("forward", 1), ("forward-backward", 3), ("train-step", 3.5))
+            ]
         rows += [dict(size="10B", mode="forward", mean_ms=1400.0 * f, std_ms=1.0, precision=p, status="ok")]
         rows += [dict(size="10B", mode=m, precision=p, status="OOM") for m in ("forward-backward", "train-step")]
     common = dict(context_length=512, batch_size=4, warmup=5, steps=10, peak_memory_mib=100.0, device_memory_gib=79.2)
@@ -147,10 +190,15 @@ def test_2026_timing_names_the_optimizer_step_and_the_reason_for_out_of_memory(t
     a = build("benchmarking_script.b.2026", Results(tmp_path))
     assert a.answered and jargon(a.text) == [] and jargon(a.caveat) == []
     assert "training step with AdamW" in a.text and "70.00 ms (small) to 1,050 ms (xl)" in a.text
-    assert "the optimizer step, the training step less the forward+backward, adds 10.00 ms to 150 ms, 14% of the step" in a.text
-    assert ("10B runs out of memory for the forward+backward and training step: the analytic peak of its fp32 training step "
-            "is 206 GiB, of which the parameters, gradients and AdamW state alone take 191 GiB before any activation, more "
-            "than the GPU's 79 GiB; its forward fits (1,400 ms).") in a.text
+    assert (
+        "the optimizer step, the training step less the forward+backward, adds 10.00 ms to 150 ms, 14% of the step"
+        in a.text
+    )
+    assert (
+        "10B runs out of memory for the forward+backward and training step: the analytic peak of its fp32 training step "
+        "is 206 GiB, of which the parameters, gradients and AdamW state alone take 191 GiB before any activation, more "
+        "than the GPU's 79 GiB; its forward fits (1,400 ms)."
+    ) in a.text
     assert "optimizer step is not timed" not in a.caveat and "no 10B" not in a.caveat
     assert "training step (ms)" in a.table and "optimizer step (ms)" in a.table
 
@@ -202,14 +250,19 @@ def _flat_per_layer(context=256, **common) -> pd.DataFrame:
 
 
 def test_the_measured_regime_replaces_the_inference_from_the_table(tmp_path):
-    launch = {("small", 256, "fp32", "forward"): (0.3, 8.0), ("medium", 256, "fp32", "forward"): (0.4, 20.0),
-              ("small", 256, "fp32", "forward-backward"): (0.5, 40.0)}
+    launch = {
+        ("small", 256, "fp32", "forward"): (0.3, 8.0),
+        ("medium", 256, "fp32", "forward"): (0.4, 20.0),
+        ("small", 256, "fp32", "forward-backward"): (0.5, 40.0),
+    }
     _with_probe(_flat_per_layer(), launch).to_csv(tmp_path / "by_size_raw.csv", index=False)
     a = build("benchmarking_script.b", Results(tmp_path))
-    assert ("The profiler and CUDA graphs show these steps launch-bound: the forward of small and medium (the GPU busy "
-            "30–40%; as one CUDA graph 8.00–20.00 ms against 24.00–48.00 ms eager) and the forward+backward of small "
-            "(the GPU busy 50%; as one CUDA graph 40.00 ms against 72.00 ms eager); the other 3 are GPU-bound (the GPU "
-            "busy 95% of the step; as one CUDA graph 1.00× as fast).") in a.text
+    assert (
+        "The profiler and CUDA graphs show these steps launch-bound: the forward of small and medium (the GPU busy "
+        "30–40%; as one CUDA graph 8.00–20.00 ms against 24.00–48.00 ms eager) and the forward+backward of small "
+        "(the GPU busy 50%; as one CUDA graph 40.00 ms against 72.00 ms eager); the other 3 are GPU-bound (the GPU "
+        "busy 95% of the step; as one CUDA graph 1.00× as fast)."
+    ) in a.text
     assert "follows the number of layers" not in a.text  # measured, not inferred
     assert a.text.count(". ") <= 3 and jargon(a.text) == []
     assert list(a.table["forward regime"]) == ["launch-bound", "launch-bound", "GPU-bound"]
@@ -230,23 +283,38 @@ def test_a_forward_faster_at_the_longer_context_is_explained_by_its_graphs(tmp_p
     launch = {("small", 256, "fp32", "forward"): (0.3, 7.0), ("small", 512, "fp32", "forward"): (0.5, 11.0)}
     _with_probe(raw, launch).to_csv(tmp_path / "by_size_raw.csv", index=False)
     text = build("benchmarking_script.b.2026", Results(tmp_path)).text
-    assert ("small's forward is shorter eager at context 512 (22.00 ms) than at 256 (24.00 ms) although its FLOPs grow "
-            "2.08×, while as CUDA graphs it takes 7.00 ms at 256 and 11.00 ms at 512, in the order of its FLOPs") in text
+    assert (
+        "small's forward is shorter eager at context 512 (22.00 ms) than at 256 (24.00 ms) although its FLOPs grow "
+        "2.08×, while as CUDA graphs it takes 7.00 ms at 256 and 11.00 ms at 512, in the order of its FLOPs"
+    ) in text
     assert text.count(". ") <= 3
 
 
 def test_the_precision_answer_measures_the_inversion_and_the_graphed_speed_up(tmp_path):
     """The 48-layer xl's bf16 forward+backward slower eager than the 32-layer 2.7B's, as once in notebook 04."""
-    rows = [(s, m, ms, 0.1) for s, ms in (("xl", 126.0), ("2.7B", 173.0)) for m, ms in (("forward", ms), ("forward-backward", 3 * ms))]
+    rows = [
+        (s, m, ms, 0.1)
+        for s, ms in (("xl", 126.0), ("2.7B", 173.0))
+        for m, ms in (("forward", ms), ("forward-backward", 3 * ms))
+    ]
     fp32 = _raw(rows)
     bf16 = fp32.assign(precision="bf16", mean_ms=[60.0, 180.0, 58.0, 175.0])
-    launch = {("xl", 256, "bf16", "forward-backward"): (0.3, 60.0), ("2.7B", 256, "bf16", "forward-backward"): (0.55, 100.0),
-              ("xl", 256, "fp32", "forward-backward"): (0.95, 378.0), ("2.7B", 256, "fp32", "forward-backward"): (0.95, 519.0)}
+    launch = {
+        ("xl", 256, "bf16", "forward-backward"): (0.3, 60.0),
+        ("2.7B", 256, "bf16", "forward-backward"): (0.55, 100.0),
+        ("xl", 256, "fp32", "forward-backward"): (0.95, 378.0),
+        ("2.7B", 256, "fp32", "forward-backward"): (0.95, 519.0),
+    }
     _with_probe(pd.concat([fp32, bf16], ignore_index=True), launch).to_csv(tmp_path / "precision_raw.csv", index=False)
     a = build("benchmarking_mixed_precision.c", Results(tmp_path))
-    assert "the bf16 forward+backward of xl and 2.7B (the GPU busy 30–55%; as one CUDA graph 60.00–100 ms against 175–180 ms eager)" in a.text
-    assert ("the 48-layer xl's bf16 forward+backward is slower eager than the 32-layer 2.7B's (180 ms against 175 ms) although "
-            "it is the smaller model, while as CUDA graphs they take 60.00 ms and 100 ms, in the order of their sizes") in a.text
+    assert (
+        "the bf16 forward+backward of xl and 2.7B (the GPU busy 30–55%; as one CUDA graph 60.00–100 ms against 175–180 ms eager)"
+        in a.text
+    )
+    assert (
+        "the 48-layer xl's bf16 forward+backward is slower eager than the 32-layer 2.7B's (180 ms against 175 ms) although "
+        "it is the smaller model, while as CUDA graphs they take 60.00 ms and 100 ms, in the order of their sizes"
+    ) in a.text
     assert "as CUDA graphs, bf16 runs the forward+backward 6.30× (xl) and 5.19× (2.7B) as fast as fp32" in a.text
     assert "bound by kernel launches" not in a.text and a.text.count(". ") <= 3
     assert list(a.table["fwd+bwd speed-up as CUDA graphs"]) == [6.3, 5.19]
@@ -255,7 +323,11 @@ def test_the_precision_answer_measures_the_inversion_and_the_graphed_speed_up(tm
 
 def test_the_2026_answers_stay_short_with_the_measurement_and_out_of_memory_rows(tmp_path):
     raw = _rows_2026_with_oom(("fp32", "bf16"))
-    launch = {("small", 512, p, m): (0.3, 5.0) for p in ("fp32", "bf16") for m in ("forward", "forward-backward", "train-step")}
+    launch = {
+        ("small", 512, p, m): (0.3, 5.0)
+        for p in ("fp32", "bf16")
+        for m in ("forward", "forward-backward", "train-step")
+    }
     _with_probe(raw, launch).to_csv(tmp_path / "precision_raw.csv", index=False)
     _with_probe(raw[raw.precision == "fp32"], launch).to_csv(tmp_path / "by_size_raw.csv", index=False)
     for key in ("benchmarking_script.b.2026", "benchmarking_mixed_precision.c.2026"):
@@ -271,11 +343,17 @@ def test_the_same_launch_bound_step_in_two_notebooks_is_compared_by_its_graphs(t
     launch = {("small", 256, "fp32", "forward"): (0.3, 8.0)}
     there = _with_probe(_raw([("small", "forward", 27.30, 0.5), ("medium", "forward", 48.0, 0.5)]), launch)
     there.to_csv(tmp_path / "by_size_raw.csv", index=False)
-    here = _with_probe(_raw([("small", "forward", 15.285, 0.2), ("medium", "forward", 48.5, 0.5)]),
-                       {("small", 256, "fp32", "forward"): (0.5, 8.2)})
+    here = _with_probe(
+        _raw([("small", "forward", 15.285, 0.2), ("medium", "forward", 48.5, 0.5)]),
+        {("small", 256, "fp32", "forward"): (0.5, 8.2)},
+    )
     text = same_steps_elsewhere(here, tmp_path, "by_size_raw", "notebook 01")
-    assert text == ("The same fp32 forward of small at context 256 took 27.30 ms in notebook 01 and 15.29 ms here, as one "
-                    "CUDA graph 8.00 ms and 8.20 ms: the eager time of a launch-bound step is the pace at which the host "
-                    "launched its kernels in that run, while the GPU's work stays put.")
+    assert text == (
+        "The same fp32 forward of small at context 256 took 27.30 ms in notebook 01 and 15.29 ms here, as one "
+        "CUDA graph 8.00 ms and 8.20 ms: the eager time of a launch-bound step is the pace at which the host "
+        "launched its kernels in that run, while the GPU's work stays put."
+    )
     assert same_steps_elsewhere(here, tmp_path, "absent_table", "notebook 01") == ""
-    assert same_steps_elsewhere(there, tmp_path, "by_size_raw", "notebook 01") == ""  # the same times: nothing to explain
+    assert (
+        same_steps_elsewhere(there, tmp_path, "by_size_raw", "notebook 01") == ""
+    )  # the same times: nothing to explain

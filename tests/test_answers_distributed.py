@@ -12,8 +12,14 @@ from cs336_systems.report.writeup import jargon
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RESULTS = REPO / "reports" / "gpu" / "results"
-NOTEBOOKS = {"12_distributed_communication", "13_naive_ddp", "14_ddp_overlap_individual", "15_ddp_bucketed",
-             "16_optimizer_state_sharding", "17_fsdp"}
+NOTEBOOKS = {
+    "12_distributed_communication",
+    "13_naive_ddp",
+    "14_ddp_overlap_individual",
+    "15_ddp_bucketed",
+    "16_optimizer_state_sharding",
+    "17_fsdp",
+}
 KEYS = sorted({d.answer for d in DELIVERABLES if d.notebook in NOTEBOOKS})
 
 
@@ -27,16 +33,21 @@ def test_answered_on_the_committed_gpu_report_without_jargon(key):
     answer = build(key, Results(GPU_RESULTS))
     assert answer.reason == ""
     assert jargon(answer.text) == [] and jargon(answer.caveat) == []
-    assert "NVIDIA H200" in answer.text or key in {"optimizer_state_sharding_accounting.c", "ddp_bucketed_benchmarking.b"}
+    assert "NVIDIA H200" in answer.text or key in {
+        "optimizer_state_sharding_accounting.c",
+        "ddp_bucketed_benchmarking.b",
+    }
 
 
 # The table each 2026 answer reads its model's rows from.
 TABLE_OF_2026_KEY = {
-    "naive_ddp_benchmarking.2026": "naive_flat_step", "minimal_ddp_flat_benchmarking.2026": "naive_flat_step",
+    "naive_ddp_benchmarking.2026": "naive_flat_step",
+    "minimal_ddp_flat_benchmarking.2026": "naive_flat_step",
     "ddp_overlap_individual_parameters_benchmarking.a.2026": "overlap_individual_step",
     "ddp_overlap_individual_parameters_benchmarking.b.2026": "timeline_overlap",
     "optimizer_state_sharding_accounting.a.2026": "sharding_memory_breakdown",
-    "optimizer_state_sharding_accounting.b.2026": "sharding_step_time", "fsdp": "fsdp_runs",
+    "optimizer_state_sharding_accounting.b.2026": "sharding_step_time",
+    "fsdp": "fsdp_runs",
 }
 
 
@@ -76,9 +87,20 @@ def test_the_committed_fsdp_profile_claims_overlap_only_where_the_gpu_was_busy()
 
 
 def _step_row(flavour, step, std, fwd_bwd, sync, calls):
-    return dict(flavour=flavour, status="ok", all_reduce_calls=calls, step_ms=step, step_std_ms=std, fwd_bwd_ms=fwd_bwd,
-                sync_ms=sync, sync_std_ms=0.1, optimizer_ms=step - fwd_bwd - sync, overhead_ms=0.0,
-                sync_fraction=sync / step, rank_spread_ms=0.1)
+    return dict(
+        flavour=flavour,
+        status="ok",
+        all_reduce_calls=calls,
+        step_ms=step,
+        step_std_ms=std,
+        fwd_bwd_ms=fwd_bwd,
+        sync_ms=sync,
+        sync_std_ms=0.1,
+        optimizer_ms=step - fwd_bwd - sync,
+        overhead_ms=0.0,
+        sync_fraction=sync / step,
+        rank_spread_ms=0.1,
+    )
 
 
 def _write(folder: Path, name: str, rows: list[dict]) -> None:
@@ -87,14 +109,35 @@ def _write(folder: Path, name: str, rows: list[dict]) -> None:
 
 
 def _setup(folder: Path, name: str, size="xl", backend="nccl") -> None:
-    _write(folder, name, [dict(size=size, parameters=1_998_235_200, gradient_bytes=4 * 1_998_235_200, context_length=512,
-                               global_batch_size=4, world_size=2, backend=backend, warmup=3, steps=10)])
+    _write(
+        folder,
+        name,
+        [
+            dict(
+                size=size,
+                parameters=1_998_235_200,
+                gradient_bytes=4 * 1_998_235_200,
+                context_length=512,
+                global_batch_size=4,
+                world_size=2,
+                backend=backend,
+                warmup=3,
+                steps=10,
+            )
+        ],
+    )
 
 
 def test_naive_benchmarking_carries_the_tables_numbers(tmp_path):
-    _write(tmp_path, "naive_flat_step", [_step_row("no-communication", 442.77, 1.1, 395.8, 0.36, 0),
-                                         _step_row("naive", 480.31, 0.9, 395.7, 39.05, 435),
-                                         _step_row("flat", 477.18, 1.0, 395.8, 35.79, 1)])
+    _write(
+        tmp_path,
+        "naive_flat_step",
+        [
+            _step_row("no-communication", 442.77, 1.1, 395.8, 0.36, 0),
+            _step_row("naive", 480.31, 0.9, 395.7, 39.05, 435),
+            _step_row("flat", 477.18, 1.0, 395.8, 35.79, 1),
+        ],
+    )
     _setup(tmp_path, "naive_flat_setup")
     answer = build("naive_ddp_benchmarking", Results(tmp_path))
     assert "480.3 ms" in answer.text and "39.0 ms" in answer.text and "435 calls" in answer.text
@@ -104,9 +147,15 @@ def test_naive_benchmarking_carries_the_tables_numbers(tmp_path):
 
 
 def test_steps_inside_their_spread_are_not_called_faster(tmp_path):
-    _write(tmp_path, "naive_flat_step", [_step_row("no-communication", 440.0, 1.0, 395.0, 0.3, 0),
-                                         _step_row("naive", 480.0, 6.0, 395.0, 39.0, 435),
-                                         _step_row("flat", 478.0, 6.0, 395.0, 37.0, 1)])
+    _write(
+        tmp_path,
+        "naive_flat_step",
+        [
+            _step_row("no-communication", 440.0, 1.0, 395.0, 0.3, 0),
+            _step_row("naive", 480.0, 6.0, 395.0, 39.0, 435),
+            _step_row("flat", 478.0, 6.0, 395.0, 37.0, 1),
+        ],
+    )
     _setup(tmp_path, "naive_flat_setup")
     text = build("minimal_ddp_flat_benchmarking", Results(tmp_path)).text
     assert "does not separate" in text
@@ -114,9 +163,15 @@ def test_steps_inside_their_spread_are_not_called_faster(tmp_path):
 
 
 def test_flat_that_saves_nothing_is_not_credited_a_per_call_saving(tmp_path):
-    _write(tmp_path, "naive_flat_step", [_step_row("no-communication", 100.0, 1.0, 80.0, 0.1, 0),
-                                         _step_row("naive", 120.0, 1.0, 80.0, 20.0, 12),
-                                         _step_row("flat", 130.0, 1.0, 80.0, 30.0, 1)])
+    _write(
+        tmp_path,
+        "naive_flat_step",
+        [
+            _step_row("no-communication", 100.0, 1.0, 80.0, 0.1, 0),
+            _step_row("naive", 120.0, 1.0, 80.0, 20.0, 12),
+            _step_row("flat", 130.0, 1.0, 80.0, 30.0, 1),
+        ],
+    )
     _setup(tmp_path, "naive_flat_setup", size="nano", backend="gloo")
     answer = build("minimal_ddp_flat_benchmarking", Results(tmp_path))
     assert "saves no communication time" in answer.text and "per call avoided" not in answer.text
@@ -124,10 +179,25 @@ def test_flat_that_saves_nothing_is_not_credited_a_per_call_saving(tmp_path):
 
 
 def test_allreduce_with_two_sizes_states_values_not_a_trend(tmp_path):
-    rows = [dict(backend="gloo", device="cpu", world_size=n, size=size, mean_ms=t, std_ms=0.1, rank_spread_ms=0.0,
-                 algbw_gbps=b, busbw_gbps=b * 2 * (n - 1) / n)
-            for n, size, t, b in [(2, "1 MB", 2.0, 0.5), (2, "10 MB", 11.0, 0.9), (4, "1 MB", 4.0, 0.25),
-                                  (4, "10 MB", 22.0, 0.45)]]
+    rows = [
+        dict(
+            backend="gloo",
+            device="cpu",
+            world_size=n,
+            size=size,
+            mean_ms=t,
+            std_ms=0.1,
+            rank_spread_ms=0.0,
+            algbw_gbps=b,
+            busbw_gbps=b * 2 * (n - 1) / n,
+        )
+        for n, size, t, b in [
+            (2, "1 MB", 2.0, 0.5),
+            (2, "10 MB", 11.0, 0.9),
+            (4, "1 MB", 4.0, 0.25),
+            (4, "10 MB", 22.0, 0.45),
+        ]
+    ]
     _write(tmp_path, "allreduce", rows)
     (tmp_path / "figures").mkdir()
     (tmp_path / "figures" / "allreduce_time_and_bandwidth.png").write_bytes(b"")
@@ -141,11 +211,27 @@ def test_allreduce_with_two_sizes_states_values_not_a_trend(tmp_path):
 def test_sharding_memory_states_the_measured_peaks_before_the_step(tmp_path):
     rows = []
     for optimizer, state, before, after in [("unsharded", 16.0, 41.88, 32.5), ("sharded", 8.0, 33.81, 24.37)]:
-        for point, peak, grads, st in [("after init", 8.19, 0.0, 0.0), ("before step", before, 8.0, state),
-                                       ("after step", after, 8.0, state)]:
-            rows.append(dict(optimizer=optimizer, point=point, rank=0, allocated_GB=peak, peak_GB=peak, parameters_GB=8.0,
-                             gradients_GB=grads, optimizer_state_GB=st, rest_GB=0.3, expected_parameters_GB=8.0,
-                             expected_gradients_GB=grads, expected_optimizer_state_GB=st))
+        for point, peak, grads, st in [
+            ("after init", 8.19, 0.0, 0.0),
+            ("before step", before, 8.0, state),
+            ("after step", after, 8.0, state),
+        ]:
+            rows.append(
+                dict(
+                    optimizer=optimizer,
+                    point=point,
+                    rank=0,
+                    allocated_GB=peak,
+                    peak_GB=peak,
+                    parameters_GB=8.0,
+                    gradients_GB=grads,
+                    optimizer_state_GB=st,
+                    rest_GB=0.3,
+                    expected_parameters_GB=8.0,
+                    expected_gradients_GB=grads,
+                    expected_optimizer_state_GB=st,
+                )
+            )
     _write(tmp_path, "sharding_memory_breakdown", rows)
     _setup(tmp_path, "sharding_setup")
     text = build("optimizer_state_sharding_accounting.a", Results(tmp_path)).text
@@ -161,15 +247,32 @@ XL_2026_PARAMS = 3_406_809_600
 def _two_sizes(folder: Path, name: str, rows_xl: list[dict], rows_2026: list[dict], setup: str | None = None) -> None:
     _write(folder, name, [dict(r, size="xl") for r in rows_xl] + [dict(r, size="2.7B") for r in rows_2026])
     if setup:
-        _write(folder, setup, [dict(size=s, parameters=p, gradient_bytes=4 * p, context_length=512, global_batch_size=4,
-                                    world_size=2, backend="nccl", warmup=w, steps=n)
-                               for s, p, w, n in [("xl", 1_998_235_200, 3, 10), ("2.7B", XL_2026_PARAMS, 2, 6)]])
+        _write(
+            folder,
+            setup,
+            [
+                dict(
+                    size=s,
+                    parameters=p,
+                    gradient_bytes=4 * p,
+                    context_length=512,
+                    global_batch_size=4,
+                    world_size=2,
+                    backend="nccl",
+                    warmup=w,
+                    steps=n,
+                )
+                for s, p, w, n in [("xl", 1_998_235_200, 3, 10), ("2.7B", XL_2026_PARAMS, 2, 6)]
+            ],
+        )
 
 
 def _naive_flat_rows(scale: float, status: str = "ok") -> list[dict]:
-    rows = [_step_row("no-communication", 442.77 * scale, 1.1, 395.8 * scale, 0.36, 0),
-            _step_row("naive", 480.31 * scale, 0.9, 395.7 * scale, 39.05 * scale, 435),
-            _step_row("flat", 477.18 * scale, 1.0, 395.8 * scale, 35.79 * scale, 1)]
+    rows = [
+        _step_row("no-communication", 442.77 * scale, 1.1, 395.8 * scale, 0.36, 0),
+        _step_row("naive", 480.31 * scale, 0.9, 395.7 * scale, 39.05 * scale, 435),
+        _step_row("flat", 477.18 * scale, 1.0, 395.8 * scale, 35.79 * scale, 1),
+    ]
     return [dict(r, status=status) for r in rows]
 
 
@@ -184,10 +287,14 @@ def test_2026_answers_read_the_2026_xl_rows_and_drop_the_caveat(tmp_path):
 
 
 def test_2026_answers_keep_the_caveat_when_the_2026_xl_ran_out_of_memory(tmp_path):
-    _two_sizes(tmp_path, "naive_flat_step", _naive_flat_rows(1.0), _naive_flat_rows(1.5, status="OOM"), "naive_flat_setup")
+    _two_sizes(
+        tmp_path, "naive_flat_step", _naive_flat_rows(1.0), _naive_flat_rows(1.5, status="OOM"), "naive_flat_setup"
+    )
     a2026 = build("naive_ddp_benchmarking.2026", Results(tmp_path))
     assert "480.3 ms" in a2026.text
-    assert "d_model 2560" in a2026.caveat and "ran out of memory" in a2026.caveat and "2025 handout's XL" in a2026.caveat
+    assert (
+        "d_model 2560" in a2026.caveat and "ran out of memory" in a2026.caveat and "2025 handout's XL" in a2026.caveat
+    )
 
 
 def test_a_run_of_the_2026_xl_alone_answers_2025_with_a_caveat(tmp_path):
@@ -203,9 +310,22 @@ def test_overlapping_ddp_answers_read_their_handouts_rows_and_figures(tmp_path):
         return _naive_flat_rows(scale) + [_step_row("individual", 460.0 * scale, 1.0, 420.0 * scale, 3.0, 435)]
 
     _two_sizes(tmp_path, "overlap_individual_step", rows(1.0), rows(2.0), "overlap_individual_setup")
-    timeline = [dict(flavour=f, communication_spans=435, communication_ms=40.0, share_inside_backward=share,
-                     after_backward_ms=after) for f, share, after in [("naive", 0.0, 39.0), ("individual", 0.93, 2.5)]]
-    _two_sizes(tmp_path, "timeline_overlap", timeline, [dict(r, after_backward_ms=r["after_backward_ms"] * 2) for r in timeline])
+    timeline = [
+        dict(
+            flavour=f,
+            communication_spans=435,
+            communication_ms=40.0,
+            share_inside_backward=share,
+            after_backward_ms=after,
+        )
+        for f, share, after in [("naive", 0.0, 39.0), ("individual", 0.93, 2.5)]
+    ]
+    _two_sizes(
+        tmp_path,
+        "timeline_overlap",
+        timeline,
+        [dict(r, after_backward_ms=r["after_backward_ms"] * 2) for r in timeline],
+    )
     (tmp_path / "figures").mkdir()
     for size in ("xl", "2.7B"):
         (tmp_path / "figures" / f"timeline_naive_vs_individual_{size}.png").write_bytes(b"")
@@ -221,19 +341,47 @@ def test_overlapping_ddp_answers_read_their_handouts_rows_and_figures(tmp_path):
 def _sharding_memory_rows(scale: float) -> list[dict]:
     rows = []
     for optimizer, state, before, after in [("unsharded", 16.0, 41.88, 32.5), ("sharded", 8.0, 33.81, 24.37)]:
-        for point, peak, grads, st in [("after init", 8.19, 0.0, 0.0), ("before step", before, 8.0, state),
-                                       ("after step", after, 8.0, state)]:
-            rows.append(dict(optimizer=optimizer, point=point, rank=0, allocated_GB=peak * scale, peak_GB=peak * scale,
-                             parameters_GB=8.0 * scale, gradients_GB=grads * scale, optimizer_state_GB=st * scale,
-                             rest_GB=0.3, expected_parameters_GB=8.0 * scale, expected_gradients_GB=grads * scale,
-                             expected_optimizer_state_GB=st * scale))
+        for point, peak, grads, st in [
+            ("after init", 8.19, 0.0, 0.0),
+            ("before step", before, 8.0, state),
+            ("after step", after, 8.0, state),
+        ]:
+            rows.append(
+                dict(
+                    optimizer=optimizer,
+                    point=point,
+                    rank=0,
+                    allocated_GB=peak * scale,
+                    peak_GB=peak * scale,
+                    parameters_GB=8.0 * scale,
+                    gradients_GB=grads * scale,
+                    optimizer_state_GB=st * scale,
+                    rest_GB=0.3,
+                    expected_parameters_GB=8.0 * scale,
+                    expected_gradients_GB=grads * scale,
+                    expected_optimizer_state_GB=st * scale,
+                )
+            )
     return rows
 
 
 def test_sharding_answers_read_their_handouts_rows(tmp_path):
-    _two_sizes(tmp_path, "sharding_memory_breakdown", _sharding_memory_rows(1.0), _sharding_memory_rows(1.5), "sharding_setup")
-    timing = [dict(optimizer=o, status="ok", step_ms=t, step_std_ms=1.0, fwd_bwd_ms=400.0, sync_ms=5.0, optimizer_ms=t - 405.0,
-                   rank_spread_ms=0.1) for o, t in [("unsharded", 467.7), ("sharded", 477.8)]]
+    _two_sizes(
+        tmp_path, "sharding_memory_breakdown", _sharding_memory_rows(1.0), _sharding_memory_rows(1.5), "sharding_setup"
+    )
+    timing = [
+        dict(
+            optimizer=o,
+            status="ok",
+            step_ms=t,
+            step_std_ms=1.0,
+            fwd_bwd_ms=400.0,
+            sync_ms=5.0,
+            optimizer_ms=t - 405.0,
+            rank_spread_ms=0.1,
+        )
+        for o, t in [("unsharded", 467.7), ("sharded", 477.8)]
+    ]
     _two_sizes(tmp_path, "sharding_step_time", timing, [dict(r, step_ms=r["step_ms"] + 200) for r in timing])
     a2025 = build("optimizer_state_sharding_accounting.a", Results(tmp_path))
     a2026 = build("optimizer_state_sharding_accounting.a.2026", Results(tmp_path))
@@ -248,7 +396,9 @@ def test_the_zero1_comparison_covers_both_models(tmp_path):
 
     tables = analysis_tables(["xl", "2.7B"], 512, 2)
     tables["memory"].drop(columns="strategy").to_csv(tmp_path / "sharding_analysis_memory.csv", index=False)
-    tables["communication"].drop(columns="strategy").to_csv(tmp_path / "sharding_analysis_communication.csv", index=False)
+    tables["communication"].drop(columns="strategy").to_csv(
+        tmp_path / "sharding_analysis_communication.csv", index=False
+    )
     tables["zero_paper"].to_csv(tmp_path / "sharding_zero_paper_mixed_precision.csv", index=False)
     answer = build("optimizer_state_sharding_accounting.c", Results(tmp_path))
     assert "the 2025 handout's XL model (1.998 B parameters)" in answer.text
@@ -257,12 +407,30 @@ def test_the_zero1_comparison_covers_both_models(tmp_path):
 
 
 def _fsdp_runs(scale: float) -> list[dict]:
-    return [dict(strategy=s, compute_dtype=d, status="ok", step_ms=t * scale, step_std_ms=1.0, fwd_bwd_ms=0.9 * t * scale,
-                 sync_ms=1.0, optimizer_ms=0.1 * t * scale, peak=p * scale, after_init_allocated=1e9, parameters=4e9 * scale / f,
-                 gradients=4e9 * scale / f, optimizer_state=8e9 * scale / f)
-            for s, d, t, p, f in [("replicated", "fp32", 465.5, 41.9e9, 1), ("fsdp", "fp32", 592.1, 29.7e9, 2),
-                                  ("fsdp2", "fp32", 554.5, 30.0e9, 2), ("fsdp", "bf16", 497.7, 21.8e9, 2),
-                                  ("fsdp2", "bf16", 625.1, 21.9e9, 2)]]
+    return [
+        dict(
+            strategy=s,
+            compute_dtype=d,
+            status="ok",
+            step_ms=t * scale,
+            step_std_ms=1.0,
+            fwd_bwd_ms=0.9 * t * scale,
+            sync_ms=1.0,
+            optimizer_ms=0.1 * t * scale,
+            peak=p * scale,
+            after_init_allocated=1e9,
+            parameters=4e9 * scale / f,
+            gradients=4e9 * scale / f,
+            optimizer_state=8e9 * scale / f,
+        )
+        for s, d, t, p, f in [
+            ("replicated", "fp32", 465.5, 41.9e9, 1),
+            ("fsdp", "fp32", 592.1, 29.7e9, 2),
+            ("fsdp2", "fp32", 554.5, 30.0e9, 2),
+            ("fsdp", "bf16", 497.7, 21.8e9, 2),
+            ("fsdp2", "bf16", 625.1, 21.9e9, 2),
+        ]
+    ]
 
 
 def _fsdp_folder(folder: Path, with_2026: bool = True) -> None:
@@ -270,8 +438,23 @@ def _fsdp_folder(folder: Path, with_2026: bool = True) -> None:
     from cs336_systems.experiments.sharding_benchmark import analysis_tables
 
     sizes = ["xl", "2.7B"] if with_2026 else ["xl"]
-    _write(folder, "fsdp_equality", [dict(compute_dtype="fp32", rank=r, size="nano", steps=3, adam_eps=1e-8, max_abs_diff=1e-7,
-                                          max_update=1e-3, tolerance=1e-6) for r in (0, 1)])
+    _write(
+        folder,
+        "fsdp_equality",
+        [
+            dict(
+                compute_dtype="fp32",
+                rank=r,
+                size="nano",
+                steps=3,
+                adam_eps=1e-8,
+                max_abs_diff=1e-7,
+                max_update=1e-3,
+                tolerance=1e-6,
+            )
+            for r in (0, 1)
+        ],
+    )
     if with_2026:
         _two_sizes(folder, "fsdp_runs", _fsdp_runs(1.0), _fsdp_runs(1.4), "fsdp_setup")
     else:
@@ -302,17 +485,52 @@ def test_fsdp_answers_keep_the_caveat_without_the_2026_xl(tmp_path):
 def _profiles(folder: Path, busy: list[float], threshold: float = 0.8) -> None:
     rows = []
     for batch, b in zip((2, 16, 64), busy):
-        rows.append(dict(size="2.7B", strategy="fsdp", compute_dtype="bf16", batch_per_rank=batch, context_length=512,
-                         status="ok", tokens_per_rank=batch * 512, forward_ms=60.0 * batch ** 0.5, busy_fraction=b,
-                         gather_ms=20.0, hidden_ms=19.0, hidden_fraction=0.95, exposed_ms=1.0, gathers=226,
-                         gathers_in_time=225, late_ms=0.4, busy_threshold=threshold, gpu_bound=b >= threshold, shown=False))
+        rows.append(
+            dict(
+                size="2.7B",
+                strategy="fsdp",
+                compute_dtype="bf16",
+                batch_per_rank=batch,
+                context_length=512,
+                status="ok",
+                tokens_per_rank=batch * 512,
+                forward_ms=60.0 * batch**0.5,
+                busy_fraction=b,
+                gather_ms=20.0,
+                hidden_ms=19.0,
+                hidden_fraction=0.95,
+                exposed_ms=1.0,
+                gathers=226,
+                gathers_in_time=225,
+                late_ms=0.4,
+                busy_threshold=threshold,
+                gpu_bound=b >= threshold,
+                shown=False,
+            )
+        )
     bound = [i for i, r in enumerate(rows) if r["gpu_bound"]]
     rows[bound[0] if bound else max(range(len(rows)), key=lambda i: rows[i]["busy_fraction"])]["shown"] = True
     _write(folder, "fsdp_forward_profiles", rows)
-    _write(folder, "fsdp_forward_gathers", [dict(module=f"m{i}", position=i, gather_start_ms=0.0, gather_end_ms=0.1,
-                                                 ready_ms=0.2, compute_start_ms=0.3, compute_end_ms=0.5,
-                                                 exposed_ms=0.4 if i == 0 else 0.0, gather_found=True, in_time=i != 0,
-                                                 clock="GPU kernels") for i in range(226)])
+    _write(
+        folder,
+        "fsdp_forward_gathers",
+        [
+            dict(
+                module=f"m{i}",
+                position=i,
+                gather_start_ms=0.0,
+                gather_end_ms=0.1,
+                ready_ms=0.2,
+                compute_start_ms=0.3,
+                compute_end_ms=0.5,
+                exposed_ms=0.4 if i == 0 else 0.0,
+                gather_found=True,
+                in_time=i != 0,
+                clock="GPU kernels",
+            )
+            for i in range(226)
+        ],
+    )
     (folder / "figures").mkdir(exist_ok=True)
     (folder / "figures" / "fsdp_profiler_timeline.png").write_bytes(b"")
 
@@ -322,7 +540,9 @@ def test_fsdp_profile_answer_states_overlap_where_the_gpu_was_the_bottleneck(tmp
     _profiles(tmp_path, busy=[0.12, 0.91, 0.97])
     answer = build("fsdp_accounting.b", Results(tmp_path))
     assert "At 16 sequences of 512 tokens per rank the GPU was busy 91%" in answer.text
-    assert "the GPU, not the host, set the pace" in answer.text and "95.0% of it while a compute kernel ran" in answer.text
+    assert (
+        "the GPU, not the host, set the pace" in answer.text and "95.0% of it while a compute kernel ran" in answer.text
+    )
     assert "overlap compute and finish in time" in answer.text and "busy only 12%" in answer.text
     assert "idle" not in answer.caveat and "d_model 2560" not in answer.caveat
     assert jargon(answer.text) == [] and jargon(answer.caveat) == []

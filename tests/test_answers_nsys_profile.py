@@ -26,9 +26,18 @@ def _runs() -> pd.DataFrame:
     for size, context in configs:
         for mode in ("forward", "train-step"):
             ok = (size, context, mode) not in OOM
-            rows.append(dict(size=size, context_length=context, mode=mode, status="ok" if ok else "OOM", batch_size=4,
-                             precision="fp32", forward_compute_ms=context / 10 if ok else None,
-                             forward_gpu_span_ms=context / 9 if ok else None))
+            rows.append(
+                dict(
+                    size=size,
+                    context_length=context,
+                    mode=mode,
+                    status="ok" if ok else "OOM",
+                    batch_size=4,
+                    precision="fp32",
+                    forward_compute_ms=context / 10 if ok else None,
+                    forward_gpu_span_ms=context / 9 if ok else None,
+                )
+            )
     runs = pd.DataFrame(rows)
     return pd.concat([runs, predicted_peaks(runs)], axis=1).assign(device_memory_gib=79.2)
 
@@ -37,27 +46,67 @@ def _results(tmp_path) -> Results:
     runs = _runs()
     ok = runs[runs.status == "ok"]
     fwd = ok[ok["mode"] == "forward"][["size", "context_length"]].reset_index(drop=True)
-    trained = {(s, c) for s, c in zip(ok[ok["mode"] == "train-step"]["size"], ok[ok["mode"] == "train-step"].context_length)}
+    trained = {
+        (s, c) for s, c in zip(ok[ok["mode"] == "train-step"]["size"], ok[ok["mode"] == "train-step"].context_length)
+    }
     fit = [(s, c) in trained for s, c in zip(fwd["size"], fwd.context_length)]
     tables = {
         "profiled_runs": runs,
         "longest_context": sweeps.longest_contexts(runs, ["small", "2.7B"], LADDER),
-        "forward_time_vs_harness": fwd.assign(status="ok", harness_ms=fwd.context_length / 9, harness_std_ms=0.1,
-                                              profiled_step_ms=fwd.context_length / 9,
-                                              forward_gpu_span_ms=fwd.context_length / 9),
-        "top_kernels": fwd.assign(kernel="gemm_f32f32", share=0.5, calls_per_forward=85,
-                                  kernel_fwd_bwd=["gemm_f32f32" if f else None for f in fit],
-                                  share_fwd_bwd=[0.3 if f else None for f in fit], same_kernel=fit),
-        "non_matmul_forward": pd.DataFrame([dict(size="small", context_length=256, kernel="softmax at 256",
-                                                 category="softmax", total_ms=1.0, instances=24, avg_us=40.0, share=0.05)]),
-        "non_matmul_forward_all": fwd.assign(kernel=[f"softmax at {c}" for c in fwd.context_length], category="softmax",
-                                             total_ms=1.0, instances=24, avg_us=40.0, share=0.05),
+        "forward_time_vs_harness": fwd.assign(
+            status="ok",
+            harness_ms=fwd.context_length / 9,
+            harness_std_ms=0.1,
+            profiled_step_ms=fwd.context_length / 9,
+            forward_gpu_span_ms=fwd.context_length / 9,
+        ),
+        "top_kernels": fwd.assign(
+            kernel="gemm_f32f32",
+            share=0.5,
+            calls_per_forward=85,
+            kernel_fwd_bwd=["gemm_f32f32" if f else None for f in fit],
+            share_fwd_bwd=[0.3 if f else None for f in fit],
+            same_kernel=fit,
+        ),
+        "non_matmul_forward": pd.DataFrame(
+            [
+                dict(
+                    size="small",
+                    context_length=256,
+                    kernel="softmax at 256",
+                    category="softmax",
+                    total_ms=1.0,
+                    instances=24,
+                    avg_us=40.0,
+                    share=0.05,
+                )
+            ]
+        ),
+        "non_matmul_forward_all": fwd.assign(
+            kernel=[f"softmax at {c}" for c in fwd.context_length],
+            category="softmax",
+            total_ms=1.0,
+            instances=24,
+            avg_us=40.0,
+            share=0.05,
+        ),
         "forward_category_shares": fwd.assign(matmul=0.8, elementwise=0.2),
-        "category_shares_inference_vs_training": fwd.assign(**{
-            "matmul (forward)": 0.8, "matmul (training step)": [0.6 if f else None for f in fit],
-            "elementwise (forward)": 0.2, "elementwise (training step)": [0.4 if f else None for f in fit]}),
-        "softmax_vs_matmuls": fwd.assign(scores_ms=1.0, softmax_ms=0.6, final_matmul_ms=0.5, softmax_over_matmuls_time=0.4,
-                                         softmax_over_matmuls_flops=0.02, time_ratio_over_flop_ratio=20.0),
+        "category_shares_inference_vs_training": fwd.assign(
+            **{
+                "matmul (forward)": 0.8,
+                "matmul (training step)": [0.6 if f else None for f in fit],
+                "elementwise (forward)": 0.2,
+                "elementwise (training step)": [0.4 if f else None for f in fit],
+            }
+        ),
+        "softmax_vs_matmuls": fwd.assign(
+            scores_ms=1.0,
+            softmax_ms=0.6,
+            final_matmul_ms=0.5,
+            softmax_over_matmuls_time=0.4,
+            softmax_over_matmuls_flops=0.02,
+            time_ratio_over_flop_ratio=20.0,
+        ),
     }
     for name, df in tables.items():
         df.to_csv(tmp_path / f"{name}.csv", index=False)
@@ -84,7 +133,8 @@ def test_2026_answers_name_the_longest_context_and_read_the_three_longest_that_f
     assert a.text.startswith(
         "Doubling the context from 256, small's whole training step fits up to 2048 (at 4096 it runs out of memory: "
         "analytic peak 137 GiB against the GPU's 79 GiB, while the forward alone fits) and xl's up to 512 (at 1024 it "
-        "runs out of memory: analytic peak 125 GiB against the GPU's 79 GiB, while the forward alone fits).")
+        "runs out of memory: analytic peak 125 GiB against the GPU's 79 GiB, while the forward alone fits)."
+    )
     assert "the forward pass of small at context 2048" in a.text and a.text.count(". ") <= 3  # a 1-2 sentence answer
     assert _read(a.table) == {("small", 512), ("small", 1024), ("small", 2048), ("xl", 256), ("xl", 512)}
     assert "these answers read small at 512, 1024 and 2048 and xl at 256 and 512" in a.caveat
@@ -137,7 +187,12 @@ def test_the_search_stops_a_size_after_its_first_training_step_out_of_memory(mon
     assert ladder == [8, 16, 32, 64, 128]
     found = sweeps.profile_sweep(base, ["nano"], ladder, progress=False, until_oom=True, known=known)
     # context 8 is known (not profiled again); 32's training step runs out of memory, so 64 and 128 are not tried
-    assert calls == [("nano", 16, "forward"), ("nano", 16, "train-step"), ("nano", 32, "forward"), ("nano", 32, "train-step")]
+    assert calls == [
+        ("nano", 16, "forward"),
+        ("nano", 16, "train-step"),
+        ("nano", 32, "forward"),
+        ("nano", 32, "train-step"),
+    ]
     assert list(found.runs.status) == ["ok", "ok", "ok", "OOM"] and found.unit == "CPU operator"
     both = sweeps.combine(sweeps.ProfileSweep(known, pd.DataFrame(), pd.DataFrame(), pd.DataFrame()), found)
     assert len(both.runs) == 6 and both.unit == "CPU operator" and set(both.kernels.context_length) == {16, 32}

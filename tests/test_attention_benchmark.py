@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from cs336_systems.attention import FlashAttentionPytorch
+from cs336_systems.attention.naive import naive_attention
 from cs336_systems.experiments.attention_benchmark import (
     CudaMemoryCap,
     MiB,
     SavedForBackward,
     accuracy_table,
-    allocate_library_workspaces,
     attention_errors,
     attention_sweep,
     benchmark_attention,
@@ -31,7 +31,6 @@ from cs336_systems.experiments.attention_benchmark import (
     run_in_subprocess,
     saved_logsumexp,
 )
-from cs336_systems.attention.naive import naive_attention
 
 TIMING_COLUMNS = ["forward_ms", "forward_std_ms", "backward_ms", "backward_std_ms", "first_call_ms"]
 LIB = Path(__file__).resolve().parents[1] / "lib"
@@ -86,7 +85,9 @@ def test_forced_budget_gives_an_oom_row():
     row = benchmark_attention(naive_attention, 4, 128, 16, warmup=0, steps=1, memory_budget_bytes=need - 1)
     assert row["status"] == "OOM" and row["oom_phase"] == "forward"
     assert "out of memory" in row["error"]
-    assert benchmark_attention(naive_attention, 4, 128, 16, warmup=0, steps=1, memory_budget_bytes=need)["status"] == "ok"
+    assert (
+        benchmark_attention(naive_attention, 4, 128, 16, warmup=0, steps=1, memory_budget_bytes=need)["status"] == "ok"
+    )
 
 
 def test_other_errors_are_not_swallowed():
@@ -99,12 +100,23 @@ def test_other_errors_are_not_swallowed():
 
 def test_sweep_continues_past_oom_and_extends_until_oom():
     # Budget between seq 64 and seq 128 of the naive attention, batch 2, d 16.
-    budget = (naive_attention_memory(2, 64, 16)["before_backward"] + naive_attention_memory(2, 128, 16)["before_backward"]) // 2
+    budget = (
+        naive_attention_memory(2, 64, 16)["before_backward"] + naive_attention_memory(2, 128, 16)["before_backward"]
+    ) // 2
     df = attention_sweep(
-        {"naive": naive_attention, "flash": flash_pytorch}, [16, 32], [32, 128, 64],
-        batch=2, warmup=0, steps=1, memory_budget_bytes=budget, max_seq_len=512, progress=False,
+        {"naive": naive_attention, "flash": flash_pytorch},
+        [16, 32],
+        [32, 128, 64],
+        batch=2,
+        warmup=0,
+        steps=1,
+        memory_budget_bytes=budget,
+        max_seq_len=512,
+        progress=False,
     )
-    assert {"implementation", "d_model", "seq_len", "status", "extended", *TIMING_COLUMNS, *MEMORY_COLUMNS} <= set(df.columns)
+    assert {"implementation", "d_model", "seq_len", "status", "extended", *TIMING_COLUMNS, *MEMORY_COLUMNS} <= set(
+        df.columns
+    )
     naive16 = df[(df.implementation == "naive") & (df.d_model == 16)].set_index("seq_len")
     assert naive16.status.to_dict() == {32: "ok", 64: "ok", 128: "OOM"}  # OOM inside the grid: no extension for naive
     flash16 = df[(df.implementation == "flash") & (df.d_model == 16)].set_index("seq_len")
@@ -117,8 +129,16 @@ def test_sweep_continues_past_oom_and_extends_until_oom():
 
 def test_sweep_extension_stops_at_first_oom():
     budget = naive_attention_memory(1, 256, 16)["before_backward"]
-    df = attention_sweep({"naive": naive_attention}, [16], [64, 128], batch=1, warmup=0, steps=1,
-                         memory_budget_bytes=budget, progress=False)
+    df = attention_sweep(
+        {"naive": naive_attention},
+        [16],
+        [64, 128],
+        batch=1,
+        warmup=0,
+        steps=1,
+        memory_budget_bytes=budget,
+        progress=False,
+    )
     assert df.seq_len.tolist() == [64, 128, 256, 512]
     assert df.status.tolist() == ["ok", "ok", "ok", "OOM"]
     assert df.extended.tolist() == [False, False, True, True]
@@ -126,7 +146,9 @@ def test_sweep_extension_stops_at_first_oom():
 
 def test_isolated_sweep_restarts_after_oom_and_matches_in_process():
     """Isolated: (64, naive), (64, sdpa), (128, naive) OOM end the first process; (128, sdpa) runs in a second."""
-    budget = (naive_attention_memory(2, 64, 16)["before_backward"] + naive_attention_memory(2, 128, 16)["before_backward"]) // 2
+    budget = (
+        naive_attention_memory(2, 64, 16)["before_backward"] + naive_attention_memory(2, 128, 16)["before_backward"]
+    ) // 2
     specs = {"naive": "naive", "sdpa": "sdpa"}  # sdpa saves O(N) on CPU, and unlike flash_pytorch compiles nothing
     kwargs = dict(batch=2, warmup=0, steps=1, memory_budget_bytes=budget, max_seq_len=128, progress=False)
     isolated = attention_sweep(specs, [16], [64, 128], isolate=True, **kwargs)
@@ -151,7 +173,9 @@ def test_resolve_implementation():
 
 
 def test_failing_worker_raises_with_its_error():
-    settings = dict(batch=1, device="cpu", dtype=torch.float32, is_causal=False, warmup=0, steps=1, memory_budget_bytes=None)
+    settings = dict(
+        batch=1, device="cpu", dtype=torch.float32, is_causal=False, warmup=0, steps=1, memory_budget_bytes=None
+    )
     with pytest.raises(RuntimeError, match="unknown attention 'nope'"):
         list(run_in_subprocess({"x": "nope"}, 16, [(32, "x")], settings))
 
@@ -182,11 +206,13 @@ def test_quadratic_fit_recovers_coefficients():
 
 def test_merge_compiled_side_by_side():
     base = dict(status="ok", first_call_ms=1.0, memory_before_backward_mib=1.0, saved_for_backward_mib=1.0)
-    df = pd.DataFrame([
-        dict(implementation="eager", d_model=16, seq_len=64, forward_ms=4.0, backward_ms=9.0, **base),
-        dict(implementation="compiled", d_model=16, seq_len=64, forward_ms=2.0, backward_ms=3.0, **base),
-        dict(implementation="eager", d_model=16, seq_len=128, **{**base, "status": "OOM"}),
-    ])
+    df = pd.DataFrame(
+        [
+            dict(implementation="eager", d_model=16, seq_len=64, forward_ms=4.0, backward_ms=9.0, **base),
+            dict(implementation="compiled", d_model=16, seq_len=64, forward_ms=2.0, backward_ms=3.0, **base),
+            dict(implementation="eager", d_model=16, seq_len=128, **{**base, "status": "OOM"}),
+        ]
+    )
     wide = merge_compiled(df, "eager", "compiled")
     assert wide.loc[0, "forward_speedup"] == 2.0 and wide.loc[0, "backward_speedup"] == 3.0
     assert wide.loc[1, "status_eager"] == "OOM" and np.isnan(wide.loc[1, "forward_speedup"])
@@ -245,8 +271,13 @@ def test_gpu_budget_gives_a_real_oom_row(isolate):
     # Run from a fresh process: after earlier GPU tests this one holds segments with free room inside
     # that no cap can take back (CudaMemoryCap's docstring), and the in-process cap would not bind
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(LIB), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-c", OOM_ROW_IN_A_FRESH_PROCESS, "isolate" if isolate else "in-process"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", OOM_ROW_IN_A_FRESH_PROCESS, "isolate" if isolate else "in-process"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == ["OOM"]

@@ -50,4 +50,6 @@ def test_one_tolerance_per_dtype_and_use():
 def test_relative_error_is_normwise_and_keeps_nan():
     ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
     assert relative_error(torch.tensor([3.0, 4.5]), ref) == pytest.approx(0.1)
-    assert relative_error(torch.tensor([float("nan"), 4.0]), ref) != relative_error(torch.tensor([float("nan"), 4.0]), ref)
+    assert relative_error(torch.tensor([float("nan"), 4.0]), ref) != relative_error(
+        torch.tensor([float("nan"), 4.0]), ref
+    )

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from cs336_systems.distributed import DDPBucketed, DDPFlat, DDPIndividualParameters, DDPNaive, DDPShardedGradients, FSDP
+from cs336_systems.distributed import FSDP, DDPBucketed, DDPFlat, DDPIndividualParameters, DDPNaive, DDPShardedGradients
 from cs336_systems.distributed.launch import DistContext, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,10 @@ def _linear_with_bias_in_bf16(ctx: DistContext) -> dict:
     full = fsdp.gather_full_params()
     scale = lambda t: t.abs().max().item()  # noqa: E731
     # lr = 1: each parameter moved by minus its gradient
-    moved = {n: (p.detach() - full[n], p.detach() - dict(reference.named_parameters())[n]) for n, p in start.named_parameters()}
+    moved = {
+        n: (p.detach() - full[n], p.detach() - dict(reference.named_parameters())[n])
+        for n, p in start.named_parameters()
+    }
     return {
         "error": None,
         "output_dtype": str(output.dtype),
@@ -108,7 +111,9 @@ def test_parameters_that_differ_between_ranks_are_refused_at_wrap_time_on_every_
         messages = [r["mismatches"][case] for r in ranks]
         assert messages[0] == messages[1], f"{case}: the ranks disagree: {messages}"
         m = messages[0]
-        assert "'1.weight'" in m and "rank 0: (2, 4) torch.float32" in m and "rank 1: (3, 4) torch.float32" in m, f"{case}: {m}"
+        assert "'1.weight'" in m and "rank 0: (2, 4) torch.float32" in m and "rank 1: (3, 4) torch.float32" in m, (
+            f"{case}: {m}"
+        )
     m = ranks[1]["mismatches"]["dtype"]
     assert "'1.weight'" in m and "rank 0: (2, 4) torch.float32" in m and "rank 1: (2, 4) torch.float64" in m, m
     m = ranks[0]["mismatches"]["extra"]
@@ -131,24 +136,33 @@ def test_fsdp_in_bf16_computes_a_linear_with_bias_and_keeps_its_gradient_fp32(ra
 # ---- the command-line tools -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("script, args", [
-    ("course_suite.sh", []),
-    ("gpu_node_report.sh", []),
-    ("gpu_node_report.sh", ["09", "600"]),
-    ("gpu_node_report.sh", ["09", "ten minutes", "gpu.tgz"]),
-])
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("course_suite.sh", []),
+        ("gpu_node_report.sh", []),
+        ("gpu_node_report.sh", ["09", "600"]),
+        ("gpu_node_report.sh", ["09", "ten minutes", "gpu.tgz"]),
+    ],
+)
 def test_tools_without_their_arguments_print_usage(tmp_path, script, args):
     # In an empty folder: were the arguments taken, nothing there could be run or packed.
-    done = subprocess.run(["bash", str(ROOT / "tools" / script), *args], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools" / script), *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "usage" in (done.stdout + done.stderr).lower()
     assert "unbound variable" not in done.stderr
 
 
 def test_a_course_checkout_without_tests_is_named(tmp_path):
-    done = subprocess.run(["bash", str(ROOT / "tools" / "course_suite.sh"), str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools" / "course_suite.sh"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == 2 and f"{tmp_path} has no tests/" in done.stderr, done.stderr
 
 
@@ -158,7 +172,9 @@ def test_make_lab_lets_root_start_jupyter(tmp_path, uid, allow_root):
     fake_id.write_text(f"#!/bin/sh\necho {uid}\n")
     fake_id.chmod(fake_id.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    done = subprocess.run(["make", "-n", "lab", "PYTHON=python3"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    done = subprocess.run(
+        ["make", "-n", "lab", "PYTHON=python3"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env
+    )
     assert done.returncode == 0, done.stderr
     lab = [line for line in done.stdout.splitlines() if "jupyter lab" in line]
     assert len(lab) == 1 and ("--allow-root" in lab[0]) == allow_root, done.stdout

@@ -1,7 +1,7 @@
 import json
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -50,7 +50,9 @@ def test_block_compilation_compiles_one_block_for_the_whole_stack():
     # others. Were each block its own compilation, the limit of one entry would leave three eager.
     from torch._dynamo.utils import counters
 
-    config = BenchmarkConfig(**{**TINY, "warmup": 0, "steps": 1}, model={"num_layers": 4}, compile=True, compile_scope="blocks")
+    config = BenchmarkConfig(
+        **{**TINY, "warmup": 0, "steps": 1}, model={"num_layers": 4}, compile=True, compile_scope="blocks"
+    )
     eager = harness.build(replace(config, compile=False))
     setup = harness.build(config)
     assert setup.model is not None and not isinstance(setup.model, torch._dynamo.eval_frame.OptimizedModule)
@@ -135,8 +137,24 @@ def test_results_are_saved_with_their_configuration(tmp_path):
 
 
 def test_cli_prints_the_row():
-    cmd = [sys.executable, "-m", "cs336_systems.benchmarking", "--size", "nano", "--context-length", "16",
-           "--batch-size", "2", "--warmup", "1", "--steps", "2", "--device", "cpu", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cs336_systems.benchmarking",
+        "--size",
+        "nano",
+        "--context-length",
+        "16",
+        "--batch-size",
+        "2",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -149,17 +167,20 @@ def test_cli_reports_bad_input():
     assert out.returncode == 2 and "unknown model size 'nope'" in out.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--context-length", "-5"], "argument --context-length: must be a positive integer, got '-5'"),
-    (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got '0'"),
-    (["--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
-    (["--warmup", "-1"], "argument --warmup: must be a non-negative integer, got '-1'"),
-    (["--checkpoint-every", "0"], "argument --checkpoint-every: must be a positive integer, got '0'"),
-    (["--device", "meta"], "argument --device: meta tensors hold no data"),
-    (["--device", "cuda"], "argument --device: cuda was asked for but torch sees no CUDA device"),
-    (["--device", "cuda:7"], "argument --device: cuda was asked for but torch sees no CUDA device"),
-    (["--device", "gpu"], "argument --device: 'gpu' is not a device"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--context-length", "-5"], "argument --context-length: must be a positive integer, got '-5'"),
+        (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got '0'"),
+        (["--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
+        (["--warmup", "-1"], "argument --warmup: must be a non-negative integer, got '-1'"),
+        (["--checkpoint-every", "0"], "argument --checkpoint-every: must be a positive integer, got '0'"),
+        (["--device", "meta"], "argument --device: meta tensors hold no data"),
+        (["--device", "cuda"], "argument --device: cuda was asked for but torch sees no CUDA device"),
+        (["--device", "cuda:7"], "argument --device: cuda was asked for but torch sees no CUDA device"),
+        (["--device", "gpu"], "argument --device: 'gpu' is not a device"),
+    ],
+)
 def test_cli_rejects_bad_arguments_by_name(monkeypatch, capsys, args, message):
     from cs336_systems.benchmarking.cli import main
 
@@ -208,4 +229,8 @@ def test_time_modes_keeps_an_out_of_memory_mode_as_a_row(monkeypatch):
 
     monkeypatch.setattr(harness.TrainingSetup, "step", step)
     rows = compiled.time_modes(BenchmarkConfig(**TINY), harness.MODES)
-    assert [(r["mode"], r["status"]) for r in rows] == [("forward", "ok"), ("forward-backward", "OOM"), ("train-step", "ok")]
+    assert [(r["mode"], r["status"]) for r in rows] == [
+        ("forward", "ok"),
+        ("forward-backward", "OOM"),
+        ("train-step", "ok"),
+    ]

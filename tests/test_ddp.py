@@ -16,16 +16,20 @@ import torch.nn as nn
 from torch.multiprocessing import ProcessRaisedException
 
 from cs336_systems.distributed import adapters_ddp
+from cs336_systems.distributed.compute_stream import prioritized_compute
 from cs336_systems.distributed.ddp_base import DataParallel
 from cs336_systems.distributed.ddp_bucketed import BYTES_PER_MB, DDPBucketed, assign_buckets
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
+from cs336_systems.distributed.launch import DistContext, spawn
+from cs336_systems.experiments.ddp_benchmark import (
+    add_overheads,
+    describe_stream_priority_effect,
+    stream_priority_effect,
+)
 from cs336_systems.experiments.ddp_equivalence import MODELS, train_and_compare
-from cs336_systems.distributed.compute_stream import prioritized_compute
-from cs336_systems.experiments.ddp_benchmark import add_overheads, describe_stream_priority_effect, stream_priority_effect
 from cs336_systems.experiments.ddp_flavours import DDPFlavour, expand_flavours, flavour_of
 from cs336_systems.experiments.ddp_overhead_model import derive, fit_overhead
 from cs336_systems.experiments.ddp_timeline import communication_after, overlap_fraction, timeline_events
-from cs336_systems.distributed.launch import DistContext, spawn
 from cs336_systems.experiments.toy_models import IN_FEATURES, ToyModel, ToyModelWithTiedWeights
 
 TOLERANCE = 1e-5
@@ -45,7 +49,11 @@ def _equivalence_cases(ctx: DistContext) -> list[dict]:
         # leaves it alone in a second bucket (also when it is larger than the cap).
         two_buckets_mb = (sum(sizes) - sizes[0]) / BYTES_PER_MB
         cases = [(f, None) for f in expand_flavours(["no-communication", "naive", "flat", "individual", "torch-ddp"])]
-        cases += [(DDPFlavour("bucketed", None), 1), (DDPFlavour("bucketed", two_buckets_mb), 2), (DDPFlavour("bucketed", 1e-9), len(sizes))]
+        cases += [
+            (DDPFlavour("bucketed", None), 1),
+            (DDPFlavour("bucketed", two_buckets_mb), 2),
+            (DDPFlavour("bucketed", 1e-9), len(sizes)),
+        ]
         for flavour, expected_buckets in cases:
             row = train_and_compare(ctx, flavour, model_name, steps=5)
             rows.append({**row, "kind": flavour.name, "expected_buckets": expected_buckets})
@@ -61,9 +69,17 @@ def _adapters_step(ctx: DistContext) -> list[bool]:
     """One step through the course adapters; afterwards every rank must hold the same gradients."""
     same = []
     for ddp, before, after in (
-        (adapters_ddp.get_ddp_individual_parameters(ToyModelWithTiedWeights()), None, adapters_ddp.ddp_individual_parameters_on_after_backward),
+        (
+            adapters_ddp.get_ddp_individual_parameters(ToyModelWithTiedWeights()),
+            None,
+            adapters_ddp.ddp_individual_parameters_on_after_backward,
+        ),
         (adapters_ddp.get_ddp(ToyModelWithTiedWeights()), None, adapters_ddp.ddp_on_after_backward),  # the 2026 names
-        (adapters_ddp.get_ddp_bucketed(ToyModelWithTiedWeights(), 1e-9), adapters_ddp.ddp_bucketed_on_train_batch_start, adapters_ddp.ddp_bucketed_on_after_backward),
+        (
+            adapters_ddp.get_ddp_bucketed(ToyModelWithTiedWeights(), 1e-9),
+            adapters_ddp.ddp_bucketed_on_train_batch_start,
+            adapters_ddp.ddp_bucketed_on_after_backward,
+        ),
     ):
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
         for _ in range(2):
@@ -102,10 +118,19 @@ def test_adapters_carry_both_course_suites_names():
     import cs336_systems.adapters as adapters
 
     names = {
-        "get_flashattention_autograd_function_pytorch", "get_flashattention_autograd_function_triton",
-        "get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward", "get_ddp_bucketed",
-        "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start", "get_sharded_optimizer",
-        "get_ddp", "ddp_on_after_backward", "get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params",
+        "get_flashattention_autograd_function_pytorch",
+        "get_flashattention_autograd_function_triton",
+        "get_ddp_individual_parameters",
+        "ddp_individual_parameters_on_after_backward",
+        "get_ddp_bucketed",
+        "ddp_bucketed_on_after_backward",
+        "ddp_bucketed_on_train_batch_start",
+        "get_sharded_optimizer",
+        "get_ddp",
+        "ddp_on_after_backward",
+        "get_fsdp",
+        "fsdp_on_after_backward",
+        "fsdp_gather_full_params",
     }
     assert names <= set(adapters.__all__)
     namespace: dict = {}
@@ -118,12 +143,16 @@ def test_every_flavour_matches_single_process_training(correctness):
     df, _ = correctness
     ddp = df[df.kind != "no-communication"]
     bad = ddp[ddp.max_abs_diff > TOLERANCE]
-    assert bad.empty, f"DDP weights differ from single-process training:\n{bad[['model', 'flavour', 'rank', 'max_abs_diff']]}"
+    assert bad.empty, (
+        f"DDP weights differ from single-process training:\n{bad[['model', 'flavour', 'rank', 'max_abs_diff']]}"
+    )
     assert (ddp.max_update > 1e-3).all(), "training must move the weights far more than the tolerance"
     assert (df.diff_after_wrap == 0).all(), "construction must broadcast rank 0's parameters and buffers"
     assert (df[df["rank"] == 1].diff_before_wrap > 0).all(), "rank 1 must start from different weights"
     bucketed = df[df.kind == "bucketed"]
-    assert (bucketed.buckets == bucketed.expected_buckets).all(), bucketed[["model", "flavour", "buckets", "expected_buckets"]]
+    assert (bucketed.buckets == bucketed.expected_buckets).all(), bucketed[
+        ["model", "flavour", "buckets", "expected_buckets"]
+    ]
     # The negative control shows the comparison can fail: without averaging, ranks drift apart.
     assert (df[df.kind == "no-communication"].max_abs_diff > 1e-4).all()
     assert set(df["rank"]) == {0, 1} and len(ddp) == 2 * 3 * 9
@@ -165,8 +194,11 @@ def _rank_one_aborts_at_exit(ctx: DistContext) -> int:
 
 @pytest.mark.multiprocess
 def test_a_rank_killed_by_a_signal_is_reported_with_its_stack():
-    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of distributed job _rank_one_aborts_while_reducing .*died with SIGABRT.*"
-                                           r"_rank_one_aborts_while_reducing"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)rank 1 of distributed job _rank_one_aborts_while_reducing .*died with SIGABRT.*"
+        r"_rank_one_aborts_while_reducing",
+    ):
         spawn(_rank_one_aborts_while_reducing, 2, backend="gloo", timeout_s=60)
 
 
@@ -199,9 +231,28 @@ print(sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdi
 @pytest.mark.multiprocess
 def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     out = tmp_path / "ddp.csv"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "cs336_systems.experiments.ddp_benchmark", "--size", "nano", "--context-length", "16",
-           "--bucket-sizes-mb", "0.01", "--warmup", "0", "--steps", "2", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "cs336_systems.experiments.ddp_benchmark",
+        "--size",
+        "nano",
+        "--context-length",
+        "16",
+        "--bucket-sizes-mb",
+        "0.01",
+        "--warmup",
+        "0",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -209,7 +260,10 @@ def test_ddp_benchmark_runs_under_torchrun(tmp_path):
     assert list(df.flavour) == ["no-communication", "naive", "flat", "individual", "bucketed 0.01 MB", "torch-ddp"]
     assert (df.status == "ok").all() and (df.step_ms > 0).all()
     assert df.loc[df.flavour == "no-communication", "overhead_ms"].item() == 0
-    assert df.loc[df.flavour == "naive", "all_reduce_calls"].item() == df.loc[df.flavour == "individual", "all_reduce_calls"].item()
+    assert (
+        df.loc[df.flavour == "naive", "all_reduce_calls"].item()
+        == df.loc[df.flavour == "individual", "all_reduce_calls"].item()
+    )
     assert df.loc[df.flavour == "flat", "all_reduce_calls"].item() == 1
     assert (df.compute_priority == "n/a (no CUDA streams)").all()
 
@@ -240,7 +294,9 @@ def test_scaling_lists_world_sizes_beyond_the_gpus_as_not_run():
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     beyond = max(have + 1, 2)
-    df = benchmark_scaling(DDPBenchmarkConfig(size="nano"), [beyond], per_rank_batch=1, bucket_size_mb=None, backend="nccl")
+    df = benchmark_scaling(
+        DDPBenchmarkConfig(size="nano"), [beyond], per_rank_batch=1, bucket_size_mb=None, backend="nccl"
+    )
     assert (df.status == "not run").all() and len(df) == 4
     assert df.note.iloc[0] == f"needs {beyond} GPUs, this machine has {have}"
     with pytest.raises(ValueError, match="world sizes must be at least 2"):
@@ -273,7 +329,11 @@ def test_a_tail_bucket_splits_the_first_registered_parameters_off_the_last_bucke
 
 
 def test_buckets_never_mix_dtypes():
-    params = [nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2, dtype=torch.float64)), nn.Parameter(torch.zeros(2))]
+    params = [
+        nn.Parameter(torch.zeros(2)),
+        nn.Parameter(torch.zeros(2, dtype=torch.float64)),
+        nn.Parameter(torch.zeros(2)),
+    ]
     assert [len(b) for b in assign_buckets(params, None)] == [1, 1, 1]
 
 
@@ -310,31 +370,81 @@ def _cta_cap_on_gloo(ctx) -> str:
 @pytest.mark.multiprocess
 def test_nccl_thread_block_caps_are_flavours_and_refused_off_nccl():
     flavours = expand_flavours(["naive", "bucketed"], [10, 100], [None, 8])
-    assert [f.label for f in flavours] == ["naive", "bucketed 10 MB", "bucketed 100 MB", "bucketed 10 MB, 8 CTAs", "bucketed 100 MB, 8 CTAs"]
-    assert [f.label for f in expand_flavours(["bucketed"], [100], tail_bucket_mb=[None, 64])] == ["bucketed 100 MB", "bucketed 100 MB, tail 64 MB"]
+    assert [f.label for f in flavours] == [
+        "naive",
+        "bucketed 10 MB",
+        "bucketed 100 MB",
+        "bucketed 10 MB, 8 CTAs",
+        "bucketed 100 MB, 8 CTAs",
+    ]
+    assert [f.label for f in expand_flavours(["bucketed"], [100], tail_bucket_mb=[None, 64])] == [
+        "bucketed 100 MB",
+        "bucketed 100 MB, tail 64 MB",
+    ]
     errors = spawn(_cta_cap_on_gloo, 2, backend="gloo", timeout_s=60)
     assert errors == ["max_ctas limits NCCL's thread blocks; this process group runs gloo"] * 2
 
 
 def test_a_flavour_is_recovered_from_its_benchmark_row():
-    for flavour in [DDPFlavour("naive"), DDPFlavour("bucketed", 100.0), DDPFlavour("bucketed", 10.0, 8, 64.0), DDPFlavour("bucketed", None)]:
-        row = pd.Series(dict(kind=flavour.name, bucket_size_mb=flavour.bucket_size_mb, max_ctas=flavour.max_ctas,
-                             tail_bucket_mb=flavour.tail_bucket_mb))
+    for flavour in [
+        DDPFlavour("naive"),
+        DDPFlavour("bucketed", 100.0),
+        DDPFlavour("bucketed", 10.0, 8, 64.0),
+        DDPFlavour("bucketed", None),
+    ]:
+        row = pd.Series(
+            dict(
+                kind=flavour.name,
+                bucket_size_mb=flavour.bucket_size_mb,
+                max_ctas=flavour.max_ctas,
+                tail_bucket_mb=flavour.tail_bucket_mb,
+            )
+        )
         assert flavour_of(row) == flavour
-    table = pd.DataFrame([dict(kind="bucketed", bucket_size_mb=1000.0, max_ctas=None, tail_bucket_mb=None),
-                          dict(kind="bucketed", bucket_size_mb=2000.0, max_ctas=16, tail_bucket_mb=256.0)])
-    assert [flavour_of(r) for _, r in table.iterrows()] == [DDPFlavour("bucketed", 1000.0), DDPFlavour("bucketed", 2000.0, 16, 256.0)]
+    table = pd.DataFrame(
+        [
+            dict(kind="bucketed", bucket_size_mb=1000.0, max_ctas=None, tail_bucket_mb=None),
+            dict(kind="bucketed", bucket_size_mb=2000.0, max_ctas=16, tail_bucket_mb=256.0),
+        ]
+    )
+    assert [flavour_of(r) for _, r in table.iterrows()] == [
+        DDPFlavour("bucketed", 1000.0),
+        DDPFlavour("bucketed", 2000.0, 16, 256.0),
+    ]
     assert isinstance(flavour_of(table.iloc[1]).max_ctas, int)  # NaN-padded columns come back as floats
 
 
 def test_stream_priority_effect_compares_each_run_with_its_own_naive():
     def run(base, naive, bucketed, fwd_bwd):
-        df = pd.DataFrame([
-            dict(flavour="no-communication", kind="no-communication", status="ok", step_ms=base, fwd_bwd_ms=100.0, sync_ms=0.0),
-            dict(flavour="naive", kind="naive", status="ok", step_ms=naive, fwd_bwd_ms=100.0, sync_ms=naive - base),
-            dict(flavour="bucketed 1000 MB", kind="bucketed", status="ok", step_ms=bucketed, fwd_bwd_ms=fwd_bwd, sync_ms=1.0),
-            dict(flavour="flat", kind="flat", status="OOM", step_ms=float("nan"), fwd_bwd_ms=float("nan"), sync_ms=float("nan")),
-        ])
+        df = pd.DataFrame(
+            [
+                dict(
+                    flavour="no-communication",
+                    kind="no-communication",
+                    status="ok",
+                    step_ms=base,
+                    fwd_bwd_ms=100.0,
+                    sync_ms=0.0,
+                ),
+                dict(flavour="naive", kind="naive", status="ok", step_ms=naive, fwd_bwd_ms=100.0, sync_ms=naive - base),
+                dict(
+                    flavour="bucketed 1000 MB",
+                    kind="bucketed",
+                    status="ok",
+                    step_ms=bucketed,
+                    fwd_bwd_ms=fwd_bwd,
+                    sync_ms=1.0,
+                ),
+                dict(
+                    flavour="flat",
+                    kind="flat",
+                    status="OOM",
+                    step_ms=float("nan"),
+                    fwd_bwd_ms=float("nan"),
+                    sync_ms=float("nan"),
+                ),
+            ]
+        )
         return add_overheads(df)
 
     effect = stream_priority_effect(run(200.0, 240.0, 210.0, 108.0), run(201.0, 241.0, 221.0, 118.0))
@@ -404,35 +514,65 @@ def test_overhead_fit_recovers_known_parameters():
 
 def test_timeline_lanes_and_overlap_from_a_gpu_chrome_trace():
     def launch(ts, corr):
-        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": ts, "dur": 1, "args": {"correlation": corr}}
+        return {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 2,
+            "ts": ts,
+            "dur": 1,
+            "args": {"correlation": corr},
+        }
 
     def kernel(name, stream, ts, dur, corr):
-        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": name,
+            "pid": 0,
+            "tid": stream,
+            "ts": ts,
+            "dur": dur,
+            "args": {"correlation": corr},
+        }
 
-    trace = {"traceEvents": [
-        # The CPU range ends long before its kernels run; one kernel is launched from another thread.
-        {"ph": "X", "cat": "user_annotation", "name": "backward", "pid": 1, "tid": 1, "ts": 10, "dur": 20},
-        launch(12, 1), {**launch(20, 2), "tid": 3}, launch(25, 3), launch(40, 4),
-        kernel("sgemm", 7, 100, 50, 1), kernel("sgemm", 7, 150, 50, 2),
-        kernel("ncclDevKernel_AllReduce_Sum_f32", 21, 150, 100, 3),  # launched in backward, must not stretch it
-        kernel("adam", 7, 260, 10, 4),  # launched after the backward range
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 11, "dur": 5},
-    ]}
+    trace = {
+        "traceEvents": [
+            # The CPU range ends long before its kernels run; one kernel is launched from another thread.
+            {"ph": "X", "cat": "user_annotation", "name": "backward", "pid": 1, "tid": 1, "ts": 10, "dur": 20},
+            launch(12, 1),
+            {**launch(20, 2), "tid": 3},
+            launch(25, 3),
+            launch(40, 4),
+            kernel("sgemm", 7, 100, 50, 1),
+            kernel("sgemm", 7, 150, 50, 2),
+            kernel("ncclDevKernel_AllReduce_Sum_f32", 21, 150, 100, 3),  # launched in backward, must not stretch it
+            kernel("adam", 7, 260, 10, 4),  # launched after the backward range
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 11, "dur": 5},
+        ]
+    }
     ev = timeline_events(trace)
     assert set(ev.lane) == {"step phases", "GPU 0 stream 7", "GPU 0 stream 21"}
     phase = ev[ev.kind == "phase"].iloc[0]
-    assert (phase["name"], phase.start_us, phase.dur_us) == ("backward", 0.0, 100.0)  # its kernels, 100..200 (the origin)
+    assert (phase["name"], phase.start_us, phase.dur_us) == (
+        "backward",
+        0.0,
+        100.0,
+    )  # its kernels, 100..200 (the origin)
     assert ev.set_index("name").loc["ncclDevKernel_AllReduce_Sum_f32", "kind"] == "communication"
     assert overlap_fraction(ev) == pytest.approx(0.5)  # NCCL 150..250 against backward 100..200
     assert communication_after(ev) == pytest.approx(0.05)  # ends 50 us after the backward kernels
 
 
 def test_timeline_of_a_cpu_trace_uses_gloo_threads():
-    trace = {"traceEvents": [
-        {"ph": "X", "cat": "user_annotation", "name": "backward", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
-        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 9, "ts": 80, "dur": 40},
-        {"ph": "X", "cat": "user_annotation", "name": "computing softmax", "pid": 1, "tid": 1, "ts": 5, "dur": 5},
-    ]}
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "user_annotation", "name": "backward", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+            {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 9, "ts": 80, "dur": 40},
+            {"ph": "X", "cat": "user_annotation", "name": "computing softmax", "pid": 1, "tid": 1, "ts": 5, "dur": 5},
+        ]
+    }
     ev = timeline_events(trace)
     assert sorted(ev.lane) == ["step phases", "thread 9"]
     assert overlap_fraction(ev) == pytest.approx(0.5) and communication_after(ev) == pytest.approx(0.02)

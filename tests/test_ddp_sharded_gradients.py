@@ -55,8 +55,14 @@ def _rank(ctx, bucket_size_mb, in_flight):
             DDPShardedGradients(mlp(), bad, None)
         except ValueError as err:
             errors.append(str(err))
-    return dict(owners=[owners[p] for p in params], grads=grads, held=held, buckets=len(ddp.buckets),
-                params=[p.detach().clone() for p in params], errors=errors)
+    return dict(
+        owners=[owners[p] for p in params],
+        grads=grads,
+        held=held,
+        buckets=len(ddp.buckets),
+        params=[p.detach().clone() for p in params],
+        errors=errors,
+    )
 
 
 def reference():
@@ -72,8 +78,11 @@ def reference():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("bucket_size_mb, in_flight", [(None, 2), (1e-9, 1), (300 * 4 / BYTES_PER_MB, 2)],
-                         ids=["one_bucket_per_owner", "one_per_parameter", "capped"])
+@pytest.mark.parametrize(
+    "bucket_size_mb, in_flight",
+    [(None, 2), (1e-9, 1), (300 * 4 / BYTES_PER_MB, 2)],
+    ids=["one_bucket_per_owner", "one_per_parameter", "capped"],
+)
 def test_sharded_gradients_train_like_one_process(bucket_size_mb, in_flight):
     ranks = spawn(_rank, 2, backend="gloo", timeout_s=300, args=(bucket_size_mb, in_flight))
     ref_grads, ref_params = reference()
@@ -97,7 +106,12 @@ def test_sharded_gradients_train_like_one_process(bucket_size_mb, in_flight):
 
 def test_contiguous_owners_balance_the_elements():
     assert assign_contiguous([10, 10, 10, 10], 2) == [0, 0, 1, 1]
-    assert assign_contiguous([100, 1, 1, 1], 2) == [0, 1, 1, 1]  # one run each, the big tensor's middle in rank 0's half
+    assert assign_contiguous([100, 1, 1, 1], 2) == [
+        0,
+        1,
+        1,
+        1,
+    ]  # one run each, the big tensor's middle in rank 0's half
     assert assign_contiguous([5, 5, 5], 1) == [0, 0, 0]
     owners = assign_contiguous([3, 7, 2, 9, 4, 4, 8, 1], 3)
     assert owners == sorted(owners) and set(owners) == {0, 1, 2}

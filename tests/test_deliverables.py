@@ -34,8 +34,10 @@ def _handout_text(handout: str) -> str:
 def _problem_blocks(text: str) -> list[tuple[str, str]]:
     """(name, text from its `Problem (name)` to the next one) for every problem, in order."""
     matches = list(re.finditer(r"Problem \((\w+)\)", text))
-    return [(m.group(1), text[m.start():matches[i + 1].start() if i + 1 < len(matches) else len(text)])
-            for i, m in enumerate(matches)]
+    return [
+        (m.group(1), text[m.start() : matches[i + 1].start() if i + 1 < len(matches) else len(text)])
+        for i, m in enumerate(matches)
+    ]
 
 
 def _words(text: str) -> list[str]:
@@ -43,7 +45,7 @@ def _words(text: str) -> list[str]:
 
 
 def _ngrams(words: list[str], n: int = 8) -> set[tuple[str, ...]]:
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 def test_api_and_ids():
@@ -116,7 +118,7 @@ def test_parts_follow_the_handout(handout):
         # Every part ends in one "Deliverable:"; nested enumerations inside a part do not.
         n = block.count("Deliverable:")
         assert len(parts) == n, f"{name}: {n} deliverables in the handout, {len(parts)} in the map"
-        first = block[:block.index("Deliverable:")]
+        first = block[: block.index("Deliverable:")]
         if n == 1:
             lettered = re.search(r"(?m)^\s*\(a\)\s", first) is not None
             assert parts == (["a"] if lettered else [""]), name

@@ -12,7 +12,12 @@ from cs336_systems.distributed.launch import spawn
 from cs336_systems.experiments.ddp_benchmark import DDPBenchmarkConfig, benchmark_ddp_sizes, per_size
 from cs336_systems.experiments.fsdp_benchmark import FSDPBenchmarkConfig, run_fsdp_benchmark
 from cs336_systems.experiments.fsdp_timeline import summarize_profiles
-from cs336_systems.experiments.sharding_benchmark import ShardingBenchmarkConfig, breakdown_table, run_setup, run_sharding_benchmark
+from cs336_systems.experiments.sharding_benchmark import (
+    ShardingBenchmarkConfig,
+    breakdown_table,
+    run_setup,
+    run_sharding_benchmark,
+)
 from cs336_systems.model import TransformerLM
 
 SIZES = ["nano", "tiny"]
@@ -20,8 +25,15 @@ SIZES = ["nano", "tiny"]
 
 @pytest.mark.multiprocess
 def test_ddp_sizes_in_one_run():
-    base = DDPBenchmarkConfig(size="nano", context_length=16, flavours=("no-communication", "naive"), warmup=1, steps=2,
-                              backend="gloo", profile=("naive",))
+    base = DDPBenchmarkConfig(
+        size="nano",
+        context_length=16,
+        flavours=("no-communication", "naive"),
+        warmup=1,
+        steps=2,
+        backend="gloo",
+        profile=("naive",),
+    )
     df, timelines = benchmark_ddp_sizes(per_size(base, SIZES, later_warmup=0, later_steps=1))
     assert df["size"].tolist() == ["nano", "nano", "tiny", "tiny"] and (df.status == "ok").all()
     assert df.groupby("size").steps.first().to_dict() == {"nano": 2, "tiny": 1}
@@ -33,12 +45,24 @@ def test_ddp_sizes_in_one_run():
 
 @pytest.mark.multiprocess
 def test_sharding_sizes_in_one_run():
-    configs = per_size(ShardingBenchmarkConfig(size="nano", context_length=16, warmup=1, steps=1, backend="gloo",
-                                               optimizers=("unsharded", "sharded"), equality_steps=1), SIZES)
+    configs = per_size(
+        ShardingBenchmarkConfig(
+            size="nano",
+            context_length=16,
+            warmup=1,
+            steps=1,
+            backend="gloo",
+            optimizers=("unsharded", "sharded"),
+            equality_steps=1,
+        ),
+        SIZES,
+    )
     result = run_sharding_benchmark(configs)
     assert result["timing"]["size"].tolist() == ["nano", "nano", "tiny", "tiny"]
     table = breakdown_table(result["memory"], configs[0], unit="MB")
-    after = table[(table.point == "after step") & (table.optimizer == "unsharded") & (table["rank"] == 0)].set_index("size")
+    after = table[(table.point == "after step") & (table.optimizer == "unsharded") & (table["rank"] == 0)].set_index(
+        "size"
+    )
     # each size's measured optimizer state matches the analysis of that size
     assert after.optimizer_state.to_dict() == pytest.approx(after.expected_optimizer_state.to_dict())
     assert after.loc["tiny", "optimizer_state"] > after.loc["nano", "optimizer_state"]
@@ -47,9 +71,20 @@ def test_sharding_sizes_in_one_run():
 
 @pytest.mark.multiprocess
 def test_fsdp_sizes_in_one_run_profile_the_chosen_size_only():
-    base = FSDPBenchmarkConfig(size="nano", context_length=16, vocab_size=97, warmup=1, steps=1, backend="gloo",
-                               runs=(("fsdp", "fp32"), ("fsdp", "bf16")), profile_run=("fsdp", "bf16"), profile_size="tiny",
-                               profile_batches=(1, 3), equality_steps=1, equality_dtypes=("fp32",))
+    base = FSDPBenchmarkConfig(
+        size="nano",
+        context_length=16,
+        vocab_size=97,
+        warmup=1,
+        steps=1,
+        backend="gloo",
+        runs=(("fsdp", "fp32"), ("fsdp", "bf16")),
+        profile_run=("fsdp", "bf16"),
+        profile_size="tiny",
+        profile_batches=(1, 3),
+        equality_steps=1,
+        equality_dtypes=("fp32",),
+    )
     result = run_fsdp_benchmark(per_size(base, SIZES))
     assert result["runs"]["size"].tolist() == ["nano", "nano", "tiny", "tiny"] and (result["runs"].status == "ok").all()
     profiles = result["profiles"]
@@ -80,8 +115,14 @@ def _profile_series(ctx, busy_by_batch: dict[int, float], oom_from: int) -> list
     from cs336_systems.distributed.fsdp import FSDP
     from cs336_systems.experiments import fsdp_benchmark
 
-    config = FSDPBenchmarkConfig(size="nano", context_length=8, vocab_size=97, backend="gloo", profile_batches=(1, 2, 3, 4),
-                                 profile_until_busy=0.8)
+    config = FSDPBenchmarkConfig(
+        size="nano",
+        context_length=8,
+        vocab_size=97,
+        backend="gloo",
+        profile_batches=(1, 2, 3, 4),
+        profile_until_busy=0.8,
+    )
     calls = iter([busy_by_batch[b] for b in config.profile_batches])
     fsdp_benchmark.forward_overlap = lambda events: dict(busy_fraction=next(calls))
     torch.manual_seed(0)
@@ -91,8 +132,10 @@ def _profile_series(ctx, busy_by_batch: dict[int, float], oom_from: int) -> list
 
 
 def _series_worker(ctx) -> dict:
-    return dict(bound=_profile_series(ctx, {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.95}, oom_from=99),
-                oom=_profile_series(ctx, {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.95}, oom_from=2))
+    return dict(
+        bound=_profile_series(ctx, {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.95}, oom_from=99),
+        oom=_profile_series(ctx, {1: 0.1, 2: 0.5, 3: 0.9, 4: 0.95}, oom_from=2),
+    )
 
 
 @pytest.mark.multiprocess

@@ -86,8 +86,13 @@ except ImportError as err:
 from cs336_systems.report.run import main
 sys.exit(main(["--profile", "cpu"]))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "lib"), "TRITON_INTERPRET": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "lib"), "TRITON_INTERPRET": "1"},
+    )
     assert "needs an extra: ['cs336_systems.report.writeup']" in done.stdout, done.stdout + done.stderr[-3000:]
     assert "the Llama reference needs the 'transformers' package" in done.stdout and ".[llama]" in done.stdout
     assert done.returncode == 2

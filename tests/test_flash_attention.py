@@ -16,18 +16,21 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton  # noqa: E402
+from cs336_systems.attention import (  # noqa: E402
+    FlashAttentionPytorch,
+    FlashAttentionTriton,
+    flash_attention,  # noqa: E402
+)
 from cs336_systems.attention.heuristics import gluon_backward_eligible, gluon_forward_eligible  # noqa: E402
-from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies  # noqa: E402
-from cs336_systems.attention import flash_attention  # noqa: E402
 from cs336_systems.attention.launch import dispatch as flash_dispatch  # noqa: E402
-from cs336_systems.attention.launch import plans as flash_launch  # noqa: E402
 from cs336_systems.attention.launch import native as flash_native  # noqa: E402
+from cs336_systems.attention.launch import plans as flash_launch  # noqa: E402
+from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies  # noqa: E402
 from cs336_systems.attention.launch.layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
-from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.attention.naive import naive_attention  # noqa: E402
 from cs336_systems.attention.reference import TOLERANCE, reference_attention, reference_gradients  # noqa: E402
 from cs336_systems.attention.reference import relative_error as rel_error  # noqa: E402
+from cs336_systems.attention.validation import check_triton_inputs  # noqa: E402
 from cs336_systems.model import TransformerLM  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
@@ -86,7 +89,9 @@ def check_against_reference(apply, shape_q, shape_kv, dtype, is_causal, device, 
     out = apply(q, k, v, is_causal)
     saved = out.grad_fn.saved_tensors
     lse = [t for t in saved if t.shape == q.shape[:-1]]
-    assert len(lse) == 1, f"expected one saved tensor of shape {tuple(q.shape[:-1])}, got {[tuple(t.shape) for t in saved]}"
+    assert len(lse) == 1, (
+        f"expected one saved tensor of shape {tuple(q.shape[:-1])}, got {[tuple(t.shape) for t in saved]}"
+    )
     n_q, n_k = shape_q[-2], shape_kv[-2]
     assert not any(tuple(t.shape[-2:]) in {(n_q, n_k), (n_k, n_q)} for t in saved), "a seq x seq tensor was saved"
     assert out.grad_fn.is_causal == is_causal
@@ -109,6 +114,7 @@ def check_against_reference(apply, shape_q, shape_kv, dtype, is_causal, device, 
 
 
 # ---------------------------------------------------------------- PyTorch implementation (CPU)
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -142,6 +148,7 @@ def test_large_scores_do_not_overflow(small_tiles, triton_device, flash):
 
 # ---------------------------------------------------------------- Triton (interpreter on CPU, real on GPU)
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
@@ -170,7 +177,9 @@ def test_triton_unequal_tiles_match_float64(small_tiles, triton_device, monkeypa
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_triton_with_pytorch_backward(small_tiles, triton_device, monkeypatch, is_causal):
     monkeypatch.setattr(FlashAttentionTriton, "backward_impl", "pytorch")
-    check_against_reference(FlashAttentionTriton.apply, *SHAPES["q_shorter_than_k"], torch.float32, is_causal, triton_device)
+    check_against_reference(
+        FlashAttentionTriton.apply, *SHAPES["q_shorter_than_k"], torch.float32, is_causal, triton_device
+    )
 
 
 @pytest.mark.parametrize("flash", [FlashAttentionPytorch, FlashAttentionTriton], ids=["pytorch", "triton"])
@@ -199,7 +208,9 @@ def test_tma_compatible():
     assert not tma_compatible(x.transpose(1, 2)), "last stride not 1"
     assert not tma_compatible(torch.empty(2, 40, 20, dtype=torch.bfloat16)), "rows of 40 bytes"
     assert tma_compatible(torch.empty(2, 40, 20, dtype=torch.float32)), "rows of 80 bytes"
-    assert not tma_compatible(torch.empty(2 * 40 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 40, 64)), "start off by 2 bytes"
+    assert not tma_compatible(torch.empty(2 * 40 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 40, 64)), (
+        "start off by 2 bytes"
+    )
     if kernels_interpreted() or (HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9):
         device = "cuda" if HAS_CUDA else "cpu"
         assert reads_by_tma(torch.empty(2, 40, 64, dtype=torch.bfloat16, device=device))
@@ -285,8 +296,15 @@ def test_dq_planes_back_to_rows(layout):
 
 
 @pytest.mark.skipif(not (HAS_CUDA or kernels_interpreted()), reason="needs a CUDA device or the Triton interpreter")
-@pytest.mark.parametrize("layout, by_kernel", [("a model's head views", True), ("padded rows", True),
-                                               ("two batches of head views", False), ("columns apart", False)])
+@pytest.mark.parametrize(
+    "layout, by_kernel",
+    [
+        ("a model's head views", True),
+        ("padded rows", True),
+        ("two batches of head views", False),
+        ("columns apart", False),
+    ],
+)
 def test_dq_planes_back_to_rows_by_the_kernel_where_rows_allow(layout, by_kernel, monkeypatch):
     """Rows the kernel can address (unit column stride, leading dimensions merging into one stride) are
     written by `dq_from_planes_kernel`, ragged rows included; others by PyTorch's copy; both put plane c's
@@ -333,7 +351,9 @@ def test_backward_preprocess_kernel(n):
     out, do = (torch.randn(2, 3, n, 16, generator=gen).to(device, torch.bfloat16) for _ in range(2))
     delta = torch.full((2, 3, n), float("nan"), device=device)
     dq_acc = torch.full((6, n, 16), float("nan"), device=device)
-    flash_bwd_preprocess_kernel[(-(-n // 32), 6)](out, do, delta, dq_acc, n * 16, 16, n * 16, 16, n, 1, n, D=16, ROWS=32)
+    flash_bwd_preprocess_kernel[(-(-n // 32), 6)](
+        out, do, delta, dq_acc, n * 16, 16, n * 16, 16, n, 1, n, D=16, ROWS=32
+    )
     torch.testing.assert_close(delta, (out.float() * do.float()).sum(-1), rtol=1e-5, atol=1e-5)
     assert torch.count_nonzero(dq_acc) == 0
 
@@ -346,9 +366,13 @@ def test_as_rows_reads_in_place_where_leading_dimensions_merge():
     assert as_rows(x[:, 1])[0].data_ptr() == x[:, 1].data_ptr() and as_rows(x[:, 1])[1] == (3 * 40 * 16, 16, 1)
     assert as_rows(x[0])[1] == (40 * 16, 16, 1) and as_rows(x[0, 0])[1] == (40 * 16, 16, 1), "3-D, and 2-D: one batch"
     assert as_rows(x[:1, :1])[1] == (40 * 16, 16, 1), "size-1 leading dimensions step nowhere"
-    model_view = torch.arange(2 * 40 * 3 * 16.0).view(2, 40, 3, 16).transpose(1, 2)  # (batch, seq, heads, d) as heads-first
+    model_view = (
+        torch.arange(2 * 40 * 3 * 16.0).view(2, 40, 3, 16).transpose(1, 2)
+    )  # (batch, seq, heads, d) as heads-first
     rows, strides = as_rows(model_view)
-    assert rows.shape == (6, 40, 16) and strides == (40 * 16, 16, 1) and rows.is_contiguous(), "copied: 2 and 3 do not merge"
+    assert rows.shape == (6, 40, 16) and strides == (40 * 16, 16, 1) and rows.is_contiguous(), (
+        "copied: 2 and 3 do not merge"
+    )
     assert torch.equal(rows, model_view.reshape(6, 40, 16))
     assert as_rows(x.transpose(-1, -2))[1] == (40 * 16, 1, 16), "row and column strides are kept as they are"
     lse = torch.empty(2, 3, 40)
@@ -373,9 +397,9 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
     """A launch plan (grid, strides, copies, constexprs) is derived once per geometry and reused;
     the same shape with other strides, another fp32 matmul precision or a misaligned start gets
     its own plan, and every call stays correct."""
-    from cs336_systems.attention.launch.plans import LAUNCHES
-    from cs336_systems.attention.heuristics import is_small_grid
     from cs336_systems.attention.configs import sm_count
+    from cs336_systems.attention.heuristics import is_small_grid
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     monkeypatch.setattr(LAUNCHES, "plans", {})
     monkeypatch.setattr(LAUNCHES, "forward_routes", {})
@@ -397,14 +421,22 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
         FlashAttentionTriton.apply(*contiguous, True)
     finally:
         torch.set_float32_matmul_precision(previous)
-    assert [plan.meta["INPUT_PRECISION"] for plan in LAUNCHES.plans.values()][-1] == "tf32" != plans[0].meta["INPUT_PRECISION"]
+    assert (
+        [plan.meta["INPUT_PRECISION"] for plan in LAUNCHES.plans.values()][-1]
+        == "tf32"
+        != plans[0].meta["INPUT_PRECISION"]
+    )
 
     leaves = [torch.randn(2 * 40 * 64 + 1, generator=gen).to(triton_device, torch.bfloat16) for _ in range(3)]
     for offset in (0, 1):
-        q, k, v = (t[offset:offset + 2 * 40 * 64].view(2, 40, 64) for t in leaves)
+        q, k, v = (t[offset : offset + 2 * 40 * 64].view(2, 40, 64) for t in leaves)
         out = FlashAttentionTriton.apply(q, k, v, False)
-        small = is_small_grid("forward", 2, 40, 40, sm_count(q.device))  # a small grid's forward reads by block pointers
-        assert list(LAUNCHES.plans.values())[-1].meta["USE_TMA"] == (offset == 0 and reads_by_tma(leaves[0][:64]) and not small)
+        small = is_small_grid(
+            "forward", 2, 40, 40, sm_count(q.device)
+        )  # a small grid's forward reads by block pointers
+        assert list(LAUNCHES.plans.values())[-1].meta["USE_TMA"] == (
+            offset == 0 and reads_by_tma(leaves[0][:64]) and not small
+        )
         assert rel_error(out, reference(q, k, v, False)[0]) < 1e-2
 
 
@@ -412,13 +444,15 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
     """The forward checks its inputs and picks its kernel and launch plan once per geometry: a second call
     of one geometry re-derives nothing, another geometry, causality or `tiles` override gets its own route,
     a configuration table reload forgets them all, and bad inputs still get the checks' errors."""
-    from cs336_systems.attention.launch.plans import LAUNCHES
     from cs336_systems.attention.configs import reload_config_table
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     LAUNCHES.forward_routes.clear()  # the cache itself: a reload must clear it
     checks = []
     check = flash_dispatch.check_triton_inputs
-    monkeypatch.setattr(flash_dispatch, "check_triton_inputs", lambda *args: (checks.append(args[0].shape), check(*args))[1])
+    monkeypatch.setattr(
+        flash_dispatch, "check_triton_inputs", lambda *args: (checks.append(args[0].shape), check(*args))[1]
+    )
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 40, 16, generator=gen).to(triton_device) for _ in range(3))
     for _ in range(2):
@@ -446,13 +480,15 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     a non-contiguous upstream gradient or inputs the kernels cannot read in place take the general path (own
     entry, no route), views they read in place (a model's batch-1 heads-first views) get a route whose gradients
     have the views' strides, and a configuration table reload forgets the routes."""
-    from cs336_systems.attention.launch.plans import LAUNCHES
     from cs336_systems.attention.configs import reload_config_table
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     LAUNCHES.backward_routes.clear()  # the cache itself: a reload must clear it
     configs = []
     config = flash_dispatch.kernel_config
-    monkeypatch.setattr(flash_dispatch, "kernel_config", lambda kernel, *args: (configs.append(kernel), config(kernel, *args))[1])
+    monkeypatch.setattr(
+        flash_dispatch, "kernel_config", lambda kernel, *args: (configs.append(kernel), config(kernel, *args))[1]
+    )
     gen = torch.Generator().manual_seed(4)
     q, k, v, do = (torch.randn(2, 40, 16, generator=gen).to(triton_device) for _ in range(4))
     grads = []
@@ -502,8 +538,8 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
 
 
 def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
-    from cs336_systems.attention.launch.plans import launch_dq
     from cs336_systems.attention.configs import KernelConfig
+    from cs336_systems.attention.launch.plans import launch_dq
 
     q = torch.randn(2, 40, 16, device=triton_device)
     lse, delta = torch.zeros(2, 40, device=triton_device), torch.zeros(40, 2, device=triton_device).t()
@@ -521,16 +557,21 @@ def _forward_with_chunk(q, k, v, is_causal, kv_chunk, config):
 
 @pytest.mark.parametrize(
     "shape_q, shape_kv, is_causal, chunk_tiles",
-    [((2, 70, 16), (2, 70, 16), True, 1), ((1, 64, 24), (1, 100, 24), True, 2), ((3, 50, 16), (3, 90, 16), False, 2),
-     ((1, 2, 40, 16), (1, 2, 40, 16), True, 3), ((1, 90, 16), (1, 40, 16), True, 1)],
+    [
+        ((2, 70, 16), (2, 70, 16), True, 1),
+        ((1, 64, 24), (1, 100, 24), True, 2),
+        ((3, 50, 16), (3, 90, 16), False, 2),
+        ((1, 2, 40, 16), (1, 2, 40, 16), True, 3),
+        ((1, 90, 16), (1, 40, 16), True, 1),
+    ],
     ids=["causal-ragged-1", "causal-nq<nk-d24-2", "full-2", "causal-4d-3", "causal-nq>nk-1"],
 )
 def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_causal, chunk_tiles):
     """Each query tile's keys split over programs (chunks of `chunk_tiles` 16-key tiles), partials merged
     by the last program: O and L match float64, and the workspace's arrival counts are back at zero,
     so a second launch reuses it uncleared and is right again."""
-    from cs336_systems.attention.launch.plans import LAUNCHES
     from cs336_systems.attention.configs import KernelConfig
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(shape_q, generator=gen).to(triton_device)
@@ -546,7 +587,7 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
         assert plan.meta["SPLIT_KV"] and plan.grid[2] == -(-keys // (16 * chunk_tiles))
         assert rel_error(out, ref_out) < 1e-5 and rel_error(lse, ref_lse) < 1e-5
         partials, arrivals = LAUNCHES.split_workspace(q.device, plan.workspace)
-        assert arrivals[:plan.workspace[1]].eq(0).all(), "an arrival count was left non-zero"
+        assert arrivals[: plan.workspace[1]].eq(0).all(), "an arrival count was left non-zero"
     unsplit, _ = _forward_with_chunk(q, k, v, is_causal, 0, config)
     assert not list(LAUNCHES.plans.values())[-1].meta["SPLIT_KV"]
     assert rel_error(out, unsplit.double()) < 1e-6
@@ -554,8 +595,13 @@ def test_split_key_forward_matches_float64(triton_device, shape_q, shape_kv, is_
 
 @pytest.mark.parametrize(
     "shape_q, shape_kv, is_causal",
-    [((1, 100, 16), (1, 100, 16), True), ((2, 64, 24), (2, 80, 24), True), ((1, 70, 16), (1, 70, 16), False),
-     ((1, 1, 64, 32), (1, 1, 64, 32), True), ((1, 80, 16), (1, 64, 16), True)],
+    [
+        ((1, 100, 16), (1, 100, 16), True),
+        ((2, 64, 24), (2, 80, 24), True),
+        ((1, 70, 16), (1, 70, 16), False),
+        ((1, 1, 64, 32), (1, 1, 64, 32), True),
+        ((1, 80, 16), (1, 64, 16), True),
+    ],
     ids=["causal-ragged", "causal-nq<nk-d24", "full", "causal-4d", "causal-nq>nk"],
 )
 def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch, shape_q, shape_kv, is_causal):
@@ -569,8 +615,9 @@ def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch,
         cache.clear()
     try:
         for _ in range(2):
-            check_against_reference(FlashAttentionTriton.apply, shape_q, shape_kv, torch.float32, is_causal,
-                                    triton_device)
+            check_against_reference(
+                FlashAttentionTriton.apply, shape_q, shape_kv, torch.float32, is_causal, triton_device
+            )
         plans = {key[0]: plan for key, plan in LAUNCHES.plans.items()}
         assert plans["dq"].meta["SPLIT"] and plans["dq"].grid[2] > 1
         assert plans["dkdv"].meta["SPLIT"] and plans["dkdv"].grid[2] > 1
@@ -598,7 +645,9 @@ def test_split_key_forward_rejects_a_chunk_off_the_key_tile(triton_device):
 
     q = torch.randn(1, 40, 16, device=triton_device)
     for chunk in (24, -16):
-        with pytest.raises(ValueError, match=rf"kv_chunk must be 0 \(no split\) or a positive multiple of K_TILE = 16, got {chunk}"):
+        with pytest.raises(
+            ValueError, match=rf"kv_chunk must be 0 \(no split\) or a positive multiple of K_TILE = 16, got {chunk}"
+        ):
             _forward_with_chunk(q, q, q, True, chunk, KernelConfig(16, 16, 4, 1))
 
 
@@ -617,8 +666,9 @@ def test_triton_descriptor_and_pointer_reads_agree(small_tiles, triton_device, i
             with torch.no_grad():
                 for t, aligned in zip((q, k, v), results[0][1]):
                     t.copy_(aligned)
-        assert reads_by_tma(q, k, v) == (offset == 0 and (HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9
-                                                           or not HAS_CUDA))
+        assert reads_by_tma(q, k, v) == (
+            offset == 0 and (HAS_CUDA and torch.cuda.get_device_capability()[0] >= 9 or not HAS_CUDA)
+        )
         out = FlashAttentionTriton.apply(q, k, v, is_causal)
         out.backward(torch.ones_like(out))
         results.append(([out.detach(), q.grad, k.grad, v.grad], [q.detach(), k.detach(), v.detach()]))
@@ -679,6 +729,7 @@ def test_model_with_flash_attention_matches_naive(small_tiles, triton_device, at
 # Upper-left alignment: query i sees keys j <= i (mask ones(N_q, N_k).tril(0)), so with N_q > N_k the
 # queries i >= N_k see every key, and with N_k > N_q the keys j >= N_q are seen by no query (dK = dV = 0).
 
+
 def check_causal_against_sdpa(apply, shape_q, shape_kv, dtype, device, tol):
     """O and the gradients of q, k, v (random upstream gradient) against the causal float64 reference (which
     equals SDPA's causal attention in float64, tests/test_attention_reference.py);
@@ -691,8 +742,11 @@ def check_causal_against_sdpa(apply, shape_q, shape_kv, dtype, device, tol):
     out.backward(grad)
     found = dict(O=out, dQ=q.grad, dK=k.grad, dV=v.grad)
     # relative to the reference's norm; absolute below 1, as for one query or one key, where dQ = dK = 0
-    errors = {name: ((found[name].detach().double() - ref).norm() / ref.norm().clamp_min(1)).item()
-              for name, ref in reference_gradients(q, k, v, grad, True).items() if name in found}
+    errors = {
+        name: ((found[name].detach().double() - ref).norm() / ref.norm().clamp_min(1)).item()
+        for name, ref in reference_gradients(q, k, v, grad, True).items()
+        if name in found
+    }
     bad = {name: e for name, e in errors.items() if not e < tol}  # NaN fails here too
     assert not bad, f"errors above {tol}: {bad} (all: {errors})"
     n_q = shape_q[-2]
@@ -707,16 +761,18 @@ CAUSAL_RAGGED = {"q37_k100": (37, 100), "q100_k37": (100, 37), "q1_k65": (1, 65)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("n_q, n_k", CAUSAL_RAGGED.values(), ids=CAUSAL_RAGGED.keys())
 def test_pytorch_causal_matches_sdpa(small_tiles, n_q, n_k, dtype):
-    check_causal_against_sdpa(FlashAttentionPytorch.apply, (2, n_q, 32), (2, n_k, 32), dtype, "cpu",
-                              1e-5 if dtype == torch.float32 else 1e-12)
+    check_causal_against_sdpa(
+        FlashAttentionPytorch.apply, (2, n_q, 32), (2, n_k, 32), dtype, "cpu", 1e-5 if dtype == torch.float32 else 1e-12
+    )
 
 
 @pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)], ids=["q16_k16", "q32_k16", "q16_k32"])
 @pytest.mark.parametrize("n_q, n_k", CAUSAL_RAGGED.values(), ids=CAUSAL_RAGGED.keys())
 def test_triton_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q, n_k, tiles):
     monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
-    check_causal_against_sdpa(FlashAttentionTriton.apply, (2, n_q, 16), (2, n_k, 16), torch.float32, triton_device,
-                              1e-5)
+    check_causal_against_sdpa(
+        FlashAttentionTriton.apply, (2, n_q, 16), (2, n_k, 16), torch.float32, triton_device, 1e-5
+    )
 
 
 @pytest.mark.parametrize("n_q, n_k", [(70, 150), (150, 70)], ids=["q70_k150", "q150_k70"])
@@ -730,8 +786,9 @@ def test_triton_split_causal_matches_sdpa(small_tiles, triton_device, monkeypatc
     for cache in caches:
         cache.clear()
     try:
-        check_causal_against_sdpa(FlashAttentionTriton.apply, (1, n_q, 16), (1, n_k, 16), torch.float32,
-                                  triton_device, 1e-5)
+        check_causal_against_sdpa(
+            FlashAttentionTriton.apply, (1, n_q, 16), (1, n_k, 16), torch.float32, triton_device, 1e-5
+        )
         plans = {key[0]: plan for key, plan in LAUNCHES.plans.items()}
         assert plans["forward"].meta["SPLIT_KV"] and plans["forward"].grid[2] > 1
         assert plans["dq"].meta["SPLIT"] and plans["dq"].grid[2] > 1
@@ -752,6 +809,7 @@ def test_triton_keys_no_query_sees_get_zero_gradients(small_tiles, triton_device
 
 
 # ---------------------------------------------------------------- input validation
+
 
 def _qkv(q_shape=(2, 16, 16), kv_shape=None, **kw):
     return torch.randn(q_shape, **kw), torch.randn(kv_shape or q_shape, **kw), torch.randn(kv_shape or q_shape, **kw)
@@ -790,8 +848,13 @@ NOT_BOOLS = ["False", 0, 1, None, np.bool_(True), torch.tensor(False)]
 
 @pytest.mark.parametrize(
     "apply",
-    [FlashAttentionPytorch.apply, FlashAttentionTriton.apply, FlashAttentionTriton.python_apply, flash_attention,
-     naive_attention],
+    [
+        FlashAttentionPytorch.apply,
+        FlashAttentionTriton.apply,
+        FlashAttentionTriton.python_apply,
+        flash_attention,
+        naive_attention,
+    ],
     ids=["pytorch", "triton", "triton-python", "flash_attention", "naive"],
 )
 def test_non_bool_is_causal_raises_type_error(small_tiles, triton_device, monkeypatch, apply):
@@ -851,7 +914,10 @@ def test_triton_on_gpu(shape_q, shape_kv, dtype, is_causal):
 @needs_cuda
 @pytest.mark.parametrize(
     "shape, dtype, is_causal",
-    [(((1, 2, 300, 80), (1, 2, 300, 80)), torch.bfloat16, True), (((1, 2, 384, 256), (1, 2, 384, 256)), torch.float32, False)],
+    [
+        (((1, 2, 300, 80), (1, 2, 300, 80)), torch.bfloat16, True),
+        (((1, 2, 384, 256), (1, 2, 384, 256)), torch.float32, False),
+    ],
     ids=["d80-padded", "d256-fp32-one-stage"],
 )
 def test_triton_head_dims_on_gpu(shape, dtype, is_causal):
@@ -875,8 +941,9 @@ def test_triton_fp32_is_fp32_accurate_on_gpu(d):
     """Under torch's default "highest" the products are tf32x3: fp32 rounding errors (about 1e-6 on an
     H100), where one TF32 product would leave about 1e-3."""
     assert torch.get_float32_matmul_precision() == "highest"
-    check_against_reference(FlashAttentionTriton.apply, (2, 4, 1024, d), (2, 4, 1024, d), torch.float32, True, "cuda",
-                            tol=1e-5)
+    check_against_reference(
+        FlashAttentionTriton.apply, (2, 4, 1024, d), (2, 4, 1024, d), torch.float32, True, "cuda", tol=1e-5
+    )
 
 
 @gpu
@@ -887,27 +954,33 @@ def test_triton_fp32_single_tf32_on_gpu(level):
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(level)
     try:
-        check_against_reference(FlashAttentionTriton.apply, (2, 4, 1024, 64), (2, 4, 1024, 64), torch.float32, True, "cuda",
-                                tol=1e-2)
+        check_against_reference(
+            FlashAttentionTriton.apply, (2, 4, 1024, 64), (2, 4, 1024, 64), torch.float32, True, "cuda", tol=1e-2
+        )
     finally:
         torch.set_float32_matmul_precision(previous)
 
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("n, d, dtype", [(4096, 64, torch.bfloat16), (2000, 128, torch.bfloat16), (2048, 64, torch.float32)],
-                         ids=["bf16-d64", "bf16-d128-ragged", "fp32-d64"])
+@pytest.mark.parametrize(
+    "n, d, dtype",
+    [(4096, 64, torch.bfloat16), (2000, 128, torch.bfloat16), (2048, 64, torch.float32)],
+    ids=["bf16-d64", "bf16-d128-ragged", "fp32-d64"],
+)
 def test_split_key_forward_on_gpu(n, d, dtype):
     """One head leaves most SMs idle: the forward splits its keys where `kv_split_chunk` says so, and
     the result (backward included, which reads the merged L) matches float64 and the unsplit kernel."""
-    from cs336_systems.attention.launch.plans import LAUNCHES
-    from cs336_systems.attention.launch.layout import head_dim_tile
-    from cs336_systems.attention.heuristics import kv_split_chunk
     from cs336_systems.attention.configs import sm_count
+    from cs336_systems.attention.heuristics import kv_split_chunk
+    from cs336_systems.attention.launch.layout import head_dim_tile
+    from cs336_systems.attention.launch.plans import LAUNCHES
 
     shape = (1, 1, n, d)
     check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, True, "cuda")
-    plan = next(p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
+    plan = next(
+        p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape
+    )
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(shape, generator=gen).to("cuda", dtype) for _ in range(3))
     config = flash_dispatch.kernel_config("forward", q, n, True)
@@ -942,8 +1015,12 @@ def test_split_key_forward_in_a_cuda_graph_on_gpu():
     carved = LAUNCHES.graph_arrivals[torch.cuda.current_device()][1]
     with torch.cuda.graph(graph):
         captured = FlashAttentionTriton.apply(q, k, v, True)
-    plan = next(p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape)
-    assert plan.meta["SPLIT_KV"] and LAUNCHES.graph_arrivals[torch.cuda.current_device()][1] == carved + plan.workspace[1]
+    plan = next(
+        p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape
+    )
+    assert (
+        plan.meta["SPLIT_KV"] and LAUNCHES.graph_arrivals[torch.cuda.current_device()][1] == carved + plan.workspace[1]
+    )
     for _ in range(3):
         captured.zero_()
         graph.replay()
@@ -963,14 +1040,23 @@ def test_triton_compiled_at_several_lengths_on_gpu():
     compiled = torch.compile(FlashAttentionTriton.apply)
     gen = torch.Generator().manual_seed(0)
     for n in (256, 384, 1000, 4096):
-        q, k, v = (torch.randn(1, 4, n, 64, generator=gen).to("cuda", torch.bfloat16).requires_grad_() for _ in range(3))
+        q, k, v = (
+            torch.randn(1, 4, n, 64, generator=gen).to("cuda", torch.bfloat16).requires_grad_() for _ in range(3)
+        )
         grad = torch.randn(1, 4, n, 64, generator=gen).to("cuda", torch.bfloat16)
         out = compiled(q, k, v, True)
         out.backward(grad)
         ref_out, _, (q64, k64, v64) = reference(q, k, v, True)
         ref_out.backward(grad.double())
-        errors = {name: rel_error(x, ref) for name, x, ref in
-                  (("O", out, ref_out), ("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad))}
+        errors = {
+            name: rel_error(x, ref)
+            for name, x, ref in (
+                ("O", out, ref_out),
+                ("dQ", q.grad, q64.grad),
+                ("dK", k.grad, k64.grad),
+                ("dV", v.grad, v64.grad),
+            )
+        }
         assert all(e < TOL[torch.bfloat16] for e in errors.values()), (n, errors)
     torch._dynamo.reset()
 
@@ -993,15 +1079,21 @@ def test_triton_launches_skip_the_jit_once_compiled_on_gpu(monkeypatch):
     size = torch.Size(shape).numel()
     gen = torch.Generator().manual_seed(0)
     for offset, jit_runs_after in ((0, 3), (0, 3), (1, 6), (1, 6)):
-        q, k, v = (torch.randn(size + offset, generator=gen).to("cuda")[offset:].view(shape).requires_grad_()
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(size + offset, generator=gen).to("cuda")[offset:].view(shape).requires_grad_() for _ in range(3)
+        )
         grad = torch.randn(shape, generator=gen).to("cuda")
         out = FlashAttentionTriton.apply(q, k, v, True)
         out.backward(grad)
         assert len(jit_runs) == jit_runs_after, (offset, len(jit_runs))
         ref_out, _, (q64, k64, v64) = reference(q, k, v, True)
         ref_out.backward(grad.double())
-        for name, x, ref in (("O", out, ref_out), ("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad)):
+        for name, x, ref in (
+            ("O", out, ref_out),
+            ("dQ", q.grad, q64.grad),
+            ("dK", k.grad, k64.grad),
+            ("dV", v.grad, v64.grad),
+        ):
             assert rel_error(x, ref) < TOL[torch.float32], (offset, name, rel_error(x, ref))
 
 
@@ -1044,8 +1136,11 @@ def test_gluon_forward_on_gpu(monkeypatch, d, is_causal, dtype):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(2, 3, 1000, 64), (1, 4, 2048, 64), (1, 2, 960, 64), (1, 1, 1090, 64)],
-                         ids=["ragged", "tiled", "last_rows_past_n", "two_keys_in_last_half"])
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 3, 1000, 64), (1, 4, 2048, 64), (1, 2, 960, 64), (1, 1, 1090, 64)],
+    ids=["ragged", "tiled", "last_rows_past_n", "two_keys_in_last_half"],
+)
 def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     """The fused Gluon backward (dQ by TMA reduce-add, summed over a CTA's two key halves) against float64,
     eager and under torch.compile (its custom op), the size limits lifted. At N = 960 the last key block's
@@ -1076,8 +1171,15 @@ def check_eager_and_compiled_on_gpu(shape, dtype, is_causal):
         out.sum().backward()
         ref_out, _, (q64, k64, v64) = reference(q, k, v, is_causal)
         ref_out.sum().backward()
-        errors = {name: rel_error(x, ref) for name, x, ref in
-                  (("O", out, ref_out), ("dQ", q.grad, q64.grad), ("dK", k.grad, k64.grad), ("dV", v.grad, v64.grad))}
+        errors = {
+            name: rel_error(x, ref)
+            for name, x, ref in (
+                ("O", out, ref_out),
+                ("dQ", q.grad, q64.grad),
+                ("dK", k.grad, k64.grad),
+                ("dV", v.grad, v64.grad),
+            )
+        }
         assert all(e < TOL[dtype] for e in errors.values()), errors
     finally:
         torch._dynamo.reset()
@@ -1087,8 +1189,11 @@ def check_eager_and_compiled_on_gpu(shape, dtype, is_causal):
 @needs_cuda
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(2, 3, 1000, 128), (1, 4, 2048, 128), (1, 2, 960, 128), (1, 1, 1090, 128)],
-                         ids=["ragged", "tiled", "last_rows_past_n", "two_keys_in_last_half"])
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 3, 1000, 128), (1, 4, 2048, 128), (1, 2, 960, 128), (1, 1, 1090, 128)],
+    ids=["ragged", "tiled", "last_rows_past_n", "two_keys_in_last_half"],
+)
 def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
     """d = 128's fused backward (each warpgroup adds a column half of dQ, query tiles last to first) against
     float64, eager and under torch.compile, the size limits lifted; N_q != N_k stays with the Triton kernels."""
@@ -1114,13 +1219,19 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
     from cs336_systems.attention.reference import TOLERANCE, reference_gradients
     from cs336_systems.benchmarking.attention_registry import implementation, relative_errors
 
-    for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", {64: 0, 128: 0}), ("MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}}),
-                        ("D128_BWD_MIN_SEQ_LEN", 0),
-                        ("D128_BWD_MIN_CTAS_PER_SM", 0)):
+    for name, value in (
+        ("MIN_SEQ_LEN", {64: 0, 128: 0}),
+        ("MIN_CTAS_PER_SM", {64: 0, 128: 0}),
+        ("MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}}),
+        ("D128_BWD_MIN_SEQ_LEN", 0),
+        ("D128_BWD_MIN_CTAS_PER_SM", 0),
+    ):
         monkeypatch.setattr(heuristics, name, value)
     gen = torch.Generator(device="cuda").manual_seed(d)
-    q, k, v = (head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4)
-               .requires_grad_() for _ in range(3))
+    q, k, v = (
+        head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4).requires_grad_()
+        for _ in range(3)
+    )
     if not gluon_backward_applies(q, k, v, True, interpreted=False):
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
     grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -1143,8 +1254,12 @@ def test_pytorch_on_gpu():
 
 
 # (N_q, N_k) of one head, N_q != N_k: lengths off every tile, up to 16,384
-GPU_CAUSAL_RAGGED = {"q1000_k3000": (1000, 3000), "q3000_k1000": (3000, 1000), "q4097_k16384": (4097, 16384),
-                     "q16384_k4097": (16384, 4097)}
+GPU_CAUSAL_RAGGED = {
+    "q1000_k3000": (1000, 3000),
+    "q3000_k1000": (3000, 1000),
+    "q4097_k16384": (4097, 16384),
+    "q16384_k4097": (16384, 4097),
+}
 
 
 @gpu
@@ -1162,8 +1277,11 @@ def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
     from cs336_systems.attention.launch.plans import LAUNCHES
 
     if split:
-        monkeypatch.setattr(flash_launch, "kv_split_chunk", lambda batch, n_q, n_k, is_causal, q_tile, k_tile, *rest:
-                            k_tile * -(-min(n_q, n_k) // (8 * k_tile)))
+        monkeypatch.setattr(
+            flash_launch,
+            "kv_split_chunk",
+            lambda batch, n_q, n_k, is_causal, q_tile, k_tile, *rest: k_tile * -(-min(n_q, n_k) // (8 * k_tile)),
+        )
         monkeypatch.setattr(flash_launch, "sm_count", lambda device: 8192)
     caches = (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes)  # plans derived with the real SM count
     for cache in caches:

@@ -74,7 +74,8 @@ def test_leaderboard_floors_by_hand():
     assert lb.LEADERBOARD.flops()["forward_backward"] == 1_924_145_348_608
     # bf16 tensor 16*16384*64*2 = 33,554,432 B; L fp32 16*16384*4 = 1,048,576 B
     assert lb.LEADERBOARD.min_bytes() == dict(
-        forward=4 * 33_554_432 + 1_048_576, backward=8 * 33_554_432 + 1_048_576,
+        forward=4 * 33_554_432 + 1_048_576,
+        backward=8 * 33_554_432 + 1_048_576,
         forward_backward=12 * 33_554_432 + 2 * 1_048_576,
     )
     table = lb.floors(lb.LEADERBOARD, peak_tflops=1000.0, bandwidth_gb_s=2000.0).set_index("pass")
@@ -124,7 +125,9 @@ def test_every_implementation_runs_and_passes_the_check_on_cpu(triton_on_cpu):
 
 
 def test_a_wrong_kernel_is_caught(monkeypatch):
-    monkeypatch.setattr(registry, "naive_attention", lambda q, k, v, is_causal: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    monkeypatch.setattr(
+        registry, "naive_attention", lambda q, k, v, is_causal: torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    )
     df = tiny_sweep(["pytorch", "sdpa_flash"])  # the first ignores the causal mask and the 1/sqrt(d) scale
     wrong, right = df.iloc[0], df.iloc[1]
     assert wrong.status == "wrong" and wrong.max_rel_error > 0.05 and wrong.forward_ms > 0
@@ -190,16 +193,34 @@ def test_unknown_implementation_is_a_value_error():
 
 
 def result_row(impl, status="ok", seq_len=1024, fwd=1.0, bwd=2.0, dtype="bfloat16"):
-    return dict(impl=impl, batch=1, heads=1, seq_len=seq_len, head_dim=64, dtype=dtype, is_causal=True, status=status,
-                forward_ms=fwd, backward_ms=bwd, forward_backward_ms=fwd + bwd)
+    return dict(
+        impl=impl,
+        batch=1,
+        heads=1,
+        seq_len=seq_len,
+        head_dim=64,
+        dtype=dtype,
+        is_causal=True,
+        status=status,
+        forward_ms=fwd,
+        backward_ms=bwd,
+        forward_backward_ms=fwd + bwd,
+    )
 
 
 def test_fastest_sdpa_keeps_the_lowest_forward_backward_that_passed():
-    df = fb._tidy(pd.DataFrame([
-        result_row("triton"), result_row("sdpa_flash", fwd=1.0, bwd=2.0), result_row("sdpa_cudnn", fwd=1.5, bwd=1.0),
-        result_row("sdpa_efficient", status="wrong", fwd=0.1, bwd=0.1),
-        result_row("sdpa_flash", status="no kernel", seq_len=2048), result_row("sdpa_cudnn", status="OOM", seq_len=2048),
-    ]))
+    df = fb._tidy(
+        pd.DataFrame(
+            [
+                result_row("triton"),
+                result_row("sdpa_flash", fwd=1.0, bwd=2.0),
+                result_row("sdpa_cudnn", fwd=1.5, bwd=1.0),
+                result_row("sdpa_efficient", status="wrong", fwd=0.1, bwd=0.1),
+                result_row("sdpa_flash", status="no kernel", seq_len=2048),
+                result_row("sdpa_cudnn", status="OOM", seq_len=2048),
+            ]
+        )
+    )
     best = fb.fastest_sdpa(df).set_index("seq_len")
     assert best.loc[1024, "backend"] == "cudnn" and best.loc[1024, "forward_backward_ms"] == 2.5
     assert best.loc[2048, "status"] == "no backend ran" and "sdpa_cudnn: OOM" in best.loc[2048, "note"]
@@ -208,17 +229,29 @@ def test_fastest_sdpa_keeps_the_lowest_forward_backward_that_passed():
 
 
 def test_compare_latencies_flags_slow_points_and_failures():
-    df = fb._tidy(pd.DataFrame([
-        result_row("triton", seq_len=512, fwd=5.0), result_row("sdpa_flash", seq_len=512),  # below min_seq_len
-        result_row("triton", seq_len=1024, fwd=1.05, bwd=2.5), result_row("sdpa_flash", seq_len=1024),
-        result_row("triton", seq_len=2048, status="wrong"), result_row("sdpa_flash", seq_len=2048),
-        result_row("triton", seq_len=4096), result_row("sdpa_flash", seq_len=4096, status="no kernel"),
-    ]))
+    df = fb._tidy(
+        pd.DataFrame(
+            [
+                result_row("triton", seq_len=512, fwd=5.0),
+                result_row("sdpa_flash", seq_len=512),  # below min_seq_len
+                result_row("triton", seq_len=1024, fwd=1.05, bwd=2.5),
+                result_row("sdpa_flash", seq_len=1024),
+                result_row("triton", seq_len=2048, status="wrong"),
+                result_row("sdpa_flash", seq_len=2048),
+                result_row("triton", seq_len=4096),
+                result_row("sdpa_flash", seq_len=4096, status="no kernel"),
+            ]
+        )
+    )
     cmp = fb.compare_latencies(df, "triton", "sdpa_flash", 1.10, min_seq_len=1024, dtypes=["bfloat16"])
     assert sorted(cmp.seq_len.unique()) == [1024, 2048]  # 4096: the baseline did not run
     slow = cmp[cmp.slower]
     assert set(zip(slow.seq_len, slow["pass"])) == {
-        (1024, "backward"), (1024, "forward_backward"), (2048, "forward"), (2048, "backward"), (2048, "forward_backward"),
+        (1024, "backward"),
+        (1024, "forward_backward"),
+        (2048, "forward"),
+        (2048, "backward"),
+        (2048, "forward_backward"),
     }
     assert cmp.set_index(["seq_len", "pass"]).loc[(1024, "backward"), "ratio"] == pytest.approx(1.25)
 
@@ -227,11 +260,16 @@ def test_compare_latencies_on_device_time_and_the_eager_overhead():
     def with_device(row, fwd, bwd):
         return {**row, "forward_device_ms": fwd, "backward_device_ms": bwd, "forward_backward_device_ms": fwd + bwd}
 
-    df = fb._tidy(pd.DataFrame([
-        with_device(result_row("triton", fwd=3.0, bwd=4.0), 0.5, 1.0),
-        with_device(result_row("sdpa_flash", fwd=1.0, bwd=2.0), 0.5, 0.8),
-        result_row("triton", seq_len=2048), result_row("sdpa_flash", seq_len=2048),  # device times not measured
-    ]))
+    df = fb._tidy(
+        pd.DataFrame(
+            [
+                with_device(result_row("triton", fwd=3.0, bwd=4.0), 0.5, 1.0),
+                with_device(result_row("sdpa_flash", fwd=1.0, bwd=2.0), 0.5, 0.8),
+                result_row("triton", seq_len=2048),
+                result_row("sdpa_flash", seq_len=2048),  # device times not measured
+            ]
+        )
+    )
     eager = fb.compare_latencies(df, "triton", "sdpa_flash", 1.10)
     device = fb.compare_latencies(df, "triton", "sdpa_flash", 1.10, value="device_ms").set_index(["seq_len", "pass"])
     assert eager.slower.sum() == 3
@@ -263,7 +301,9 @@ def test_device_time_replays_the_eager_kernels_on_gpu():
         impl.apply(q, k, v, True).backward(grad_out)
         captured["grads"] = [t.grad for t in (q, k, v)]
 
-    times = timing.measure_device_ms(forward_backward, timing.TimingSettings(warmup_ms=1, rep_ms=5), grad_to_none=(q, k, v))
+    times = timing.measure_device_ms(
+        forward_backward, timing.TimingSettings(warmup_ms=1, rep_ms=5), grad_to_none=(q, k, v)
+    )
     assert times and min(times) > 0
     assert q.grad is None  # reset after the measurement
     for replayed, expected in zip(captured["grads"], eager):  # what the last replay wrote
@@ -278,8 +318,15 @@ def test_device_passes_capture_a_backward_recorded_on_the_default_stream_on_gpu(
         pytest.skip("needs a GPU")
     torch.cuda.set_stream(torch.cuda.default_stream())
     q, k, v = (torch.randn(1, 1, 128, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    times = fb.device_passes(registry.implementation("triton"), q, k, v, torch.randn_like(q), True,
-                             timing.TimingSettings(warmup_ms=1, rep_ms=5))
+    times = fb.device_passes(
+        registry.implementation("triton"),
+        q,
+        k,
+        v,
+        torch.randn_like(q),
+        True,
+        timing.TimingSettings(warmup_ms=1, rep_ms=5),
+    )
     assert set(times) == set(fb.PASSES) and all(min(t) > 0 for t in times.values())
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
@@ -302,8 +349,16 @@ def test_a_failed_capture_leaves_the_callers_stream_current_and_random_draws_wor
 
 def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton_on_cpu):
     config = lb.LeaderboardConfig(heads=1, seq_len=32, head_dim=16)
-    df, rounds = lb.leaderboard_table(lb.LEADERBOARD_IMPLS, config, device="cpu", compile=False,
-                                      settings=FAST, fwd_settings=FAST, ceiling_tflops=1.0, rounds=2)
+    df, rounds = lb.leaderboard_table(
+        lb.LEADERBOARD_IMPLS,
+        config,
+        device="cpu",
+        compile=False,
+        settings=FAST,
+        fwd_settings=FAST,
+        ceiling_tflops=1.0,
+        rounds=2,
+    )
     assert list(df.columns[:6]) == lb.LEADERBOARD_COLUMNS
     assert list(df.impl) == ["triton", "sdpa_flash", "sdpa_cudnn"]
     assert list(df.status) == ["ok", "ok", "no kernel"]
@@ -315,7 +370,11 @@ def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton
     assert ours.fwd_bwd_round_min_ms <= ours.fwd_bwd_ms <= ours.fwd_bwd_round_max_ms
     # the implementation without a kernel is not timed; the other two take turns in first place
     assert rounds[["impl", "round", "place"]].values.tolist() == [
-        ["triton", 0, 0], ["sdpa_flash", 0, 1], ["sdpa_flash", 1, 0], ["triton", 1, 1]]
+        ["triton", 0, 0],
+        ["sdpa_flash", 0, 1],
+        ["sdpa_flash", 1, 0],
+        ["triton", 1, 1],
+    ]
     # no GPU, so no clock: the columns are there, empty, and the report's clock sentence is left out
     for table in (df, rounds):
         assert set(lb.CLOCK_COLUMNS) <= set(table.columns) and table[lb.CLOCK_COLUMNS].isna().all().all()
@@ -323,10 +382,12 @@ def test_leaderboard_table_has_the_columns_and_one_row_per_implementation(triton
 
 
 def test_the_clock_sentence_splits_a_time_ratio_into_cycles_and_clocks():
-    df = pd.DataFrame([
-        dict(impl="triton", fwd_bwd_ms=54.5, sm_mhz=1590.0, power_w=697.6, power_capped=1.0),
-        dict(impl="sdpa_cudnn", fwd_bwd_ms=55.2, sm_mhz=1620.0, power_w=697.4, power_capped=0.98),
-    ])
+    df = pd.DataFrame(
+        [
+            dict(impl="triton", fwd_bwd_ms=54.5, sm_mhz=1590.0, power_w=697.6, power_capped=1.0),
+            dict(impl="sdpa_cudnn", fwd_bwd_ms=55.2, sm_mhz=1620.0, power_w=697.4, power_capped=0.98),
+        ]
+    )
     text = lb.clock_text(df)
     assert "**1590 MHz for triton**" in text and "**1620 MHz for sdpa_cudnn**" in text
     assert "698 and 697 W" in text and "in 100% and 98% of the samples" in text
@@ -343,8 +404,9 @@ def test_the_projections_layout_times_strided_views_of_one_model_leaf(triton_on_
     q, k, v = config.views(leaf)
     assert leaf.shape == (3, 1, 32, 32) and q.shape == (1, 2, 32, 16) and q.stride() == (1024, 16, 32, 1)
     assert q.data_ptr() == leaf.data_ptr() and torch.equal(q[0, 1, 5], leaf[0, 0, 5, 16:])
-    df, _ = lb.leaderboard_table(["triton", "sdpa_flash"], config, device="cpu", compile=False,
-                                 settings=FAST, fwd_settings=FAST, rounds=1)
+    df, _ = lb.leaderboard_table(
+        ["triton", "sdpa_flash"], config, device="cpu", compile=False, settings=FAST, fwd_settings=FAST, rounds=1
+    )
     assert list(df.status) == ["ok", "ok"] and (df.max_rel_error < 1e-2).all()
     with pytest.raises(ValueError, match="layout must be"):
         lb.LeaderboardConfig(layout="rows")
@@ -363,15 +425,21 @@ def test_an_implementation_that_fails_in_a_later_round_becomes_a_row_and_leaves_
         return timed(apply, qkv, *args)
 
     monkeypatch.setattr(lb, "time_leaderboard", flaky)
-    df, rounds = lb.leaderboard_table(["triton", "sdpa_flash"], config, device="cpu", compile=False,
-                                      settings=FAST, fwd_settings=FAST, rounds=3)
+    df, rounds = lb.leaderboard_table(
+        ["triton", "sdpa_flash"], config, device="cpu", compile=False, settings=FAST, fwd_settings=FAST, rounds=3
+    )
     assert list(df.status) == ["ok", "OOM"] and "2.00 GiB" in df.note.iloc[1]
     assert pd.isna(df.fwd_bwd_ms.iloc[1]) and df.rounds.iloc[0] == 3
     assert rounds[["impl", "round"]].values.tolist() == [["triton", 0], ["sdpa_flash", 0], ["triton", 1], ["triton", 2]]
 
 
 def test_rounds_rotate_the_order_and_pool_the_runs():
-    assert timing.round_orders(["a", "b", "c"], 4) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert timing.round_orders(["a", "b", "c"], 4) == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
     assert timing.round_orders([], 3) == []
     pooled = lb.pooled_latencies([dict(fwd_bwd=[4.0, 5.0, 9.0], fwd=[1.0]), dict(fwd_bwd=[6.0], fwd=[2.0, 3.0])])
     assert pooled["fwd_bwd_ms"] == 5.5 and pooled["fwd_ms"] == 2.0 and pooled["bwd_ms"] == 3.5
@@ -392,8 +460,15 @@ def test_sweep_times_in_interleaved_rounds(triton_on_cpu, monkeypatch):
         return timed(impl, *args)
 
     monkeypatch.setattr(fb, "time_passes", recording)
-    df = fb.flash_benchmark([32], [16], [torch.float32], ["triton", "pytorch"], device="cpu",
-                            settings=timing.TimingSettings(cpu_steps=3, rounds=3), progress=False)
+    df = fb.flash_benchmark(
+        [32],
+        [16],
+        [torch.float32],
+        ["triton", "pytorch"],
+        device="cpu",
+        settings=timing.TimingSettings(cpu_steps=3, rounds=3),
+        progress=False,
+    )
     assert calls == ["triton", "pytorch", "pytorch", "triton", "triton", "pytorch"]
     assert list(df.status) == ["ok", "ok"] and (df.runs == 3).all()
 
@@ -408,8 +483,15 @@ def test_a_failure_in_a_later_round_becomes_the_row(triton_on_cpu, monkeypatch):
         return timed(impl, *args)
 
     monkeypatch.setattr(fb, "time_passes", flaky)
-    df = fb.flash_benchmark([32], [16], [torch.float32], ["triton", "pytorch"], device="cpu",
-                            settings=timing.TimingSettings(cpu_steps=3, rounds=3), progress=False).set_index("impl")
+    df = fb.flash_benchmark(
+        [32],
+        [16],
+        [torch.float32],
+        ["triton", "pytorch"],
+        device="cpu",
+        settings=timing.TimingSettings(cpu_steps=3, rounds=3),
+        progress=False,
+    ).set_index("impl")
     assert calls == ["triton", "pytorch", "pytorch", "triton", "triton"]  # pytorch leaves the rounds
     assert df.loc["pytorch", "status"] == "OOM" and "3.00 GiB" in df.loc["pytorch", "note"]
     assert pd.isna(df.loc["pytorch", "forward_ms"]) and df.loc["triton", "runs"] == 3
@@ -417,19 +499,25 @@ def test_a_failure_in_a_later_round_becomes_the_row(triton_on_cpu, monkeypatch):
 
 
 def test_leaderboard_bars():
-    df = pd.DataFrame([
-        dict(impl="triton", status="ok", fwd_ms=1.0, fwd_bwd_ms=3.0),
-        dict(impl="sdpa_cudnn", status="ok", fwd_ms=0.9, fwd_bwd_ms=4.0),
-        dict(impl="sdpa_flash", status="no kernel", fwd_ms=float("nan"), fwd_bwd_ms=float("nan")),
-    ])
+    df = pd.DataFrame(
+        [
+            dict(impl="triton", status="ok", fwd_ms=1.0, fwd_bwd_ms=3.0),
+            dict(impl="sdpa_cudnn", status="ok", fwd_ms=0.9, fwd_bwd_ms=4.0),
+            dict(impl="sdpa_flash", status="no kernel", fwd_ms=float("nan"), fwd_bwd_ms=float("nan")),
+        ]
+    )
     bars = lb.leaderboard_bars(df)
     assert list(bars.verdict) == ["pass", "not measured (sdpa_flash: no kernel)", "fail"]
     assert bars.ratio.iloc[0] == pytest.approx(0.75) and bars.ratio.iloc[2] == pytest.approx(1 / 0.9)
     assert bars.rounds_within.isna().all()
-    per_round = pd.DataFrame([
-        dict(impl="triton", round=0, fwd_ms=1.0, fwd_bwd_ms=3.9), dict(impl="sdpa_cudnn", round=0, fwd_ms=1.0, fwd_bwd_ms=4.0),
-        dict(impl="sdpa_cudnn", round=1, fwd_ms=0.9, fwd_bwd_ms=4.0), dict(impl="triton", round=1, fwd_ms=0.9, fwd_bwd_ms=3.6),
-    ])
+    per_round = pd.DataFrame(
+        [
+            dict(impl="triton", round=0, fwd_ms=1.0, fwd_bwd_ms=3.9),
+            dict(impl="sdpa_cudnn", round=0, fwd_ms=1.0, fwd_bwd_ms=4.0),
+            dict(impl="sdpa_cudnn", round=1, fwd_ms=0.9, fwd_bwd_ms=4.0),
+            dict(impl="triton", round=1, fwd_ms=0.9, fwd_bwd_ms=3.6),
+        ]
+    )
     with_rounds = lb.leaderboard_bars(df, per_round)
     assert list(with_rounds.verdict) == list(bars.verdict)
     cudnn = with_rounds.iloc[0]
@@ -440,7 +528,8 @@ def test_leaderboard_bars():
         "**fwd+bwd ≤ 0.95 × sdpa_cudnn: pass** (3.00 ms vs 4.00 ms, 0.750×; round by round 0.900–0.975×, within the "
         "limit in 1 of 2 rounds); **fwd+bwd ≤ 0.7 × sdpa_flash: not measured (sdpa_flash: no kernel)**; "
         "**fwd ≤ 1 × sdpa_cudnn: fail** (1.00 ms vs 0.900 ms, 1.111×; round by round 1.000–1.000×, within the limit "
-        "in 2 of 2 rounds).")
+        "in 2 of 2 rounds)."
+    )
     assert lb.leaderboard_bars_text(bars).endswith("**fwd ≤ 1 × sdpa_cudnn: fail** (1.00 ms vs 0.900 ms, 1.111×).")
     df.loc[0, "status"] = "wrong"
     assert set(lb.leaderboard_bars(df).verdict) == {"fail (ours: wrong)"}
@@ -458,9 +547,18 @@ def test_the_tuning_record_parses(tmp_path):
 
 
 def test_median_table_writes_every_row_and_divides_the_medians(tmp_path, capsys):
-    rows = [dict(shape=s, impl=i, round=r, ms=ms) for s, i, r, ms in
-            [("a", "ours", 0, 1.0), ("a", "ours", 1, 3.0), ("a", "ours", 2, 2.0), ("a", "cudnn", 0, 4.0),
-             ("a", "cudnn", 1, 4.0), ("b", "ours", 0, 1.0), ("b", "cudnn", 0, 2.0)]]
+    rows = [
+        dict(shape=s, impl=i, round=r, ms=ms)
+        for s, i, r, ms in [
+            ("a", "ours", 0, 1.0),
+            ("a", "ours", 1, 3.0),
+            ("a", "ours", 2, 2.0),
+            ("a", "cudnn", 0, 4.0),
+            ("a", "cudnn", 1, 4.0),
+            ("b", "ours", 0, 1.0),
+            ("b", "cudnn", 0, 2.0),
+        ]
+    ]
     med = timing.median_table(rows, str(tmp_path / "t.csv"), ["shape", "impl"], "impl", [("ours", "cudnn")])
     assert len(pd.read_csv(tmp_path / "t.csv")) == len(rows)
     assert med.loc["a", "ours"] == 2.0 and med.loc["a", "ours/cudnn"] == 0.5 and med.loc["b", "ours/cudnn"] == 0.5

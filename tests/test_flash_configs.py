@@ -163,10 +163,15 @@ def test_kv_split_chunk_spreads_the_work_over_the_sms():
 def test_config_for_takes_the_small_grid_entry_by_batch(user_cache, monkeypatch):
     cpu = torch.device("cpu")
     table = flash_configs.config_table()
-    table.store("cpu", ProblemKey.of("forward", 64, torch.bfloat16, True, 1024, 1024), KernelConfig(128, 64, 8, 3),
-                user_cache)
-    table.store("cpu", ProblemKey.of("forward", 64, torch.bfloat16, True, 1024, 1024, small_grid=True),
-                KernelConfig(64, 128, 4, 3), user_cache)
+    table.store(
+        "cpu", ProblemKey.of("forward", 64, torch.bfloat16, True, 1024, 1024), KernelConfig(128, 64, 8, 3), user_cache
+    )
+    table.store(
+        "cpu",
+        ProblemKey.of("forward", 64, torch.bfloat16, True, 1024, 1024, small_grid=True),
+        KernelConfig(64, 128, 4, 3),
+        user_cache,
+    )
     monkeypatch.setattr(flash_configs, "sm_count", lambda device: 132)
     assert config_for("forward", 64, torch.bfloat16, True, 1024, 1024, cpu, batch=1) == KernelConfig(64, 128, 4, 3)
     assert config_for("forward", 64, torch.bfloat16, True, 1024, 1024, cpu, batch=16) == KernelConfig(128, 64, 8, 3)
@@ -184,13 +189,15 @@ def test_later_files_win(tmp_path):
 def test_config_for_reads_the_user_cache(user_cache):
     cpu = torch.device("cpu")
     assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == default_config("forward", 16, 4)
-    ConfigTable([user_cache]).store("cpu", ProblemKey.of("forward", 16, torch.float32, True, 40, 40),
-                                    KernelConfig(32, 16, 4, 1), user_cache)
+    ConfigTable([user_cache]).store(
+        "cpu", ProblemKey.of("forward", 16, torch.float32, True, 40, 40), KernelConfig(32, 16, 4, 1), user_cache
+    )
     flash_configs.reload_config_table()
     assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == KernelConfig(32, 16, 4, 1)
     # lookups are cached; a configuration stored in the live table (as the tuner does) still wins at once
-    flash_configs.config_table().store("cpu", ProblemKey.of("forward", 16, torch.float32, True, 40, 40),
-                                       KernelConfig(16, 16, 2, 1), user_cache)
+    flash_configs.config_table().store(
+        "cpu", ProblemKey.of("forward", 16, torch.float32, True, 40, 40), KernelConfig(16, 16, 2, 1), user_cache
+    )
     assert config_for("forward", 16, torch.float32, True, 40, 40, cpu) == KernelConfig(16, 16, 2, 1)
 
 
@@ -213,10 +220,15 @@ def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache, monke
 
     torch._dynamo.reset()
     compiled = torch.compile(tile_code, dynamic=True, fullgraph=True)
-    for n_q, n_k, batch, expected in [(100, 100, 4, (16, 32, 2, 1)), (120, 90, 4, (16, 32, 2, 1)),
-                                      (3000, 3000, 4, (64, 16, 8, 3)), (100, 4000, 4, (64, 16, 8, 3)),
-                                      (110, 70, 4, (16, 32, 2, 1)), (110, 70, 3, (32, 32, 4, 2)),
-                                      (100, 4000, 1, (32, 32, 4, 2))]:
+    for n_q, n_k, batch, expected in [
+        (100, 100, 4, (16, 32, 2, 1)),
+        (120, 90, 4, (16, 32, 2, 1)),
+        (3000, 3000, 4, (64, 16, 8, 3)),
+        (100, 4000, 4, (64, 16, 8, 3)),
+        (110, 70, 4, (16, 32, 2, 1)),
+        (110, 70, 3, (32, 32, 4, 2)),
+        (100, 4000, 1, (32, 32, 4, 2)),
+    ]:
         x, y, b = torch.zeros(n_q), torch.zeros(n_k), torch.zeros(batch)
         assert tuple(compiled(x, y, b).int().tolist()) == expected, (n_q, n_k, batch)
         assert tuple(tile_code(x, y, b).int().tolist()) == expected
@@ -225,18 +237,24 @@ def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache, monke
 
 def test_each_kernel_runs_its_own_configuration(user_cache):
     """Forward, dK/dV and dQ with three different tile shapes still give the float64 answer."""
+    from cs336_systems.attention.api import FlashAttentionTriton
     from cs336_systems.attention.launch.dispatch import kernel_config
     from cs336_systems.attention.launch.layout import kernels_interpreted
-    from cs336_systems.attention.api import FlashAttentionTriton
     from test_flash_attention import check_against_reference
 
     if not torch.cuda.is_available() and not kernels_interpreted():
         pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set, and there is no GPU")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = flash_configs.device_name(torch.device(device))
-    chosen = {"forward": KernelConfig(32, 16, 4, 1), "dkdv": KernelConfig(16, 32, 4, 1), "dq": KernelConfig(16, 16, 4, 1)}
+    chosen = {
+        "forward": KernelConfig(32, 16, 4, 1),
+        "dkdv": KernelConfig(16, 32, 4, 1),
+        "dq": KernelConfig(16, 16, 4, 1),
+    }
     for kernel, config in chosen.items():
-        ConfigTable([user_cache]).store(name, ProblemKey.of(kernel, 16, torch.float32, True, 45, 45), config, user_cache)
+        ConfigTable([user_cache]).store(
+            name, ProblemKey.of(kernel, 16, torch.float32, True, 45, 45), config, user_cache
+        )
     flash_configs.reload_config_table()
     assert FlashAttentionTriton.tiles is None
     q = torch.zeros(1, 45, 16, device=device)
@@ -284,7 +302,13 @@ def test_the_shipped_h100_table_tunes_head_dim_128_with_and_without_the_mask(ker
     keys = table.entries["NVIDIA H100 80GB HBM3"]
     for is_causal in (True, False):
         for small_grid in (True, False):
-            found = [k for k in keys if (k.kernel, k.head_dim_tile, k.dtype, k.is_causal, k.small_grid)
-                     == (kernel, 128, "bfloat16", is_causal, small_grid)]
-            assert found, f"no {kernel} d=128 bf16 {'causal' if is_causal else 'full'} entry for " \
-                          f"{'small' if small_grid else 'full'} grids"
+            found = [
+                k
+                for k in keys
+                if (k.kernel, k.head_dim_tile, k.dtype, k.is_causal, k.small_grid)
+                == (kernel, 128, "bfloat16", is_causal, small_grid)
+            ]
+            assert found, (
+                f"no {kernel} d=128 bf16 {'causal' if is_causal else 'full'} entry for "
+                f"{'small' if small_grid else 'full'} grids"
+            )

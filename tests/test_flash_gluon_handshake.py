@@ -226,6 +226,7 @@ def test_d128_handshake_never_deadlocks_and_adds_every_column_half_once(n_tiles)
 def test_the_d128_checker_catches_a_late_phase_and_a_missing_wait():
     """A wait for the visit before (an off-by-one in `ds_ready_phase`) and stores without the ds_free wait
     are both reported."""
+
     def late(h, n_tiles):
         for op in warpgroup_d128(h, n_tiles):
             if op[0] == "wait" and op[1][0] == "ds_ready":

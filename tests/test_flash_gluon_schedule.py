@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cs336_systems.attention.heuristics import heads_per_section
-from cs336_systems.attention.launch.gluon import schedule_grid
 from cs336_systems.attention.kernels.gluon_schedule import heaviest_first
+from cs336_systems.attention.launch.gluon import schedule_grid
 
 order_of = heaviest_first.fn  # the @gluon.jit function's Python body: integer arithmetic only
 
@@ -15,12 +15,18 @@ order_of = heaviest_first.fn  # the @gluon.jit function's Python body: integer a
 def expected_order(n_blocks: int, n_batch: int, section: int) -> list[tuple[int, int]]:
     """Sections of `section` heads one after another (the last holding what remains); within one, the blocks
     by rank, heaviest (0) first, and for each rank the section's heads in turn."""
-    return [(rank, head) for first in range(0, n_batch, section) for rank in range(n_blocks)
-            for head in range(first, min(n_batch, first + section))]
+    return [
+        (rank, head)
+        for first in range(0, n_batch, section)
+        for rank in range(n_blocks)
+        for head in range(first, min(n_batch, first + section))
+    ]
 
 
-@pytest.mark.parametrize("n_blocks, n_batch, section", [
-    (32, 64, 16), (16, 4, 4), (7, 5, 2), (3, 10, 4), (5, 3, 4), (9, 1, 1), (4, 6, 1), (1, 7, 8)])
+@pytest.mark.parametrize(
+    "n_blocks, n_batch, section",
+    [(32, 64, 16), (16, 4, 4), (7, 5, 2), (3, 10, 4), (5, 3, 4), (9, 1, 1), (4, 6, 1), (1, 7, 8)],
+)
 def test_heaviest_first_visits_each_block_once_heaviest_first_per_section(n_blocks, n_batch, section):
     got = [order_of(pid, n_blocks, n_batch, section) for pid in range(n_blocks * n_batch)]
     assert got == expected_order(n_blocks, n_batch, section)
@@ -30,8 +36,9 @@ def test_heaviest_first_visits_each_block_once_heaviest_first_per_section(n_bloc
 def test_one_head_per_section_is_the_block_batch_grid_order():
     """SECTION = 1 launches as the (block, batch) grids did: blocks innermost, one head after another."""
     n_blocks, n_batch = 6, 3
-    assert [order_of(pid, n_blocks, n_batch, 1) for pid in range(n_blocks * n_batch)] == \
-        [(block, batch) for batch in range(n_batch) for block in range(n_blocks)]
+    assert [order_of(pid, n_blocks, n_batch, 1) for pid in range(n_blocks * n_batch)] == [
+        (block, batch) for batch in range(n_batch) for block in range(n_blocks)
+    ]
 
 
 def test_one_head_per_section_keeps_the_block_batch_grid():
@@ -40,15 +47,18 @@ def test_one_head_per_section_keeps_the_block_batch_grid():
     assert schedule_grid(33, 4, 2) == (132,)
 
 
-@pytest.mark.parametrize("n, d, batch, section", [
-    (4096, 128, 64, 4),  # a head's K and V are 2 MiB: 4 fit in 8 MiB
-    (8192, 96, 64, 2),  # 3 MiB: 2.7 fit, a power of two
-    (8192, 128, 16, 2),  # 4 MiB, 64 blocks of 128 rows
-    (16384, 64, 16, 1),  # 128 blocks: one head after another (the 2025 leaderboard's shape)
-    (32768, 128, 32, 1),  # the 2026 shape's: 16 MiB, and 256 blocks
-    (4096, 64, 3, 4),  # at most the power of two from the batch on
-    (4096, 64, 1, 1),
-])
+@pytest.mark.parametrize(
+    "n, d, batch, section",
+    [
+        (4096, 128, 64, 4),  # a head's K and V are 2 MiB: 4 fit in 8 MiB
+        (8192, 96, 64, 2),  # 3 MiB: 2.7 fit, a power of two
+        (8192, 128, 16, 2),  # 4 MiB, 64 blocks of 128 rows
+        (16384, 64, 16, 1),  # 128 blocks: one head after another (the 2025 leaderboard's shape)
+        (32768, 128, 32, 1),  # the 2026 shape's: 16 MiB, and 256 blocks
+        (4096, 64, 3, 4),  # at most the power of two from the batch on
+        (4096, 64, 1, 1),
+    ],
+)
 def test_heads_per_section_fit_in_section_bytes(monkeypatch, n, d, batch, section):
     from cs336_systems.attention import heuristics
 
@@ -66,8 +76,8 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
     dQ to fp32 rounding (its parts are added in another order), at a ragged N."""
     import torch
 
-    from cs336_systems.attention.launch import gluon as flash_gluon
     from cs336_systems.attention import heuristics
+    from cs336_systems.attention.launch import gluon as flash_gluon
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernels run on Hopper")
@@ -79,9 +89,11 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
         out, lse = torch.full_like(q, float("nan")), torch.full(q.shape[:-1], float("nan"), device="cuda")
         delta, dq_acc = torch.empty_like(lse), torch.empty(q.shape, device="cuda")
         grad_k, grad_v = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        launches = [flash_gluon.forward_launch(q, k, v, out, lse, is_causal),
-                    flash_gluon.preprocess_launch(out, do, delta, dq_acc),
-                    flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal)]
+        launches = [
+            flash_gluon.forward_launch(q, k, v, out, lse, is_causal),
+            flash_gluon.preprocess_launch(out, do, delta, dq_acc),
+            flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal),
+        ]
         for launch in launches:
             if section is not None and "SECTION" in launch.options:
                 launch = flash_gluon.with_section(launch, section, 6)

@@ -57,8 +57,10 @@ def test_an_extension_that_cannot_be_built_leaves_the_python_path(monkeypatch, c
     from torch.utils import cpp_extension
 
     def failing_build(**kwargs):
-        raise RuntimeError("Error building extension 'x': [1/2] c++ -c flash_autograd.cpp\n"
-                           "flash_autograd.cpp:3:1: error: expected declaration\nninja: build stopped: subcommand failed.")
+        raise RuntimeError(
+            "Error building extension 'x': [1/2] c++ -c flash_autograd.cpp\n"
+            "flash_autograd.cpp:3:1: error: expected declaration\nninja: build stopped: subcommand failed."
+        )
 
     monkeypatch.setattr(flash_native, "_module", None)
     monkeypatch.setattr(flash_native, "_failure", None)
@@ -72,11 +74,20 @@ def test_an_extension_that_cannot_be_built_leaves_the_python_path(monkeypatch, c
 
 
 def _compiled(signature: dict, **metadata) -> SimpleNamespace:
-    md = dict(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, profile_scratch_size=0,
-              global_scratch_align=128, global_scratch_size=0, num_warps=4, shared=2048)
+    md = dict(
+        num_ctas=1,
+        launch_cooperative_grid=False,
+        launch_pdl=False,
+        profile_scratch_size=0,
+        global_scratch_align=128,
+        global_scratch_size=0,
+        num_warps=4,
+        shared=2048,
+    )
     md.update(metadata)
-    return SimpleNamespace(metadata=SimpleNamespace(**md), src=SimpleNamespace(signature=signature), name="kernel",
-                           function=0x1234)
+    return SimpleNamespace(
+        metadata=SimpleNamespace(**md), src=SimpleNamespace(signature=signature), name="kernel", function=0x1234
+    )
 
 
 def _triton_launcher_params(signature: dict) -> list[str]:
@@ -92,10 +103,17 @@ def test_launch_spec_follows_triton_launcher():
     # passed), i64 past 2^31, then the constexprs.
     signature = {"q": "*bf16", "lse": "*fp32", "stride": "i32", "unit": "constexpr", "big": "i64", "D": "constexpr"}
     plan = SimpleNamespace(grid=(3, 2), scalars=(64, 1, 2**40))
-    spec = flash_native.launch_spec("dq", plan, ("q", "lse"), (0, 4), compiled=_compiled(
-        signature, global_scratch_size=128), kinds=KINDS)
-    assert spec["params"] == [(KINDS.TENSOR, 0), (KINDS.TENSOR, 4), (KINDS.I32, 64), (KINDS.I64, 2**40),
-                              (KINDS.SCRATCH, 0), (KINDS.NULL_POINTER, 0)]
+    spec = flash_native.launch_spec(
+        "dq", plan, ("q", "lse"), (0, 4), compiled=_compiled(signature, global_scratch_size=128), kinds=KINDS
+    )
+    assert spec["params"] == [
+        (KINDS.TENSOR, 0),
+        (KINDS.TENSOR, 4),
+        (KINDS.I32, 64),
+        (KINDS.I64, 2**40),
+        (KINDS.SCRATCH, 0),
+        (KINDS.NULL_POINTER, 0),
+    ]
     launcher = _triton_launcher_params(signature)
     assert launcher == ["&arg0", "&arg1", "&arg2", "&arg4", "&global_scratch", "&profile_scratch"]
     assert len(spec["params"]) == len(launcher)
@@ -106,13 +124,16 @@ def test_launch_spec_follows_triton_launcher():
     assert spec["params"][-2:] == [(KINDS.NULL_POINTER, 0), (KINDS.NULL_POINTER, 0)]
 
 
-@pytest.mark.parametrize("signature, metadata", [
-    ({"q": "*bf16", "scale": "fp32"}, {}),  # a runtime float
-    ({"q": "*bf16", "n": "i32"}, {"num_ctas": 2}),  # a cluster launch
-    ({"q": "*bf16", "n": "i32"}, {"launch_pdl": True}),
-    ({"q": "*bf16", "n": "i32"}, {"profile_scratch_size": 64}),
-    ({"q": "*bf16", "n": "i32", "extra": "i32"}, {}),  # a runtime parameter the plan does not give
-])
+@pytest.mark.parametrize(
+    "signature, metadata",
+    [
+        ({"q": "*bf16", "scale": "fp32"}, {}),  # a runtime float
+        ({"q": "*bf16", "n": "i32"}, {"num_ctas": 2}),  # a cluster launch
+        ({"q": "*bf16", "n": "i32"}, {"launch_pdl": True}),
+        ({"q": "*bf16", "n": "i32"}, {"profile_scratch_size": 64}),
+        ({"q": "*bf16", "n": "i32", "extra": "i32"}, {}),  # a runtime parameter the plan does not give
+    ],
+)
 def test_launch_spec_refuses_what_the_node_does_not_launch(signature, metadata):
     plan = SimpleNamespace(grid=(1,), scalars=(0.5,) if "scale" in signature else (8,))
     with pytest.raises(flash_native.Unsupported):
@@ -179,8 +200,15 @@ def _fill_tma_descriptor(address_slot, swizzle, elem_size, elem_type, block_size
     these arguments: dims and box reversed, strides but the innermost reversed and in bytes, OOB fill NaN
     for padding 1."""
     rank = len(block_size)
-    return dict(slot=address_slot, dtype=elem_type, dims=shape[::-1], box=block_size[::-1],
-                strides=[elem_size * strides[i] for i in reversed(range(rank - 1))], swizzle=swizzle, fill=padding)
+    return dict(
+        slot=address_slot,
+        dtype=elem_type,
+        dims=shape[::-1],
+        box=block_size[::-1],
+        strides=[elem_size * strides[i] for i in reversed(range(rank - 1))],
+        swizzle=swizzle,
+        fill=padding,
+    )
 
 
 @pytest.fixture(scope="module", params=["causal", "full"])
@@ -190,8 +218,13 @@ def gluon_route_specs(request):
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root / "lib") + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run([sys.executable, "-c", GLUON_SPEC_SCRIPT, str(root / "tools"), json.dumps(vars(KINDS)),
-                             request.param], env=env, capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-c", GLUON_SPEC_SCRIPT, str(root / "tools"), json.dumps(vars(KINDS)), request.param],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return dict(causal=request.param == "causal", launches=json.loads(result.stdout.strip().splitlines()[-1]))
 
@@ -218,7 +251,7 @@ def test_gluon_route_specs_follow_triton_launcher(gluon_route_specs):
         assert [m["slot"] for m in spec.get("maps", [])] == [slot[m] for m in maps]
         starts = [i for i, (kind, _) in enumerate(params) if kind == KINDS.TENSOR_MAP]
         assert [params[i][1] for i in starts] == list(range(len(maps)))
-        assert [[value for _, value in params[i + 1:i + 7]] for i in starts] == found["trailing"]
+        assert [[value for _, value in params[i + 1 : i + 7]] for i in starts] == found["trailing"]
         assert spec["threads"] == found["threads"] and spec["shared"] == found["shared"]
         assert spec["grid"] == [*found["grid"], 1, 1][:3]
     forward, _, backward, _ = (found["spec"] for found in gluon_route_specs["launches"])
@@ -233,7 +266,9 @@ def test_gluon_route_specs_follow_triton_launcher(gluon_route_specs):
     assert backward["grid"] == forward["grid"]  # 128 key rows per CTA, Q and dO as large as K and V
     # the dQ accumulator as (batch·2, N, 64) fp32 planes, 32-column (128-byte) boxes
     assert backward["maps"][-1]["dims"] == [64, 4100, 8] and backward["maps"][-1]["strides"] == [64 * 4, 4100 * 64 * 4]
-    assert backward["maps"][-1]["dtype"] == 7 and backward["maps"][-1]["box"][0] == 32  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+    assert (
+        backward["maps"][-1]["dtype"] == 7 and backward["maps"][-1]["box"][0] == 32
+    )  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
 
 
 def test_compiled_launch_spec_refuses_descriptors_it_cannot_encode():
@@ -241,8 +276,16 @@ def test_compiled_launch_spec_refuses_descriptors_it_cannot_encode():
     signature = {"q_desc": "tensordesc<bf16[1, 64, 64],NVMMASharedLayout()>", "n": "i32"}
     meta = dict(swizzle=3, elem_size=2, elem_type=10, block_size=[1, 64, 64], fp4_padded=False)
     spec = flash_native.compiled_launch_spec("k", _compiled(signature, tensordesc_meta=[meta]), (1,), (desc, 64), KINDS)
-    assert spec["params"][:8] == [(KINDS.TENSOR_MAP, 0), (KINDS.I32, 2), (KINDS.I32, 64), (KINDS.I32, 64),
-                                  (KINDS.I64, 4096), (KINDS.I64, 64), (KINDS.I64, 1), (KINDS.I32, 64)]
+    assert spec["params"][:8] == [
+        (KINDS.TENSOR_MAP, 0),
+        (KINDS.I32, 2),
+        (KINDS.I32, 64),
+        (KINDS.I32, 64),
+        (KINDS.I64, 4096),
+        (KINDS.I64, 64),
+        (KINDS.I64, 1),
+        (KINDS.I32, 64),
+    ]
     for compiled, args in (
         (_compiled(signature, tensordesc_meta=None), (desc, 64)),  # lowered to a pointer, not a TMA descriptor
         (_compiled(signature, tensordesc_meta=[{**meta, "fp4_padded": True}]), (desc, 64)),
@@ -255,9 +298,14 @@ def test_compiled_launch_spec_refuses_descriptors_it_cannot_encode():
 
 # --- GPU ------------------------------------------------------------------------------------------------------
 
-GEOMETRIES = [((1, 1, 1024, 64), torch.bfloat16, True), ((1, 1, 4096, 128), torch.bfloat16, True),
-              ((2, 3, 333, 32), torch.float16, False), ((1, 2, 1000, 16), torch.bfloat16, True),
-              ((1, 1, 512, 64), torch.float32, True), ((2, 4, 2048, 64), torch.bfloat16, False)]
+GEOMETRIES = [
+    ((1, 1, 1024, 64), torch.bfloat16, True),
+    ((1, 1, 4096, 128), torch.bfloat16, True),
+    ((2, 3, 333, 32), torch.float16, False),
+    ((1, 2, 1000, 16), torch.bfloat16, True),
+    ((1, 1, 512, 64), torch.float32, True),
+    ((2, 4, 2048, 64), torch.bfloat16, False),
+]
 
 
 def _inputs(shape, dtype, seed=0):
@@ -368,8 +416,10 @@ def test_native_node_reads_a_models_head_views_in_place(native, d):
     """A model's (1, h, N, d) views of its (1, N, h d) projections go through the node: O and the gradients
     equal the Python path's and float64's, and the gradients have the views' strides."""
     gen = torch.Generator(device="cuda").manual_seed(d)
-    q, k, v = (head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4)
-               .requires_grad_() for _ in range(3))
+    q, k, v = (
+        head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4).requires_grad_()
+        for _ in range(3)
+    )
     grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     _check_the_node(q, k, v, True, grad_out)
 
@@ -400,7 +450,9 @@ def test_calls_the_node_does_not_serve_take_the_python_path(native):
     strided = [t.transpose(1, 2) for t in (q, k, v)]  # (batch, heads, N, d) views the kernels cannot read in place
     assert flash_attention_triton(*strided, True).grad_fn.name() == "FlashAttentionTritonBackward"
     q, k, v = _inputs((1, 1, 1024, 64), torch.bfloat16)
-    assert flash_attention_triton(q, k, v, True, backward_impl="pytorch").grad_fn.name() == "FlashAttentionTritonBackward"
+    assert (
+        flash_attention_triton(q, k, v, True, backward_impl="pytorch").grad_fn.name() == "FlashAttentionTritonBackward"
+    )
     flash_attention_triton(q, k, v, True)  # registered, then captured: the capture takes the Python path
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -426,8 +478,11 @@ def gluon_limits(monkeypatch):
         pytest.skip("the Gluon kernels run on Hopper")
 
     def lift(backward: bool) -> None:
-        for name, value in (("MIN_SEQ_LEN", {64: 0, 128: 0}), ("MIN_CTAS_PER_SM", {64: 0, 128: 0}),
-                            ("MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})):
+        for name, value in (
+            ("MIN_SEQ_LEN", {64: 0, 128: 0}),
+            ("MIN_CTAS_PER_SM", {64: 0, 128: 0}),
+            ("MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}}),
+        ):
             monkeypatch.setattr(heuristics, name, value)
         floor = 0 if backward else float("inf")
         monkeypatch.setattr(heuristics, "D128_BWD_MIN_SEQ_LEN", floor)
@@ -442,27 +497,39 @@ def gluon_limits(monkeypatch):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("views", [False, True], ids=["contiguous", "head views"])
-@pytest.mark.parametrize("d, n, is_causal, gluon_backward", [
-    (128, 4100, True, False), (128, 4096, False, False),  # the Gluon forward, the Triton backward kernels
-    (128, 1000, True, True), (128, 1000, False, True), (64, 1000, True, True),  # the Gluon kernels both ways
-])
+@pytest.mark.parametrize(
+    "d, n, is_causal, gluon_backward",
+    [
+        (128, 4100, True, False),
+        (128, 4096, False, False),  # the Gluon forward, the Triton backward kernels
+        (128, 1000, True, True),
+        (128, 1000, False, True),
+        (64, 1000, True, True),  # the Gluon kernels both ways
+    ],
+)
 def test_native_node_launches_the_gluon_kernels(native, gluon_limits, views, d, n, is_causal, gluon_backward):
     """Where the route holds Gluon kernels, the node launches them with descriptors it encodes itself (and the
     fused backward between its two conversions): O and L bit for bit the Python path's (the same kernel), the
     gradients the Python path's, and all of them float64's within the dtype's tolerance; contiguous inputs
     and a model's head views, ragged N included."""
-    from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies
     from cs336_systems.attention.api import FlashAttentionTriton, flash_attention_triton
+    from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies
 
     gluon_limits(backward=gluon_backward)
     heads = 4
     gen = torch.Generator(device="cuda").manual_seed(n + d)
     if views:
-        q, k, v = (head_views(torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen), heads)
-                   .requires_grad_() for _ in range(3))
+        q, k, v = (
+            head_views(
+                torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen), heads
+            ).requires_grad_()
+            for _ in range(3)
+        )
     else:
-        q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+            for _ in range(3)
+        )
     assert gluon_forward_applies(q, k, v, is_causal, False)
     assert gluon_backward_applies(q, k, v, is_causal, False) is gluon_backward
     grad_out = torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -29,8 +29,8 @@ import torch.nn as nn
 from cs336_systems.accounting.sharding import is_sharded_by_fsdp, setup_for_model, transformer_parameter_shapes
 from cs336_systems.distributed.adapters_sharding import fsdp_gather_full_params, fsdp_on_after_backward, get_fsdp
 from cs336_systems.distributed.fsdp import FSDP, ShardedWeight, shardable_weight
-from cs336_systems.experiments.fsdp_timeline import forward_gather_timing
 from cs336_systems.distributed.launch import spawn
+from cs336_systems.experiments.fsdp_timeline import forward_gather_timing
 from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel
 from cs336_systems.model import ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
@@ -94,7 +94,9 @@ def _compare(make_model, dtype: torch.dtype, probe: bool = False) -> dict:
     if probe:  # registered after FSDP's hooks, so it sees the state right after the prefetch
         for w in fsdp.weights:
             w.module.register_forward_pre_hook(
-                lambda m, a, w=w: live_during_forward.append([v.name for v in fsdp.weights if v.state != ShardedWeight.FREE])
+                lambda m, a, w=w: live_during_forward.append(
+                    [v.name for v in fsdp.weights if v.state != ShardedWeight.FREE]
+                )
             )
     start = copy.deepcopy(reference)
     for step in range(STEPS):
@@ -197,7 +199,9 @@ def _check_equal(ranks: list[dict], case: str) -> None:
         else:  # per step: w - update rounds to within half an ulp on either side (<= 1 eps·max|W| apart), and
             # eps = 1e-5 keeps Adam's amplification of the gradients' ulp differences below that
             assert r["max_eps_units"] <= STEPS, f"{differs} ({r['max_eps_units']:.2f} eps·max|W|)"
-        assert r["dtypes"] == {"torch.float32"} and r["shard_dtypes"] == {"torch.float32"}, "master weights must stay fp32"
+        assert r["dtypes"] == {"torch.float32"} and r["shard_dtypes"] == {"torch.float32"}, (
+            "master weights must stay fp32"
+        )
         assert r["all_released"], "gathered weights must be released after the step"
         expected = "torch.float16" if case == "fp16" else "torch.float32"
         assert r["gathered_dtypes"] == {expected}, "weights are gathered (communicated) in the compute dtype"
@@ -233,7 +237,9 @@ def test_prefetches_one_module_ahead(two_ranks):
     r = two_ranks[0]["fp32"]
     order, live = r["order"], r["live_during_forward"]
     assert order[0] == "token_embeddings.weight" and order[-1] == "lm_head.weight"
-    assert order.index("layers.0.ffn.w3.weight") < order.index("layers.0.ffn.w2.weight"), "order must be the execution order"
+    assert order.index("layers.0.ffn.w3.weight") < order.index("layers.0.ffn.w2.weight"), (
+        "order must be the execution order"
+    )
     assert len(live) == len(order)
     for i, names in enumerate(live):
         assert set(names) == set(order[i : i + 2]), f"at {order[i]}: gathered {names}"
@@ -261,8 +267,17 @@ def test_needs_a_process_group():
 
 
 def _event(name, kind, ts, dur, lane="CPU thread 1", launch=None):
-    return dict(name=name, kind=kind, ts_us=float(ts), dur_us=float(dur), end_us=float(ts + dur), lane=lane,
-                launch_ts_us=float(ts if launch is None else launch), source="", host_pid=1)
+    return dict(
+        name=name,
+        kind=kind,
+        ts_us=float(ts),
+        dur_us=float(dur),
+        end_us=float(ts + dur),
+        lane=lane,
+        launch_ts_us=float(ts if launch is None else launch),
+        source="",
+        host_pid=1,
+    )
 
 
 def _gpu_trace(with_launches: bool = True) -> pd.DataFrame:
@@ -270,12 +285,14 @@ def _gpu_trace(with_launches: bool = True) -> pd.DataFrame:
     B's gather is launched at A's start but ends at 130 while the stream is free from 100: 30 µs exposed."""
     compute, comm = "GPU 0 stream 7", "GPU 0 stream 20"
     rows = [
-        _event("fsdp all-gather A", "range", 0, 5), _event("fsdp all-gather B", "range", 20, 5),
-        _event("fsdp forward A", "range", 30, 10), _event("fsdp forward B", "range", 50, 10),
+        _event("fsdp all-gather A", "range", 0, 5),
+        _event("fsdp all-gather B", "range", 20, 5),
+        _event("fsdp forward A", "range", 30, 10),
+        _event("fsdp forward B", "range", 50, 10),
         _event("ncclDevKernel_AllGather_RING_LL", "kernel", 10, 40, comm, launch=2 if with_launches else 500),
         _event("ncclDevKernel_AllGather_RING_LL", "kernel", 60, 70, comm, launch=22 if with_launches else 501),
         _event("previous_gemm", "kernel", 20, 40, compute, launch=1),
-        _event("gemm_A", "kernel", 60, 40, compute, launch=32),   # A: starts right after 60
+        _event("gemm_A", "kernel", 60, 40, compute, launch=32),  # A: starts right after 60
         _event("gemm_B", "kernel", 130, 20, compute, launch=52),  # B: waited for its gather until 130
     ]
     return pd.DataFrame(rows)

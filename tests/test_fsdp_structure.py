@@ -132,12 +132,20 @@ def _train_side_by_side(dtype: torch.dtype | None, with_tile_scale: bool = False
         ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
         labels = torch.randint(0, VOCAB, (BATCH,), generator=g)
         local = BATCH // world_size
-        out = dict(equal_to_halves=[], diff_to_halves=[], diff_to_whole=[], units_to_whole=[], grads_ok=True,
-                   replicated_equal=True)
+        out = dict(
+            equal_to_halves=[],
+            diff_to_halves=[],
+            diff_to_whole=[],
+            units_to_whole=[],
+            grads_ok=True,
+            replicated_equal=True,
+        )
         for step in range(STEPS):
             _sgd(whole, _gradients(whole, ids, labels, dtype))
-            parts = [_gradients(halves, ids[r * local : (r + 1) * local], labels[r * local : (r + 1) * local], dtype)
-                     for r in range(world_size)]
+            parts = [
+                _gradients(halves, ids[r * local : (r + 1) * local], labels[r * local : (r + 1) * local], dtype)
+                for r in range(world_size)
+            ]
             _sgd(halves, {n: sum(p[n] for p in parts) / world_size for n in parts[0]})
 
             optimizer.zero_grad(set_to_none=True)
@@ -188,8 +196,12 @@ def test_foreign_layers_are_sharded_by_structure(ranks):
     r = ranks[0]["fp32"]
     assert r["sharded"] == ["embedding.weight", "linear1.weight", "linear2.weight", "lm_head.weight"]
     assert r["replicated"] == ["norm1.weight", "norm2.weight"]
-    assert r["roles"] == {"embedding.weight": "lookup", "linear1.weight": "linear", "linear2.weight": "linear",
-                          "lm_head.weight": "linear"}
+    assert r["roles"] == {
+        "embedding.weight": "lookup",
+        "linear1.weight": "linear",
+        "linear2.weight": "linear",
+        "lm_head.weight": "linear",
+    }
     assert r["warnings"] == [], "a lookup table and linear maps must not warn"
 
 

@@ -33,16 +33,36 @@ def _range(name, ts, dur):
 def _kernel(name, stream, ts, dur, launched_at):
     """A kernel on device 0 and the runtime call that launched it (host time `launched_at`)."""
     correlation = next(_CORRELATIONS)
-    launch = dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", pid=1, tid=1, ts=launched_at, dur=1,
-                  args=dict(correlation=correlation))
-    kernel = dict(ph="X", cat="kernel", name=name, pid=0, tid=stream, ts=ts, dur=dur,
-                  args=dict(device=0, stream=stream, correlation=correlation))
+    launch = dict(
+        ph="X",
+        cat="cuda_runtime",
+        name="cudaLaunchKernel",
+        pid=1,
+        tid=1,
+        ts=launched_at,
+        dur=1,
+        args=dict(correlation=correlation),
+    )
+    kernel = dict(
+        ph="X",
+        cat="kernel",
+        name=name,
+        pid=0,
+        tid=stream,
+        ts=ts,
+        dur=dur,
+        args=dict(device=0, stream=stream, correlation=correlation),
+    )
     return [launch, kernel]
 
 
 def _trace(filled: bool = False) -> dict:
-    events = [_range("fsdp all-gather A", 0, 5), _range("fsdp all-gather B", 20, 5),
-              _range("fsdp forward A", 30, 10), _range("fsdp forward B", 50, 10)]
+    events = [
+        _range("fsdp all-gather A", 0, 5),
+        _range("fsdp all-gather B", 20, 5),
+        _range("fsdp forward A", 30, 10),
+        _range("fsdp forward B", 50, 10),
+    ]
     events += _kernel(GATHER, 20, 10, 40, launched_at=2) + _kernel(GATHER, 20, 60, 70, launched_at=22)
     events += _kernel(GEMM, 7, 20, 40, launched_at=1) + _kernel(GEMM, 7, 60, 40, launched_at=32)
     events += _kernel(GEMM, 7, 130, 20, launched_at=52)
@@ -69,13 +89,22 @@ def test_the_late_gather_is_found_in_the_same_trace():
 
 
 def test_a_cpu_trace_has_no_gpu_clock_to_measure_on():
-    cpu = {"traceEvents": [_range("fsdp all-gather A", 0, 5), _range("fsdp wait A", 6, 2), _range("fsdp forward A", 9, 10)]}
+    cpu = {
+        "traceEvents": [_range("fsdp all-gather A", 0, 5), _range("fsdp wait A", 6, 2), _range("fsdp forward A", 9, 10)]
+    }
     assert all(math.isnan(v) for v in forward_overlap(load_trace(cpu)).values())
 
 
 def _profile(batch, trace=None, status="ok"):
-    return dict(size="2.7B", strategy="fsdp", compute_dtype="bf16", batch_per_rank=batch, context_length=512,
-                status=status, events=load_trace(trace) if trace is not None else None)
+    return dict(
+        size="2.7B",
+        strategy="fsdp",
+        compute_dtype="bf16",
+        batch_per_rank=batch,
+        context_length=512,
+        status=status,
+        events=load_trace(trace) if trace is not None else None,
+    )
 
 
 def test_the_first_gpu_bound_forward_is_shown():
@@ -83,20 +112,26 @@ def test_the_first_gpu_bound_forward_is_shown():
     df = summarize_profiles(profiles, busy_threshold=0.8)
     assert df.gpu_bound.tolist() == [False, True, False] and df.shown.tolist() == [False, True, False]
     assert df.tokens_per_rank.tolist() == [1024, 8192, 32768]
-    assert df.loc[0, "gathers"] == 2 and df.loc[0, "gathers_in_time"] == 1 and df.loc[0, "late_ms"] == pytest.approx(0.030)
+    assert (
+        df.loc[0, "gathers"] == 2 and df.loc[0, "gathers_in_time"] == 1 and df.loc[0, "late_ms"] == pytest.approx(0.030)
+    )
     assert math.isnan(df.loc[2, "busy_fraction"]) and (df.busy_threshold == 0.8).all()
 
 
 def test_without_a_gpu_bound_forward_the_busiest_is_shown():
     df = summarize_profiles([_profile(16, _trace(filled=True)), _profile(2, _trace())], busy_threshold=1.5)
     assert not df.gpu_bound.any() and df.shown.tolist() == [True, False]
-    cpu = {"traceEvents": [_range("fsdp all-gather A", 0, 5), _range("fsdp wait A", 6, 2), _range("fsdp forward A", 9, 10)]}
+    cpu = {
+        "traceEvents": [_range("fsdp all-gather A", 0, 5), _range("fsdp wait A", 6, 2), _range("fsdp forward A", 9, 10)]
+    }
     df = summarize_profiles([_profile(2, cpu)])
     assert df.shown.tolist() == [True] and df.gathers.tolist() == [1] and not df.gpu_bound.any()
 
 
 def test_per_size_gives_later_sizes_their_own_steps():
-    configs = per_size(DDPBenchmarkConfig(size="nano", warmup=3, steps=10), ["xl", "2.7B"], later_warmup=2, later_steps=6)
+    configs = per_size(
+        DDPBenchmarkConfig(size="nano", warmup=3, steps=10), ["xl", "2.7B"], later_warmup=2, later_steps=6
+    )
     assert [(c.size, c.warmup, c.steps) for c in configs] == [("xl", 3, 10), ("2.7B", 2, 6)]
     assert [c.steps for c in per_size(DDPBenchmarkConfig(), ["xl", "2.7B"])] == [10, 10]
     with pytest.raises(ValueError, match="one configuration per model size"):

@@ -17,8 +17,10 @@ SHAPES = [(7,), (33, 5), (128,), (1,)]
 def twin_params(shapes, dtype=torch.float32, device=DEVICE, seed=0):
     g = torch.Generator().manual_seed(seed)
     values = [torch.randn(s, generator=g) for s in shapes]
-    return ([torch.nn.Parameter(v.to(device, dtype)) for v in values],
-            [torch.nn.Parameter(v.to(device, dtype)) for v in values])
+    return (
+        [torch.nn.Parameter(v.to(device, dtype)) for v in values],
+        [torch.nn.Parameter(v.to(device, dtype)) for v in values],
+    )
 
 
 def test_block_table_maps_programs_to_tensor_and_block():
@@ -98,9 +100,12 @@ def test_bf16_stochastic_states_track_the_fp32_reference():
     0.15 of the fp32 run elementwise (a bf16 ulp at |W| ~ 1 is 2^-7 ~ 0.008 and the rounding noise adds up
     as a random walk over 200 steps) with a loss within 10%, the same bits on CPU under the interpreter and
     on a GPU (the values seen: docs/measurements_record.md)."""
-    reference, reference_loss = quadratic_run(lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01), torch.float32)
-    ours, loss = quadratic_run(lambda ps: FusedAdamW(ps, lr=1e-2, weight_decay=0.01, state_dtype=torch.bfloat16),
-                               torch.bfloat16)
+    reference, reference_loss = quadratic_run(
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01), torch.float32
+    )
+    ours, loss = quadratic_run(
+        lambda ps: FusedAdamW(ps, lr=1e-2, weight_decay=0.01, state_dtype=torch.bfloat16), torch.bfloat16
+    )
     assert (ours - reference).abs().max().item() < 0.15, (ours - reference).abs().max().item()
     assert loss < 1.1 * reference_loss, (loss, reference_loss)
 
@@ -193,8 +198,13 @@ def test_multi_tensor_cuda_path_matches_torch_with_one_launch_per_group():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused.step()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and "memcpy" not in e.name.lower()
+        and "memset" not in e.name.lower()
+    ]
     assert [e.name for e in kernels] == ["adamw_multi_tensor_kernel"]  # one group: one launch
 
 
@@ -214,9 +224,23 @@ def test_single_tensor_reference_kernel_gives_the_multi_tensor_bits():
         block = block_size(b.device, b.numel())
         t, (b1, b2), lr, wd = 1, (0.9, 0.999), 1e-2, 0.1
         adamw_single_tensor_kernel[(-(-b.numel() // block),)](
-            b.detach(), b.grad, m, v, b.numel(), offset,
-            1 - lr * wd, 1 - b1, b2, 1 - b2, 1e-8, lr / (1 - b1**t), (1 - b2**t) ** 0.5, (7 << 32) | t,
-            STOCHASTIC=True, BLOCK=block)
+            b.detach(),
+            b.grad,
+            m,
+            v,
+            b.numel(),
+            offset,
+            1 - lr * wd,
+            1 - b1,
+            b2,
+            1 - b2,
+            1e-8,
+            lr / (1 - b1**t),
+            (1 - b2**t) ** 0.5,
+            (7 << 32) | t,
+            STOCHASTIC=True,
+            BLOCK=block,
+        )
         offset += b.numel()
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
@@ -235,8 +259,17 @@ def test_single_tensor_reference_kernel_gives_the_multi_tensor_bits():
         (dict(lr="0.1"), TypeError, "lr must be a real number, got str"),
         (dict(weight_decay=None), TypeError, "weight_decay must be a real number, got NoneType"),
     ],
-    ids=["negative-weight-decay", "negative-lr", "nan-eps", "beta2-one", "negative-beta1", "betas-float",
-         "betas-single", "lr-str", "weight-decay-none"],
+    ids=[
+        "negative-weight-decay",
+        "negative-lr",
+        "nan-eps",
+        "beta2-one",
+        "negative-beta1",
+        "betas-float",
+        "betas-single",
+        "lr-str",
+        "weight-decay-none",
+    ],
 )
 def test_bad_hyperparameters_raise_as_in_torch_adamw(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -262,11 +295,15 @@ def test_state_of_another_shape_is_refused():
     saved = copy.deepcopy(opt.state_dict())
     saved["state"][2]["exp_avg"] = saved["state"][2]["exp_avg"].reshape(6, 4)
     fresh = FusedAdamW([{"params": [a]}, {"params": [b, p]}])
-    with pytest.raises(ValueError, match=r"'exp_avg' of parameter 1 in group 1 has shape \(6, 4\), the parameter \(4, 6\)"):
+    with pytest.raises(
+        ValueError, match=r"'exp_avg' of parameter 1 in group 1 has shape \(6, 4\), the parameter \(4, 6\)"
+    ):
         fresh.load_state_dict(saved)
     assert not fresh.state
     opt.state[p]["exp_avg_sq"] = torch.zeros(24, device=DEVICE)
-    with pytest.raises(ValueError, match=r"'exp_avg_sq' of parameter 1 in group 1 has shape \(24,\), the parameter \(4, 6\)"):
+    with pytest.raises(
+        ValueError, match=r"'exp_avg_sq' of parameter 1 in group 1 has shape \(24,\), the parameter \(4, 6\)"
+    ):
         opt.step()
 
 
@@ -313,6 +350,8 @@ def test_state_of_another_numel_raises_instead_of_corrupting_memory():
     run = subprocess.run([sys.executable, "-c", WRONG_NUMEL_STATE, DEVICE], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, f"exit status {run.returncode} (a negative one is a signal)\n{run.stderr[-2000:]}"
     lines = run.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["load_then_step ValueError", "set_then_step ValueError"], run.stdout
+    assert [line.split(":")[0] for line in lines] == ["load_then_step ValueError", "set_then_step ValueError"], (
+        run.stdout
+    )
     assert "'exp_avg' of parameter 0 in group 0 has shape (3,), the parameter (4096,)" in lines[0]
     assert "'exp_avg_sq' of parameter 0 in group 0 has shape (3,), the parameter (4096,)" in lines[1]

@@ -179,8 +179,17 @@ def with_target(targets: torch.Tensor, value: int) -> torch.Tensor:
         (lambda h, w, t: (h, w.double(), t), r"same dtype"),
         (lambda h, w, t: (h.double(), w.double(), t), r"float64 is not supported"),
     ],
-    ids=["target_too_big", "target_negative", "mismatched_D", "weight_1d", "weight_3d", "float_targets",
-         "targets_shape", "dtype_mismatch", "float64"],
+    ids=[
+        "target_too_big",
+        "target_negative",
+        "mismatched_D",
+        "weight_1d",
+        "weight_3d",
+        "float_targets",
+        "targets_shape",
+        "dtype_mismatch",
+        "float64",
+    ],
 )
 def test_bad_inputs_raise_value_errors(mutate, message):
     hidden, weight, targets = make_inputs((37,), 1000, 16, torch.float32)
@@ -206,7 +215,7 @@ class AllocationRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.sizes.append((str(func), t.numel() * t.element_size()))
         return out
@@ -224,8 +233,9 @@ def test_never_materialises_the_full_logits():
     assert largest == C * V * 2 < N * V * 2, (largest_op, largest)
     assert default_chunk_tokens(151_936) == 1760  # leaderboard vocab: 1,760 rows, 1.0 GiB of fp32 logits
     assert default_chunk_tokens(151_936, budget_bytes=256 * 2**20) == 432
-    assert all(default_chunk_tokens(v) % 16 == 0 and default_chunk_tokens(v) * v * 4 <= 2**30
-               for v in (1000, 32_000, 151_936))
+    assert all(
+        default_chunk_tokens(v) % 16 == 0 and default_chunk_tokens(v) * v * 4 <= 2**30 for v in (1000, 32_000, 151_936)
+    )
 
 
 def test_torch_compile_graph_breaks_around_it():

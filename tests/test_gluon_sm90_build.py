@@ -23,13 +23,21 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 def build(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT / "lib") + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, str(ROOT / "tools" / "gluon_sm90_build.py"), *args], env=env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gluon_sm90_build.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="triton's bundled ptxas is missing (not a Linux wheel)")
-@pytest.mark.parametrize("causal, shape", [(True, []), (False, []), (True, ["--heads", "16", "--seq-len", "4096"])],
-                         ids=["causal", "full", "causal-in-sections"])
+@pytest.mark.parametrize(
+    "causal, shape",
+    [(True, []), (False, []), (True, ["--heads", "16", "--seq-len", "4096"])],
+    ids=["causal", "full", "causal-in-sections"],
+)
 def test_the_shipped_d128_backward_builds_for_hopper_with_asynchronous_wgmma(causal, shape):
     result = build(*([] if causal else ["--no-causal"]), *shape)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -46,8 +54,10 @@ def test_the_shipped_d128_backward_builds_for_hopper_with_asynchronous_wgmma(cau
 def visit_counts(stdout: str) -> list[dict[str, int]]:
     """The tool's per-loop counts, in the SASS's order."""
     pattern = re.compile(r"loop \S+: (\d+) instructions, (\d+) wgmma, (\d+) spill stores, (\d+) reloads")
-    return [dict(zip(("instructions", "wgmma", "spill_stores", "reloads"), map(int, m.groups())))
-            for m in pattern.finditer(stdout)]
+    return [
+        dict(zip(("instructions", "wgmma", "spill_stores", "reloads"), map(int, m.groups())))
+        for m in pattern.finditer(stdout)
+    ]
 
 
 @pytest.mark.skipif(not PTXAS.exists(), reason="triton's bundled ptxas is missing (not a Linux wheel)")

@@ -75,7 +75,12 @@ def test_the_committed_answers_are_what_the_builders_make_of_the_committed_table
     from cs336_systems.report.answers import load_answers
 
     results = Results(REPORT / "results")
-    stale = [key for key, record in load_answers(REPORT / "results").items()
-             if (lambda a: (a.text, a.reason))(build(key, results)) != (record["text"], record["reason"])]
-    assert not stale, f"answers that differ from their builders' (run python -m cs336_systems.experiments.answers " \
-                      f"reports/gpu): {stale}"
+    stale = [
+        key
+        for key, record in load_answers(REPORT / "results").items()
+        if (lambda a: (a.text, a.reason))(build(key, results)) != (record["text"], record["reason"])
+    ]
+    assert not stale, (
+        f"answers that differ from their builders' (run python -m cs336_systems.experiments.answers "
+        f"reports/gpu): {stale}"
+    )

@@ -38,8 +38,15 @@ def test_samples_are_parsed_with_local_timestamps_masks_and_missing_values():
 
 
 def test_a_summary_takes_medians_the_hottest_sample_and_the_share_at_the_power_cap():
-    samples = pd.DataFrame(dict(t=[1.0, 2.0, 3.0, 4.0], sm_mhz=[1500, 1600, 1700, 1980], power_w=[690, 700, 695, 300],
-                                temp_c=[60, 63, 61, 50], reasons=[4, 4, 4 | 0x20, 0]))
+    samples = pd.DataFrame(
+        dict(
+            t=[1.0, 2.0, 3.0, 4.0],
+            sm_mhz=[1500, 1600, 1700, 1980],
+            power_w=[690, 700, 695, 300],
+            temp_c=[60, 63, 61, 50],
+            reasons=[4, 4, 4 | 0x20, 0],
+        )
+    )
     summary = gt.summarize(samples)
     assert summary == dict(sm_mhz=1650.0, power_w=692.5, temp_c=63.0, power_capped=0.75, samples=4)
     empty = gt.summarize(samples.iloc[:0])

@@ -27,11 +27,20 @@ def two_step_trace() -> dict:
     [2000, 2500) whose kernel must not count. Step 1: kernels [100, 150) and [120, 200) overlap (100 busy),
     [300, 310) after a gap (10); step 2: [1100, 1200) on stream 7 and [1150, 1250) on stream 20 (150 busy),
     and a memset [1400, 1410) (10). 270 us over two steps."""
-    events = [_x("measured step", "user_annotation", 0, 1000, 100, 100),
-              _x("measured step", "user_annotation", 1000, 1000, 100, 100),
-              _x("warmup step", "user_annotation", 2000, 500, 100, 100)]
-    work = [(10, "kernel", 100, 50, 7), (20, "kernel", 120, 80, 7), (30, "kernel", 300, 10, 7), (1010, "kernel", 1100, 100, 7),
-            (1020, "kernel", 1150, 100, 20), (1030, "gpu_memset", 1400, 10, 7), (2010, "kernel", 2100, 300, 7)]
+    events = [
+        _x("measured step", "user_annotation", 0, 1000, 100, 100),
+        _x("measured step", "user_annotation", 1000, 1000, 100, 100),
+        _x("warmup step", "user_annotation", 2000, 500, 100, 100),
+    ]
+    work = [
+        (10, "kernel", 100, 50, 7),
+        (20, "kernel", 120, 80, 7),
+        (30, "kernel", 300, 10, 7),
+        (1010, "kernel", 1100, 100, 7),
+        (1020, "kernel", 1150, 100, 20),
+        (1030, "gpu_memset", 1400, 10, 7),
+        (2010, "kernel", 2100, 300, 7),
+    ]
     for corr, (launch, cat, ts, dur, stream) in enumerate(work):
         events.append(_x("cudaLaunchKernel", "cuda_runtime", launch, 5, 100, 100, correlation=corr))
         events.append(_x(f"{cat}_{corr}", cat, ts, dur, 0, stream, correlation=corr, device=0, stream=stream))
@@ -46,49 +55,87 @@ def test_busy_time_is_the_union_of_overlapping_kernels_inside_the_measured_steps
 
 
 def test_busy_time_of_a_cpu_trace_is_the_union_of_its_operators():
-    trace = {"traceEvents": [_x("measured step", "user_annotation", 0, 100, 1, 1),
-                             _x("aten::linear", "cpu_op", 10, 40, 1, 1), _x("aten::mm", "cpu_op", 15, 30, 1, 1),
-                             _x("aten::relu", "cpu_op", 70, 10, 1, 1), _x("aten::mm", "cpu_op", 150, 10, 1, 1)]}
+    trace = {
+        "traceEvents": [
+            _x("measured step", "user_annotation", 0, 100, 1, 1),
+            _x("aten::linear", "cpu_op", 10, 40, 1, 1),
+            _x("aten::mm", "cpu_op", 15, 30, 1, 1),
+            _x("aten::relu", "cpu_op", 70, 10, 1, 1),
+            _x("aten::mm", "cpu_op", 150, 10, 1, 1),
+        ]
+    }
     assert lb.busy_time(load_trace(trace)) == {"busy_ms": pytest.approx(0.05), "busy_on": lb.ON_CPU}
 
 
-@pytest.mark.parametrize("busy, speedup, gpu, label", [
-    (0.3, 3.0, True, "launch-bound"),
-    (0.69, 1.3, True, "launch-bound"),
-    (0.95, 1.02, True, "GPU-bound"),
-    (0.7, 1.29, True, "GPU-bound"),
-    (0.4, 1.1, True, "unclear"),       # the GPU idles but a graph does not recover it
-    (0.9, 2.0, True, "unclear"),       # busy, yet a graph is much faster
-    (0.4, float("nan"), True, "host-bound"),
-    (0.9, float("nan"), True, "GPU-bound"),
-    (0.4, float("nan"), False, "dispatch-bound"),
-    (0.9, float("nan"), False, "operator-bound"),
-    (float("nan"), 2.0, True, "not measured"),
-])
+@pytest.mark.parametrize(
+    "busy, speedup, gpu, label",
+    [
+        (0.3, 3.0, True, "launch-bound"),
+        (0.69, 1.3, True, "launch-bound"),
+        (0.95, 1.02, True, "GPU-bound"),
+        (0.7, 1.29, True, "GPU-bound"),
+        (0.4, 1.1, True, "unclear"),  # the GPU idles but a graph does not recover it
+        (0.9, 2.0, True, "unclear"),  # busy, yet a graph is much faster
+        (0.4, float("nan"), True, "host-bound"),
+        (0.9, float("nan"), True, "GPU-bound"),
+        (0.4, float("nan"), False, "dispatch-bound"),
+        (0.9, float("nan"), False, "operator-bound"),
+        (float("nan"), 2.0, True, "not measured"),
+    ],
+)
 def test_regime_labels(busy, speedup, gpu, label):
     assert lb.regime(busy, speedup, gpu) == label
 
 
 def _row(size, mode="forward", mean=10.0, busy=5.0, graphed=5.0, on=lb.ON_GPU, status="ok", graph="ok", profiled=20.0):
-    return dict(size=size, context_length=256, batch_size=4, precision="fp32", mode=mode, status=status, mean_ms=mean,
-                busy_ms=busy, busy_on=on, profiled_ms=profiled, graphed_ms=graphed, graph_status=graph)
+    return dict(
+        size=size,
+        context_length=256,
+        batch_size=4,
+        precision="fp32",
+        mode=mode,
+        status=status,
+        mean_ms=mean,
+        busy_ms=busy,
+        busy_on=on,
+        profiled_ms=profiled,
+        graphed_ms=graphed,
+        graph_status=graph,
+    )
 
 
 def test_with_regime_divides_kernels_by_the_eager_time_and_operators_by_the_profiled_time():
-    rows = pd.DataFrame([
-        _row("small", mean=20.0, busy=5.0, graphed=5.5),                   # 25% busy, 3.6x: launch-bound
-        _row("large", mean=100.0, busy=97.0, graphed=99.0),                 # GPU-bound
-        _row("xl", mean=50.0, busy=60.0, graphed=49.0),                     # busier than timed: capped at 1
-        _row("10B", status="OOM", mean=float("nan"), busy=float("nan")),
-        _row("medium", busy=3.0, graphed=float("nan"), graph="failed: RuntimeError: operation not permitted"),
-        _row("nano", on=lb.ON_CPU, mean=10.0, busy=15.0, profiled=30.0, graphed=float("nan"), graph=lb.NO_GRAPH_ON_CPU),
-    ])
+    rows = pd.DataFrame(
+        [
+            _row("small", mean=20.0, busy=5.0, graphed=5.5),  # 25% busy, 3.6x: launch-bound
+            _row("large", mean=100.0, busy=97.0, graphed=99.0),  # GPU-bound
+            _row("xl", mean=50.0, busy=60.0, graphed=49.0),  # busier than timed: capped at 1
+            _row("10B", status="OOM", mean=float("nan"), busy=float("nan")),
+            _row("medium", busy=3.0, graphed=float("nan"), graph="failed: RuntimeError: operation not permitted"),
+            _row(
+                "nano",
+                on=lb.ON_CPU,
+                mean=10.0,
+                busy=15.0,
+                profiled=30.0,
+                graphed=float("nan"),
+                graph=lb.NO_GRAPH_ON_CPU,
+            ),
+        ]
+    )
     d = lb.with_regime(rows).set_index("size")
     assert d.loc["small", "busy_fraction"] == pytest.approx(0.25)
     assert d.loc["small", "graph_speedup"] == pytest.approx(20 / 5.5)
     assert d.loc["xl", "busy_fraction"] == 1.0
     assert d.loc["nano", "busy_fraction"] == pytest.approx(0.5)  # 15 of the 30 profiled ms, not of the 10 timed
-    assert list(d["regime"]) == ["launch-bound", "GPU-bound", "GPU-bound", "not measured", "host-bound", "dispatch-bound"]
+    assert list(d["regime"]) == [
+        "launch-bound",
+        "GPU-bound",
+        "GPU-bound",
+        "not measured",
+        "host-bound",
+        "dispatch-bound",
+    ]
     table = lb.regime_table(rows, ["nano", "small", "medium", "large", "xl", "10B"]).set_index("size")
     assert table.loc["10B", "eager (ms)"] == "OOM" and table.loc["10B", "regime"] == "OOM"
     assert table.loc["medium", "graphed (ms)"].startswith("failed: RuntimeError")
@@ -121,7 +168,8 @@ def test_a_profile_that_fails_leaves_the_timed_row_and_says_why(monkeypatch):
     assert rows["status"].tolist() == ["ok"] and rows["mean_ms"].notna().all()
     assert rows["busy_status"].tolist() == ["failed: RuntimeError: the profiler recorded no GPU kernels for the step"]
     assert lb.regime_table(rows)["regime"].tolist() == [
-        "not measured: failed: RuntimeError: the profiler recorded no GPU kernels for the step"]
+        "not measured: failed: RuntimeError: the profiler recorded no GPU kernels for the step"
+    ]
 
 
 def test_the_row_keeps_the_timed_steps_peak_memory_whatever_then_allocates(monkeypatch):
@@ -181,11 +229,16 @@ def test_graphed_step_times_the_replays(monkeypatch, fake_cuda_setup):
     assert graphs[0].replays == 4 and graphs[0].was_reset
 
 
-@pytest.mark.parametrize("error, status", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "OOM"),
-    (RuntimeError("operation not permitted when stream is capturing\nmore"),
-     "failed: RuntimeError: operation not permitted when stream is capturing"),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "OOM"),
+        (
+            RuntimeError("operation not permitted when stream is capturing\nmore"),
+            "failed: RuntimeError: operation not permitted when stream is capturing",
+        ),
+    ],
+)
 def test_a_capture_that_fails_is_a_status_and_leaves_no_gradients(monkeypatch, fake_cuda_setup, error, status):
     setup, graphs = fake_cuda_setup
 
@@ -243,8 +296,9 @@ def test_capture_warms_up_on_its_stream_and_reraises_the_error_raised_inside(mon
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_every_mode_of_a_small_model_is_captured_and_replays_the_steps_work(precision):
-    config = BenchmarkConfig(size="small", context_length=256, batch_size=4, warmup=2, steps=3, precision=precision,
-                             device="cuda")
+    config = BenchmarkConfig(
+        size="small", context_length=256, batch_size=4, warmup=2, steps=3, precision=precision, device="cuda"
+    )
     rows = lb.with_regime(sweep(grid(config, mode=list(harness.MODES)), progress=False, then=lb.launch_probe()))
     assert (rows["graph_status"] == "ok").all(), rows["graph_status"].tolist()
     assert (rows["busy_on"] == lb.ON_GPU).all() and rows["busy_fraction"].between(0.01, 1).all()

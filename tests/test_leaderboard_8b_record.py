@@ -36,12 +36,35 @@ def test_record_rows_one_change_each_and_the_committed_columns(tiny):
     assert list(df.blocks_recomputed) == [2, 0]  # the baseline recomputes every block; on CPU the plan keeps all
     assert (df.ceiling_fraction == df.tflops / 2.0).all()
     out = rec.leaderboard_rows(df, 2.0, 1, "cpu", rep_ms=3000, warmup_ms=500)
-    assert list(out.columns) == ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device",
-                                 "rep_ms", "warmup_ms"]
+    assert list(out.columns) == [
+        "variant",
+        "step_ms",
+        "peak_gib",
+        "tflops",
+        "ceiling_tflops",
+        "world_size",
+        "device",
+        "rep_ms",
+        "warmup_ms",
+    ]
     assert list(out.rep_ms) == [3000, 3000] and list(out.warmup_ms) == [500, 500]
-    two = pd.DataFrame([dict(variant="ours", ms=9.0, peak_gib=1.0, useful_tflops=3.0, world_size=2, device="gpu",
-                             rep_ms=30000, warmup_ms=10000, status="ok", note=""),
-                        dict(variant="torch_native", world_size=2, status="failed", note="out of memory")])
+    two = pd.DataFrame(
+        [
+            dict(
+                variant="ours",
+                ms=9.0,
+                peak_gib=1.0,
+                useful_tflops=3.0,
+                world_size=2,
+                device="gpu",
+                rep_ms=30000,
+                warmup_ms=10000,
+                status="ok",
+                note="",
+            ),
+            dict(variant="torch_native", world_size=2, status="failed", note="out of memory"),
+        ]
+    )
     both = rec.leaderboard_rows(df, 2.0, 1, "cpu", torchrun_results=two)
     assert list(both.world_size) == [1, 1, 2] and both.step_ms.iloc[-1] == 9.0 and both.tflops.iloc[-1] == 3.0
     assert both.rep_ms.iloc[-1] == 30000 and both.warmup_ms.iloc[-1] == 10000  # each run's own do_bench settings
@@ -92,8 +115,7 @@ def test_a_failed_torchrun_run_is_a_row_with_its_reason():
     """Without a GPU the command refuses; the row says so instead of raising."""
     if torch.cuda.is_available():
         pytest.skip("checks the failure path without a GPU")
-    row = rec.torchrun_step("ours", 1, layers=1, context=16, rep_ms=1, warmup_ms=1, compile_blocks=False,
-                            timeout_s=120)
+    row = rec.torchrun_step("ours", 1, layers=1, context=16, rep_ms=1, warmup_ms=1, compile_blocks=False, timeout_s=120)
     assert row["status"] == "failed" and "CUDA" in row["note"] and row["world_size"] == 1
     assert isinstance(pd.DataFrame([row]), pd.DataFrame)
 
@@ -106,10 +128,13 @@ def test_compiled_blocks_are_reset_when_the_partitioner_budget_changes(tiny, mon
     resets = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: None)
     monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(True))
-    rows = [rec.RecordRow(f"r{i}", "", "flash_triton", dict(recompute="none", activation_memory_budget=b))
-            for i, b in enumerate((None, None, 0.6, 0.6, None))]
-    rows = [rec.RecordRow(r.variant, "", r.attention, {k: v for k, v in r.options.items() if v is not None})
-            for r in rows]
+    rows = [
+        rec.RecordRow(f"r{i}", "", "flash_triton", dict(recompute="none", activation_memory_budget=b))
+        for i, b in enumerate((None, None, 0.6, 0.6, None))
+    ]
+    rows = [
+        rec.RecordRow(r.variant, "", r.attention, {k: v for k, v in r.options.items() if v is not None}) for r in rows
+    ]
     df = rec.run_record(model, x, y, rows, compile_blocks=True)
     assert (df.status == "ok").all() and len(resets) == 3
 
@@ -129,13 +154,30 @@ def test_two_gpu_command_rows_compare_within_a_world_size():
     """tools/leaderboard_8b_two_gpus.py: each step against the torch-native step of its own world size; a
     failed run is a row with its reason and no ratio."""
     tool = _two_gpus_tool()
-    results = [dict(variant="ours", world_size=2, batch=1, ms=4_800.0, status="ok", note="", wall_s=120.0,
-                    plan=[True, False, False]),
-               dict(variant="ours", world_size=1, batch=1, ms=4_700.0, status="ok", note="", wall_s=100.0,
-                    plan=[True, True, False]),
-               dict(variant="torch_native", world_size=2, batch=1, ms=6_000.0, status="ok", note="", wall_s=90.0,
-                    plan=None),
-               dict(variant="torch_native", world_size=1, status="failed", note="out of memory", wall_s=30.0)]
+    results = [
+        dict(
+            variant="ours",
+            world_size=2,
+            batch=1,
+            ms=4_800.0,
+            status="ok",
+            note="",
+            wall_s=120.0,
+            plan=[True, False, False],
+        ),
+        dict(
+            variant="ours",
+            world_size=1,
+            batch=1,
+            ms=4_700.0,
+            status="ok",
+            note="",
+            wall_s=100.0,
+            plan=[True, True, False],
+        ),
+        dict(variant="torch_native", world_size=2, batch=1, ms=6_000.0, status="ok", note="", wall_s=90.0, plan=None),
+        dict(variant="torch_native", world_size=1, status="failed", note="out of memory", wall_s=30.0),
+    ]
     rows = tool.command_rows(results, 30_000, 10_000, "abc1234").set_index(["variant", "world_size"])
     assert list(rows.columns) == [c for c in tool.COMMAND_COLUMNS if c not in ("variant", "world_size")]
     assert rows.loc[("ours", 2), "vs_torch_native"] == pytest.approx(0.8)
@@ -158,9 +200,28 @@ def test_two_gpu_tool_records_each_failed_run_and_goes_on(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root / "lib"))
-    proc = subprocess.run([sys.executable, str(root / "tools" / "leaderboard_8b_two_gpus.py"), "--out", str(tmp_path),
-                           "--layers", "1", "--context", "16", "--rep", "1", "--warmup", "1", "--timeout", "120"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(root / "tools" / "leaderboard_8b_two_gpus.py"),
+            "--out",
+            str(tmp_path),
+            "--layers",
+            "1",
+            "--context",
+            "16",
+            "--rep",
+            "1",
+            "--warmup",
+            "1",
+            "--timeout",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = pd.read_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv")
     assert list(zip(rows.variant, rows.world_size)) == [("ours", 2), ("ours", 1), ("torch_native", 2)]
@@ -174,11 +235,32 @@ def test_leaderboard_answer_states_how_each_row_was_timed(tmp_path):
     from cs336_systems.experiments.answers import Results, build
 
     def answer(rep, warmup):
-        pd.DataFrame([dict(variant="ours", step_ms=4500.0, peak_gib=120.0, tflops=500.0, ceiling_tflops=700.0,
-                           world_size=2, device="NVIDIA H200", rep_ms=rep, warmup_ms=warmup),
-                      dict(variant="torch_native", step_ms=5600.0, peak_gib=90.0, tflops=400.0, ceiling_tflops=700.0,
-                           world_size=2, device="NVIDIA H200", rep_ms=rep, warmup_ms=warmup)]
-                     ).to_csv(tmp_path / "leaderboard_8b.csv", index=False)
+        pd.DataFrame(
+            [
+                dict(
+                    variant="ours",
+                    step_ms=4500.0,
+                    peak_gib=120.0,
+                    tflops=500.0,
+                    ceiling_tflops=700.0,
+                    world_size=2,
+                    device="NVIDIA H200",
+                    rep_ms=rep,
+                    warmup_ms=warmup,
+                ),
+                dict(
+                    variant="torch_native",
+                    step_ms=5600.0,
+                    peak_gib=90.0,
+                    tflops=400.0,
+                    ceiling_tflops=700.0,
+                    world_size=2,
+                    device="NVIDIA H200",
+                    rep_ms=rep,
+                    warmup_ms=warmup,
+                ),
+            ]
+        ).to_csv(tmp_path / "leaderboard_8b.csv", index=False)
         return build("leaderboard.2026", Results(tmp_path))
 
     handout = answer(30000, 10000)

@@ -27,7 +27,9 @@ def test_llama_has_our_parameter_count_and_shapes(size):
 
 
 def test_llama_train_step_returns_logits_and_updates_weights():
-    config = BenchmarkConfig(size="nano", context_length=16, batch_size=2, warmup=0, steps=1, mode="train-step", device="cpu")
+    config = BenchmarkConfig(
+        size="nano", context_length=16, batch_size=2, warmup=0, steps=1, mode="train-step", device="cpu"
+    )
     setup = build_llama(config)
     assert setup.model(setup.inputs).shape == (2, 16, config.model_config().vocab_size)
     before = [p.detach().clone() for p in setup.model.parameters()]
@@ -38,8 +40,18 @@ def test_llama_train_step_returns_logits_and_updates_weights():
 def test_llama_stack_of_decoder_layers_is_what_block_compilation_compiles():
     from cs336_systems.benchmarking.harness import repeated_blocks
 
-    setup = build_llama(BenchmarkConfig(size="nano", context_length=16, batch_size=2, mode="forward", device="cpu",
-                                        model={"num_layers": 3}, compile=True, compile_scope="blocks"))
+    setup = build_llama(
+        BenchmarkConfig(
+            size="nano",
+            context_length=16,
+            batch_size=2,
+            mode="forward",
+            device="cpu",
+            model={"num_layers": 3},
+            compile=True,
+            compile_scope="blocks",
+        )
+    )
     blocks = repeated_blocks(setup.model)
     assert blocks is setup.model.llama.model.layers and len(blocks) == 3
     assert all(b._compiled_call_impl is not None for b in blocks)
@@ -47,10 +59,14 @@ def test_llama_stack_of_decoder_layers_is_what_block_compilation_compiles():
 
 
 def test_llama_benchmark_row_and_comparison():
-    config = BenchmarkConfig(size="nano", context_length=16, batch_size=2, warmup=0, steps=2, mode="train-step", device="cpu")
+    config = BenchmarkConfig(
+        size="nano", context_length=16, batch_size=2, warmup=0, steps=2, mode="train-step", device="cpu"
+    )
     row = run_llama_benchmark(config)
     assert row["status"] == "ok" and row["model"] == "llama" and len(row["step_times_ms"]) == 2
-    summary, candidates = best_versus_llama(config, ["nano"], [16], ["naive", "sdpa"], ceiling_tflops=1.0, compile=False, progress=False)
+    summary, candidates = best_versus_llama(
+        config, ["nano"], [16], ["naive", "sdpa"], ceiling_tflops=1.0, compile=False, progress=False
+    )
     assert list(candidates.model) == ["ours", "ours", "llama"] and (candidates.status == "ok").all()
     r = summary.iloc[0]
     assert r.llama_status == "ok" and r.best_attention in {"naive", "sdpa"}
@@ -61,17 +77,34 @@ def test_best_configuration_is_ranked_eagerly_then_compiled_and_llama_compiled_w
     from cs336_systems.benchmarking.compiled import optimizer_comparison, step_phase_table
 
     config = BenchmarkConfig(size="nano", context_length=16, batch_size=2, warmup=1, steps=2, device="cpu")
-    summary, candidates = best_versus_llama(config, ["nano"], [16], ["naive", "sdpa"], optimizer="adamw-foreach",
-                                            compile=True, llama_compiled=[["nano", 16]], progress=False)
+    summary, candidates = best_versus_llama(
+        config,
+        ["nano"],
+        [16],
+        ["naive", "sdpa"],
+        optimizer="adamw-foreach",
+        compile=True,
+        llama_compiled=[["nano", 16]],
+        progress=False,
+    )
     assert (candidates.status == "ok").all() and (candidates.optimizer == "adamw-foreach").all()
-    assert list(zip(candidates.model, candidates["compile"])) == [("ours", False), ("ours", False), ("ours", True), ("llama", False), ("llama", True)]
+    assert list(zip(candidates.model, candidates["compile"])) == [
+        ("ours", False),
+        ("ours", False),
+        ("ours", True),
+        ("llama", False),
+        ("llama", True),
+    ]
     eager = candidates[(candidates.model == "ours") & ~candidates["compile"]]
     winner = eager.loc[eager.mean_ms.idxmin(), "attention"]
     r = summary.iloc[0]
     assert candidates.iloc[2].attention == winner == r.best_attention  # only the eager winner was compiled
     assert r.ours_ms == candidates.iloc[2].mean_ms and r.llama_compiled_ms == candidates.iloc[4].mean_ms
     assert r.ratio_vs_compiled == pytest.approx(r.ours_ms / r.llama_compiled_ms)
-    assert list(candidates[candidates["compile"]].compile_scope) == ["blocks", "blocks"]  # regional compilation, both models
+    assert list(candidates[candidates["compile"]].compile_scope) == [
+        "blocks",
+        "blocks",
+    ]  # regional compilation, both models
     phases = step_phase_table(summary, candidates)
     assert list(phases.model.unique()) == ["ours (best)", "Llama eager", "Llama compiled"]
     assert (phases.groupby("model").phase.apply(list) == [["forward", "backward", "optimizer"]] * 3).all()
@@ -79,9 +112,14 @@ def test_best_configuration_is_ranked_eagerly_then_compiled_and_llama_compiled_w
     ours_forward = phases[(phases.model == "ours (best)") & (phases.phase == "forward")].wall_ms.item()
     assert ours_forward == candidates.iloc[2].forward_wall_ms  # the compiled winner's profile, not an eager one's
 
-    none_compiled, _ = best_versus_llama(config, ["nano"], [16], ["sdpa"], compile=True, llama_compiled=False, progress=False)
+    none_compiled, _ = best_versus_llama(
+        config, ["nano"], [16], ["sdpa"], compile=True, llama_compiled=False, progress=False
+    )
     assert "llama_compiled_ms" not in none_compiled
 
     optimizers = optimizer_comparison(config)
-    assert list(optimizers.optimizer) == ["adamw", "adamw-foreach", "torch-adamw-fused"] and (optimizers.status == "ok").all()
+    assert (
+        list(optimizers.optimizer) == ["adamw", "adamw-foreach", "torch-adamw-fused"]
+        and (optimizers.status == "ok").all()
+    )
     assert (optimizers.optimizer_compute_ms > 0).all()

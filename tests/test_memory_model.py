@@ -6,9 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.accounting.flops import attention_flops, forward_flops, matmul_parameter_count, model_flops, mfu
+from cs336_systems.accounting.flops import attention_flops, forward_flops, matmul_parameter_count, mfu, model_flops
 from cs336_systems.accounting.memory import (
-    batch_bytes, block_saved_tensors, memory_estimate, parameter_count, residual_stream_bytes, saved_activation_bytes,
+    batch_bytes,
+    block_saved_tensors,
+    memory_estimate,
+    parameter_count,
+    residual_stream_bytes,
+    saved_activation_bytes,
 )
 from cs336_systems.benchmarking import BenchmarkConfig, autocast_context
 from cs336_systems.model import ModelConfig, TransformerLM, count_parameters, cross_entropy
@@ -43,7 +48,9 @@ def test_block_activations_by_hand():
     # B=2, S=16, d=32, H=4, F=48 fp32: 4 (10 BSd + 2 BS + 2 S d_h + 2 BHS + 3 BHS^2 + 5 BSF) + S^2
     c = ModelConfig(vocab_size=100, context_length=16, d_model=32, num_layers=1, num_heads=4, d_ff=48)
     B, S, d, H, F = 2, 16, 32, 4, 48
-    expected = 4 * (10 * B * S * d + 2 * B * S + 2 * S * (d // H) + 2 * B * H * S + 3 * B * H * S * S + 5 * B * S * F) + S * S
+    expected = (
+        4 * (10 * B * S * d + 2 * B * S + 2 * S * (d // H) + 2 * B * H * S + 3 * B * H * S * S + 5 * B * S * F) + S * S
+    )
     assert block_saved_tensors(c, B, S)["bytes"].sum() == expected
 
 
@@ -51,7 +58,10 @@ def _measured_saved_bytes(config: ModelConfig, batch: int, precision: str) -> in
     torch.manual_seed(0)
     model = TransformerLM.from_config(config)
     tokens = torch.randint(0, config.vocab_size, (batch, config.context_length + 1))
-    with count_saved_tensors(exclude=list(model.parameters())) as saved, autocast_context(precision, torch.device("cpu")):
+    with (
+        count_saved_tensors(exclude=list(model.parameters())) as saved,
+        autocast_context(precision, torch.device("cpu")),
+    ):
         cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
     return saved.total_bytes
 
@@ -61,7 +71,9 @@ def _measured_saved_bytes(config: ModelConfig, batch: int, precision: str) -> in
 def test_saved_activations_match_autograd(precision, dims):
     vocab, context, d, layers, heads, d_ff, batch = dims
     c = ModelConfig(vocab_size=vocab, context_length=context, d_model=d, num_layers=layers, num_heads=heads, d_ff=d_ff)
-    predicted = saved_activation_bytes(c, batch, context, precision, autocast_device="cpu") + batch_bytes(batch, context)
+    predicted = saved_activation_bytes(c, batch, context, precision, autocast_device="cpu") + batch_bytes(
+        batch, context
+    )
     assert predicted == _measured_saved_bytes(c, batch, precision)
 
 
@@ -81,21 +93,32 @@ def test_saved_activations_match_autograd_under_cuda_autocast():
     "mode, precision, model, context, batch, checkpoint_every",
     [
         ("forward", "fp32", {}, 32, 2, None),
-        ("train-step", "fp32", {}, 32, 2, None),                       # peak at the loss's backward (vocab 10k)
+        ("train-step", "fp32", {}, 32, 2, None),  # peak at the loss's backward (vocab 10k)
         ("forward-backward", "bf16", {}, 32, 2, None),
-        ("train-step", "fp32", {"vocab_size": 50}, 128, 2, None),      # peak inside the top block's attention backward
+        ("train-step", "fp32", {"vocab_size": 50}, 128, 2, None),  # peak inside the top block's attention backward
         ("forward-backward", "fp32", {"vocab_size": 50}, 8, 1, None),  # peak at the end: gradients dominate
         ("forward-backward", "fp32", {"vocab_size": 300, "num_layers": 4}, 128, 2, 1),
         ("forward-backward", "fp32", {"vocab_size": 300, "num_layers": 4}, 128, 2, 2),
     ],
 )
 def test_peak_estimate_matches_cpu_measurement(mode, precision, model, context, batch, checkpoint_every):
-    config = BenchmarkConfig(size="tiny", context_length=context, batch_size=batch, mode=mode, precision=precision,
-                             warmup=1, steps=1, device="cpu", model=model, checkpoint_every=checkpoint_every)
+    config = BenchmarkConfig(
+        size="tiny",
+        context_length=context,
+        batch_size=batch,
+        mode=mode,
+        precision=precision,
+        warmup=1,
+        steps=1,
+        device="cpu",
+        model=model,
+        checkpoint_every=checkpoint_every,
+    )
     measured = measure_peak_memory(config)
     assert measured["status"] == "ok"
-    predicted = memory_estimate(config.model_config(), batch, context, mode, precision,
-                                checkpoint_every=checkpoint_every, autocast_device="cpu")
+    predicted = memory_estimate(
+        config.model_config(), batch, context, mode, precision, checkpoint_every=checkpoint_every, autocast_device="cpu"
+    )
     assert predicted["peak"] == pytest.approx(measured["peak_bytes"], rel=0.02)
 
 
@@ -103,7 +126,10 @@ def test_checkpointing_keeps_one_residual_per_group():
     xl = ModelConfig.from_size("xl", context_length=2048)
     head = saved_activation_bytes(xl, 4, 2048, checkpoint_every=48) - residual_stream_bytes(4, 2048, 1600)
     for k, groups in [(1, 48), (5, 10), (48, 1)]:
-        assert saved_activation_bytes(xl, 4, 2048, checkpoint_every=k) == groups * residual_stream_bytes(4, 2048, 1600) + head
+        assert (
+            saved_activation_bytes(xl, 4, 2048, checkpoint_every=k)
+            == groups * residual_stream_bytes(4, 2048, 1600) + head
+        )
     with pytest.raises(ValueError, match="not both"):
         memory_estimate(xl, 4, 2048, checkpoint_every=1, checkpoint_sublayers=1)
 

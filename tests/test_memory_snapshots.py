@@ -17,7 +17,11 @@ from cs336_systems.benchmarking import BenchmarkConfig  # noqa: E402
 from cs336_systems.profiling import memory_snapshots  # noqa: E402
 from cs336_systems.profiling.memory import phases_path  # noqa: E402
 from cs336_systems.profiling.memory_snapshots import (  # noqa: E402
-    SnapshotRun, plot_timelines, record_snapshot_run, record_snapshots, snapshot_table,
+    SnapshotRun,
+    plot_timelines,
+    record_snapshot_run,
+    record_snapshots,
+    snapshot_table,
 )
 
 EXAMPLE = Path(__file__).parent / "data" / "memory_snapshot_example.pickle"
@@ -47,8 +51,11 @@ def _stand_in(fails: dict[tuple[int, str], str], calls: list):
 
 def test_a_step_that_does_not_fit_is_a_row_with_the_phase_it_failed_in(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(memory_snapshots, "record_step_snapshot",
-                        _stand_in({(2048, "train-step"): "warmup", (4096, "forward"): "model", (4096, "train-step"): "model"}, calls))
+    monkeypatch.setattr(
+        memory_snapshots,
+        "record_step_snapshot",
+        _stand_in({(2048, "train-step"): "warmup", (4096, "forward"): "model", (4096, "train-step"): "model"}, calls),
+    )
     base = BenchmarkConfig(size="nano", batch_size=4, warmup=1, steps=1)
     runs = record_snapshots(base, [128, 2048, 4096], lambda c, m: tmp_path / f"snapshot_ctx{c}_{m}.pickle")
     table = snapshot_table(runs).set_index(["context_length", "mode"])
@@ -63,15 +70,20 @@ def test_a_step_that_does_not_fit_is_a_row_with_the_phase_it_failed_in(tmp_path,
     assert not (tmp_path / "snapshot_ctx4096_forward.pickle").exists()
     fig = plot_timelines(runs, [128, 2048], lambda m, c: f"{m} at {c}")
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["forward at 128", "forward at 2048", "train-step at 128",
-                      "train-step at 2048 — out of memory in its forward"]
+    assert titles == [
+        "forward at 128",
+        "forward at 2048",
+        "train-step at 128",
+        "train-step at 2048 — out of memory in its forward",
+    ]
 
 
 def test_a_failure_in_the_recorded_step_keeps_its_warmup_and_other_errors_are_raised(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(memory_snapshots, "record_step_snapshot", _stand_in({(512, "train-step"): "backward"}, calls))
-    run = record_snapshot_run(BenchmarkConfig(size="nano", context_length=512, mode="train-step", warmup=2),
-                              tmp_path / "s.pickle")
+    run = record_snapshot_run(
+        BenchmarkConfig(size="nano", context_length=512, mode="train-step", warmup=2), tmp_path / "s.pickle"
+    )
     assert (run.status, run.warmup, run.failed_phase) == ("OOM", 2, "backward") and len(calls) == 1
 
     def broken(config, path):

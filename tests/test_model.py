@@ -3,8 +3,17 @@ import torch
 
 from cs336_systems.attention.naive import softmax
 from cs336_systems.model import (
-    MODEL_SIZES, SIZE_TABLES, Embedding, Linear, ModelConfig, RMSNorm, RotaryEmbedding, TransformerLM, count_parameters,
-    cross_entropy, handout_name,
+    MODEL_SIZES,
+    SIZE_TABLES,
+    Embedding,
+    Linear,
+    ModelConfig,
+    RMSNorm,
+    RotaryEmbedding,
+    TransformerLM,
+    count_parameters,
+    cross_entropy,
+    handout_name,
 )
 
 EXPECTED_PARAMETERS = {
@@ -116,8 +125,10 @@ def test_rope_rotates_pairs_and_preserves_norm():
     torch.testing.assert_close(y[:, 0], x[:, 0])  # position 0 is not rotated
     # relative property: <R_m q, R_n k> depends only on m - n
     q, k = torch.randn(8), torch.randn(8)
+
     def dot(m, n):
         return (rope(q.expand(16, 8), pos)[m] * rope(k.expand(16, 8), pos)[n]).sum()
+
     torch.testing.assert_close(dot(5, 3), dot(9, 7), rtol=1e-4, atol=1e-4)
 
 

@@ -38,8 +38,10 @@ def pairing_problems(notebook_dir: Path) -> list[str]:
         if ours == theirs:
             continue
         first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-        what = (f"cell {first}: notebook {ours[first] if first < len(ours) else 'has no such cell'!r}, "
-                f"script {theirs[first] if first < len(theirs) else 'has no such cell'!r}")
+        what = (
+            f"cell {first}: notebook {ours[first] if first < len(ours) else 'has no such cell'!r}, "
+            f"script {theirs[first] if first < len(theirs) else 'has no such cell'!r}"
+        )
         problems.append(f"{path.name} and {script.name} differ ({len(ours)} and {len(theirs)} cells); {what[:600]}")
     return problems
 
@@ -63,10 +65,18 @@ def test_the_parameters_tag_is_in_the_script():
 def test_sync_notebooks_leaves_a_clean_checkout_unchanged(tmp_path):
     """`make sync-notebooks` (jupytext --update --to ipynb of every script) must rewrite each notebook byte for byte:
     a committed .ipynb that jupytext would write otherwise shows up as changed in a fresh clone."""
-    for path in [NOTEBOOK_DIR / "jupytext.toml", *NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"), *NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")]:
+    for path in [
+        NOTEBOOK_DIR / "jupytext.toml",
+        *NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"),
+        *NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"),
+    ]:
         shutil.copy(path, tmp_path)
-    jupytext.cli.jupytext(["--quiet", "--update", "--to", "ipynb", *sorted(str(p) for p in tmp_path.glob("[0-9][0-9]_*.py"))])
-    changed = [p.name for p in sorted(tmp_path.glob("*.ipynb")) if p.read_bytes() != (NOTEBOOK_DIR / p.name).read_bytes()]
+    jupytext.cli.jupytext(
+        ["--quiet", "--update", "--to", "ipynb", *sorted(str(p) for p in tmp_path.glob("[0-9][0-9]_*.py"))]
+    )
+    changed = [
+        p.name for p in sorted(tmp_path.glob("*.ipynb")) if p.read_bytes() != (NOTEBOOK_DIR / p.name).read_bytes()
+    ]
     assert not changed, f"make sync-notebooks rewrites {changed}; run it and commit what it wrote"
 
 
@@ -77,12 +87,15 @@ def one_pair(tmp_path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("edit", [
-    pytest.param(lambda s: s.replace("n = 1000", "n = 1001"), id="source"),
-    pytest.param(lambda s: s.replace('# %% tags=["parameters"]', "# %%"), id="parameters-tag"),
-    pytest.param(lambda s: s.replace("# %% [markdown]", "# %%", 1), id="cell-type"),
-    pytest.param(lambda s: s + "\n# %%\nprint('one more cell')\n", id="extra-cell"),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda s: s.replace("n = 1000", "n = 1001"), id="source"),
+        pytest.param(lambda s: s.replace('# %% tags=["parameters"]', "# %%"), id="parameters-tag"),
+        pytest.param(lambda s: s.replace("# %% [markdown]", "# %%", 1), id="cell-type"),
+        pytest.param(lambda s: s + "\n# %%\nprint('one more cell')\n", id="extra-cell"),
+    ],
+)
 def test_a_script_that_differs_from_its_notebook_is_reported(one_pair, edit):
     assert pairing_problems(one_pair) == []
     script = one_pair / "03_mixed_precision_accumulation.py"
@@ -90,7 +103,10 @@ def test_a_script_that_differs_from_its_notebook_is_reported(one_pair, edit):
     assert edited != script.read_text()
     script.write_text(edited)
     problems = pairing_problems(one_pair)
-    assert len(problems) == 1 and "03_mixed_precision_accumulation.ipynb and 03_mixed_precision_accumulation.py differ" in problems[0]
+    assert (
+        len(problems) == 1
+        and "03_mixed_precision_accumulation.ipynb and 03_mixed_precision_accumulation.py differ" in problems[0]
+    )
 
 
 def test_a_notebook_without_its_script_and_a_script_without_its_notebook_are_reported(one_pair):

@@ -22,13 +22,16 @@ def test_adamw_matches_torch_adamw(weight_decay):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(lr=-1), ValueError, "learning rate"),
-    (dict(weight_decay=-0.1), ValueError, "weight_decay"),
-    (dict(betas=0.9), TypeError, "betas must be a pair"),
-    (dict(betas=(0.9, 1.0)), ValueError, "beta parameter at index 1"),
-    (dict(eps="1e-8"), TypeError, "eps must be a real number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(lr=-1), ValueError, "learning rate"),
+        (dict(weight_decay=-0.1), ValueError, "weight_decay"),
+        (dict(betas=0.9), TypeError, "betas must be a pair"),
+        (dict(betas=(0.9, 1.0)), ValueError, "beta parameter at index 1"),
+        (dict(eps="1e-8"), TypeError, "eps must be a real number"),
+    ],
+)
 def test_adamw_rejects_bad_hyperparameters(kwargs, error, match):
     with pytest.raises(error, match=match):
         AdamW([torch.nn.Parameter(torch.zeros(1))], **kwargs)
@@ -44,8 +47,6 @@ def test_gradient_clipping_matches_torch():
     torch.nn.utils.clip_grad_norm_(b, 1.0)
     for p, q in zip(a, b):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
-
-
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])

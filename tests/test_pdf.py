@@ -53,7 +53,9 @@ def _report(tmp_path):
     record_answer(results, second.notebook, second.answer, Answer("A tall figure follows.", figure="figures/tall.png"))
     notebooks = sorted({first.notebook, second.notebook})
     (tmp_path / "runs.json").write_text(json.dumps([dict(name=n, status="ok", seconds=1.0) for n in notebooks]))
-    (tmp_path / "environment.json").write_text(json.dumps({"CPU": "test machine", "profile": "cpu", "commit": "abc1234"}))
+    (tmp_path / "environment.json").write_text(
+        json.dumps({"CPU": "test machine", "profile": "cpu", "commit": "abc1234"})
+    )
     build_index(tmp_path, "cpu")
     return tmp_path / "writeup_2025.html"
 
@@ -66,7 +68,9 @@ def test_pdf_pages_render_with_title_and_no_blank_page(tmp_path):
     for page in pages:
         pixels = mpimg.imread(page)[..., :3]
         assert (pixels < 0.9).mean() > 0.002, f"{page.name} is blank"
-    title = subprocess.run(["pdftotext", "-f", "1", "-l", "1", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+    title = subprocess.run(
+        ["pdftotext", "-f", "1", "-l", "1", str(pdf), "-"], capture_output=True, text=True, check=True
+    ).stdout
     assert "Assignment 2" in title and "test machine" in title and "abc1234" in title
     text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
     assert "16,048.5" in text or "16,049" in text, "the wide table's last column was cut at the page edge"

@@ -17,21 +17,33 @@ from cs336_systems.experiments.checkpointing import CheckpointedLM, CountingLaye
 from cs336_systems.model import TransformerBlock, TransformerLM  # noqa: E402
 from cs336_systems.profiling.kernel_names import kernel_category, short_kernel_name  # noqa: E402
 from cs336_systems.profiling.memory import (  # noqa: E402
-    BEFORE_RECORDING, NO_PYTHON_FRAME, active_memory, largest_allocations, load_snapshot, peak_active_bytes,
-    plot_active_memory, snapshot_allocations, user_frame,
+    BEFORE_RECORDING,
+    NO_PYTHON_FRAME,
+    active_memory,
+    largest_allocations,
+    load_snapshot,
+    peak_active_bytes,
+    plot_active_memory,
+    snapshot_allocations,
+    user_frame,
 )
 from cs336_systems.profiling.peak_memory import count_saved_tensors, peak_allocated_bytes  # noqa: E402
 from cs336_systems.profiling.timeline import plot_timeline  # noqa: E402
 from cs336_systems.profiling.torch_profile import (  # noqa: E402
-    category_summary, kernel_summary, profile_benchmark, range_summary,
+    category_summary,
+    kernel_summary,
+    profile_benchmark,
+    range_summary,
 )
 from cs336_systems.profiling.trace import count_range_instances, events_in_ranges, load_trace  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 MIB = 2**20
 SGEMM = "ampere_sgemm_128x64_tn"
-MUL = ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
-       "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, std::array<char*, 3ul>)")
+MUL = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
+    "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, std::array<char*, 3ul>)"
+)
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
@@ -44,10 +56,18 @@ NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>
         (SGEMM, "matmul", SGEMM),
         ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matmul", "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"),
         (MUL, "elementwise", "vectorized_elementwise_kernel [MulFunctor]"),
-        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MaxOps<float>, unsigned int, float, 4, 4> >"
-         "(at::native::ReduceOp<float, at::native::MaxOps<float>, unsigned int, float, 4, 4>)", "reduction", "reduce_kernel [MaxOps]"),
-        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
-         "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)", "softmax", "cunn_SoftMaxForward"),
+        (
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MaxOps<float>, unsigned int, float, 4, 4> >"
+            "(at::native::ReduceOp<float, at::native::MaxOps<float>, unsigned int, float, 4, 4>)",
+            "reduction",
+            "reduce_kernel [MaxOps]",
+        ),
+        (
+            "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+            "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)",
+            "softmax",
+            "cunn_SoftMaxForward",
+        ),
         (NCCL, "communication", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"),
         ("Memcpy HtoD (Pageable -> Device)", "copy", "Memcpy HtoD (Pageable -> Device)"),
         ("aten::mm", "matmul", "aten::mm"),
@@ -86,8 +106,12 @@ def gpu_trace() -> dict:
         _x("backward", "gpu_user_annotation", 500, 320, 0, 7),
     ]
     launches = [  # (correlation, launch ts, thread, kernel, kernel ts, dur, stream)
-        (1, 20, main, SGEMM, 100, 50, 7), (2, 30, main, MUL, 160, 10, 7), (3, 40, main, SGEMM, 175, 30, 7),
-        (4, 450, autograd, SGEMM, 500, 100, 7), (5, 460, autograd, MUL, 610, 20, 7), (6, 470, autograd, NCCL, 620, 200, 20),
+        (1, 20, main, SGEMM, 100, 50, 7),
+        (2, 30, main, MUL, 160, 10, 7),
+        (3, 40, main, SGEMM, 175, 30, 7),
+        (4, 450, autograd, SGEMM, 500, 100, 7),
+        (5, 460, autograd, MUL, 610, 20, 7),
+        (6, 470, autograd, NCCL, 620, 200, 20),
         (7, 1100, main, SGEMM, 1200, 50, 7),
     ]
     for corr, launch, tid, kernel, ts, dur, stream in launches:
@@ -213,8 +237,13 @@ def test_snapshot_parsing(example_snapshot):
     assert peak_active_bytes(allocs) == 212 * MIB == _replay_peak(snapshot)  # see tests/data/make_memory_snapshot.py
     before = allocs[allocs["label"] == BEFORE_RECORDING]
     assert before["size"].sum() == 97 * MIB and (before["start"] == -1).all()
-    assert set(allocs["label"]) >= {"model.py:68 forward", "naive.py:21 naive_attention", "nn_utils.py:14 softmax",
-                                    "optim.py:65 step", NO_PYTHON_FRAME}
+    assert set(allocs["label"]) >= {
+        "model.py:68 forward",
+        "naive.py:21 naive_attention",
+        "nn_utils.py:14 softmax",
+        "optim.py:65 step",
+        NO_PYTHON_FRAME,
+    }
     assert [p["name"] for p in phases] == ["forward", "backward", "optimizer step"]
     top = largest_allocations(allocs, top=3)
     assert top.loc[0, "size_mib"] == 32 and top.loc[0, "label"] == BEFORE_RECORDING
@@ -224,8 +253,10 @@ def test_snapshot_parsing(example_snapshot):
 
 
 def test_user_frame_skips_torch_internals():
-    frames = [{"filename": "/x/site-packages/torch/_tensor.py", "line": 41, "name": "wrapped"},
-              {"filename": "/repo/lib/cs336_systems/attention/naive.py", "line": 21, "name": "naive_attention"}]
+    frames = [
+        {"filename": "/x/site-packages/torch/_tensor.py", "line": 41, "name": "wrapped"},
+        {"filename": "/repo/lib/cs336_systems/attention/naive.py", "line": 21, "name": "naive_attention"},
+    ]
     assert user_frame(frames)["line"] == 21
     assert user_frame(frames[:1]) is None
 
@@ -248,18 +279,18 @@ def test_count_saved_tensors_by_hand():
     w = torch.nn.Parameter(torch.randn(8, 4))
     x = torch.randn(3, 8, requires_grad=True)
     with count_saved_tensors(exclude=[w]) as saved:
-        y = x @ w              # saves x (3x8) and w (a parameter: not counted)
-        z = torch.exp(y)       # saves its result (3x4)
-        (z * z.T.T).sum()      # saves z twice: same storage, counted once
+        y = x @ w  # saves x (3x8) and w (a parameter: not counted)
+        z = torch.exp(y)  # saves its result (3x4)
+        (z * z.T.T).sum()  # saves z twice: same storage, counted once
     assert saved.total_bytes == (3 * 8 + 3 * 4) * 4
 
 
 def test_peak_allocated_bytes_on_cpu():
     def work():
-        a = torch.empty(MIB // 4)       # 1 MiB
-        b = torch.empty(2 * MIB // 4)   # 2 MiB
+        a = torch.empty(MIB // 4)  # 1 MiB
+        b = torch.empty(2 * MIB // 4)  # 2 MiB
         del a, b
-        torch.empty(MIB // 4)           # 1 MiB again, after the peak
+        torch.empty(MIB // 4)  # 1 MiB again, after the peak
 
     assert peak_allocated_bytes(work, torch.device("cpu")) == 3 * MIB
 
@@ -267,7 +298,9 @@ def test_peak_allocated_bytes_on_cpu():
 # ---------------------------------------------------------------- checkpointing
 
 
-@pytest.mark.parametrize("strategy, unit", [("every", "block"), ("every", "sublayer"), ("binary", "block"), ("chain", "sublayer")])
+@pytest.mark.parametrize(
+    "strategy, unit", [("every", "block"), ("every", "sublayer"), ("binary", "block"), ("chain", "sublayer")]
+)
 def test_checkpointed_model_matches_plain(strategy, unit):
     torch.manual_seed(0)
     model = TransformerLM(100, 8, 16, 3, 2, 32).double()
@@ -288,7 +321,12 @@ def test_block_forwards_per_strategy():
     n = 8
     blocks = [CountingLayer(TransformerBlock(8, 2, 16, 4)) for _ in range(n)]
     x = torch.randn(1, 4, 8, requires_grad=True)
-    expected = {"none": n, "every": 2 * n, "binary": 2 * n + n // 2 * (int(math.log2(n)) - 1), "chain": n * (n + 1) // 2}
+    expected = {
+        "none": n,
+        "every": 2 * n,
+        "binary": 2 * n + n // 2 * (int(math.log2(n)) - 1),
+        "chain": n * (n + 1) // 2,
+    }
     for strategy, forwards in expected.items():
         for b in blocks:
             b.calls = 0
@@ -299,9 +337,9 @@ def test_block_forwards_per_strategy():
 def test_strategy_memory_trend():
     df = strategy_costs([4, 8], d_model=16, num_heads=2, d_ff=32, batch=1, context=32)
     peak = df.pivot(index="blocks", columns="strategy", values="peak_bytes")
-    assert peak.loc[8, "none"] / peak.loc[4, "none"] == pytest.approx(2.0, rel=0.15)   # linear in N
+    assert peak.loc[8, "none"] / peak.loc[4, "none"] == pytest.approx(2.0, rel=0.15)  # linear in N
     assert peak.loc[8, "chain"] <= peak.loc[8, "binary"] <= peak.loc[8, "every"] < peak.loc[8, "none"]
-    assert peak.loc[8, "chain"] / peak.loc[4, "chain"] < 1.1                           # flat in N
+    assert peak.loc[8, "chain"] / peak.loc[4, "chain"] < 1.1  # flat in N
 
 
 def test_matmul_shares_leave_unprofiled_runs_out():
@@ -313,11 +351,16 @@ def test_matmul_shares_leave_unprofiled_runs_out():
     from cs336_systems.profiling.profile_sweep import matmul_shares
 
     rows = [
-        ("small", 128, "forward", "matmul", 0.8), ("small", 128, "forward", "elementwise", 0.2),
-        ("small", 128, "training step", "matmul", 0.6), ("small", 128, "training step", "copy", 0.4),
-        ("xl", 1024, "forward", "matmul", 0.7), ("xl", 1024, "forward", "elementwise", 0.3),
+        ("small", 128, "forward", "matmul", 0.8),
+        ("small", 128, "forward", "elementwise", 0.2),
+        ("small", 128, "training step", "matmul", 0.6),
+        ("small", 128, "training step", "copy", 0.4),
+        ("xl", 1024, "forward", "matmul", 0.7),
+        ("xl", 1024, "forward", "elementwise", 0.3),
     ]
-    sweep = SimpleNamespace(categories=pd.DataFrame(rows, columns=["size", "context_length", "scope", "category", "share"]))
+    sweep = SimpleNamespace(
+        categories=pd.DataFrame(rows, columns=["size", "context_length", "scope", "category", "share"])
+    )
     shares = matmul_shares(sweep).set_index(["size", "context_length", "category"])
     assert shares.loc[("small", 128, "copy"), "forward"] == 0.0  # profiled, no copy kernels
     assert shares.loc[("small", 128, "elementwise"), "training step"] == 0.0
@@ -334,7 +377,9 @@ def test_step_phases_covers_the_three_phases_of_a_training_step_only():
     row = step_phases(build(config), steps=2)
     assert set(row) == {f"{p}_{k}_ms" for p in ("forward", "backward", "optimizer") for k in ("wall", "compute")}
     assert all(v > 0 for v in row.values())
-    assert all(row[f"{p}_compute_ms"] <= row[f"{p}_wall_ms"] for p in ("forward", "backward", "optimizer"))  # CPU: self times inside the range
+    assert all(
+        row[f"{p}_compute_ms"] <= row[f"{p}_wall_ms"] for p in ("forward", "backward", "optimizer")
+    )  # CPU: self times inside the range
     with pytest.raises(ValueError, match="need a train-step setup, got mode 'forward'"):
         step_phases(build(BenchmarkConfig(size="nano", context_length=16, batch_size=2, mode="forward", device="cpu")))
 

@@ -17,16 +17,22 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsiz
 
 
 def kernel(name, device, stream, ts, dur):
-    return dict(ph="X", cat="kernel", name=name, pid=device, tid=stream, ts=ts, dur=dur,
-                args=dict(device=device, stream=stream))
+    return dict(
+        ph="X", cat="kernel", name=name, pid=device, tid=stream, ts=ts, dur=dur, args=dict(device=device, stream=stream)
+    )
 
 
-TRACE = {"traceEvents": [
-    kernel(GEMM, 0, 7, 0, 10), kernel("triton_poi_fused_mul_silu_0", 0, 7, 10, 10), kernel(GEMM, 0, 7, 40, 10),
-    kernel(REDUCE, 0, 21, 30, 15), kernel(REDUCE, 0, 21, 60, 10),
-    kernel(GEMM, 1, 7, 0, 30),
-    dict(ph="X", cat="user_annotation", name="backward", pid=1, tid=1, ts=0, dur=80),
-]}
+TRACE = {
+    "traceEvents": [
+        kernel(GEMM, 0, 7, 0, 10),
+        kernel("triton_poi_fused_mul_silu_0", 0, 7, 10, 10),
+        kernel(GEMM, 0, 7, 40, 10),
+        kernel(REDUCE, 0, 21, 30, 15),
+        kernel(REDUCE, 0, 21, 60, 10),
+        kernel(GEMM, 1, 7, 0, 30),
+        dict(ph="X", cat="user_annotation", name="backward", pid=1, tid=1, ts=0, dur=80),
+    ]
+}
 
 
 def test_merged_intervals_and_their_overlap():

@@ -9,7 +9,9 @@ from cs336_systems.report.run import discover, main
 
 GOOD = [
     nbformat.v4.new_code_cell("profile = None", metadata={"tags": ["parameters"]}),
-    nbformat.v4.new_code_cell("from cs336_systems.report import setup_notebook\nctx = setup_notebook('01_good', profile=profile)"),
+    nbformat.v4.new_code_cell(
+        "from cs336_systems.report import setup_notebook\nctx = setup_notebook('01_good', profile=profile)"
+    ),
     nbformat.v4.new_code_cell(
         "ctx.md(f'profile is {ctx.profile}')\nctx.headline('answer', 42)\nctx.not_run('a 2-GPU part', 'one GPU here')"
     ),
@@ -88,17 +90,25 @@ def test_a_report_gathered_from_several_machines_names_each(tmp_path):
     from cs336_systems.report.run import build_index
 
     runs = [
-        dict(name="01_one", status="ok", seconds=3.0, machine="1 × GPU A", commit="aaa111", date="2026-01-01 10:00 UTC"),
-        dict(name="02_two", status="ok", seconds=4.0, machine="2 × GPU B", commit="bbb222", date="2026-01-02 11:00 UTC"),
+        dict(
+            name="01_one", status="ok", seconds=3.0, machine="1 × GPU A", commit="aaa111", date="2026-01-01 10:00 UTC"
+        ),
+        dict(
+            name="02_two", status="ok", seconds=4.0, machine="2 × GPU B", commit="bbb222", date="2026-01-02 11:00 UTC"
+        ),
         dict(name="03_old", status="ok", seconds=5.0),  # a record from before machines were recorded
     ]
     for r in runs:
         nbformat.write(_executed(r["name"], f"result of {r['name']}"), tmp_path / f"{r['name']}.ipynb")
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     (tmp_path / "environment.json").write_text(json.dumps({"GPU": "2 × GPU B", "profile": "gpu"}))
-    (tmp_path / "caveats.json").write_text(json.dumps([{"notebook": "01_one", "caveat": "ran before the fix of the leak"}]))
+    (tmp_path / "caveats.json").write_text(
+        json.dumps([{"notebook": "01_one", "caveat": "ran before the fix of the leak"}])
+    )
     (tmp_path / "results").mkdir()
-    merged_later_first = [dict(notebook=n, key=f"number of {n}", value=1, unit="", note="") for n in ("02_two", "01_one", "02_two")]
+    merged_later_first = [
+        dict(notebook=n, key=f"number of {n}", value=1, unit="", note="") for n in ("02_two", "01_one", "02_two")
+    ]
     (tmp_path / "results" / "headlines.json").write_text(json.dumps(merged_later_first))
     build_index(tmp_path, "gpu")
     writeup = (tmp_path / "writeup_2026.html").read_text()
@@ -114,7 +124,9 @@ def test_one_machine_and_no_caveats_add_no_tables(tmp_path):
     from cs336_systems.report.run import build_index
 
     nbformat.write(_executed("01_one", "x"), tmp_path / "01_one.ipynb")
-    (tmp_path / "runs.json").write_text(json.dumps([dict(name="01_one", status="ok", seconds=1.0, machine="M", commit="c", date="d")]))
+    (tmp_path / "runs.json").write_text(
+        json.dumps([dict(name="01_one", status="ok", seconds=1.0, machine="M", commit="c", date="d")])
+    )
     (tmp_path / "environment.json").write_text(json.dumps({"CPU": "M", "profile": "cpu"}))
     build_index(tmp_path, "cpu")
     writeup = (tmp_path / "writeup_2026.html").read_text()
@@ -127,13 +139,27 @@ def test_the_runner_prints_its_progress_without_papermill_and_kernel_noise(tmp_p
     d = tmp_path / "notebooks"
     d.mkdir()
     params = 'profile = None  # "cpu" or "gpu", None means gpu = CUDA available\nsteps = 3  # steps = timed steps'
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("print(profile, steps)"),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(params, metadata={"tags": ["parameters"]}),
+            nbformat.v4.new_code_cell("print(profile, steps)"),
+        ]
+    )
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, d / "01_tiny.ipynb")
-    status = main(["--profile", "cpu", "--notebook-dir", str(d), "--out", str(tmp_path / "out"), "--no-html", "--cell-timeout", "120"])
+    status = main(
+        [
+            "--profile",
+            "cpu",
+            "--notebook-dir",
+            str(d),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-html",
+            "--cell-timeout",
+            "120",
+        ]
+    )
     out, err = capfd.readouterr()
     err += caplog.text  # under pytest, records that reach the root logger are captured there, not on stderr
     assert status == 0, out + err
@@ -165,7 +191,10 @@ def test_the_parameters_a_notebook_assigns(tmp_path):
     from cs336_systems.report.run import assigned_parameters
 
     cells = [
-        nbformat.v4.new_code_cell("x = 1  # not y = 2\n# z = 3\nsizes: list | None = None\nitems = [\n  1,\n]", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            "x = 1  # not y = 2\n# z = 3\nsizes: list | None = None\nitems = [\n  1,\n]",
+            metadata={"tags": ["parameters"]},
+        ),
         nbformat.v4.new_code_cell("w = 4"),
     ]
     nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / "nb.ipynb")

@@ -16,10 +16,12 @@ from cs336_systems.report.run import main, run_report
 def _notebooks(folder, *names):
     folder.mkdir(exist_ok=True)
     for name in names:
-        nb = nbformat.v4.new_notebook(cells=[
-            nbformat.v4.new_code_cell("profile = None", metadata={"tags": ["parameters"]}),
-            nbformat.v4.new_code_cell("print('result')"),
-        ])
+        nb = nbformat.v4.new_notebook(
+            cells=[
+                nbformat.v4.new_code_cell("profile = None", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("print('result')"),
+            ]
+        )
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, folder / f"{name}.ipynb")
     return folder
@@ -54,6 +56,7 @@ def report(tmp_path, monkeypatch):
 def _raise(err):
     def then():
         raise err
+
     return then
 
 
@@ -99,7 +102,10 @@ def test_a_failed_rerun_is_shown_and_the_earlier_ok_run_is_kept_aside(report, mo
     record = _runs(out)["01_one"]
     assert record["status"] == "failed" and "deliberate failure" in record["error"]
     assert record["previous_ok"] == " · ".join(first[k] for k in ("machine", "commit", "date"))
-    assert b"the error cell" in (out / "01_one.ipynb").read_bytes() and b"the error cell" in (out / "01_one.html").read_bytes()
+    assert (
+        b"the error cell" in (out / "01_one.ipynb").read_bytes()
+        and b"the error cell" in (out / "01_one.html").read_bytes()
+    )
     assert {p: (out / "previous-ok" / p).read_bytes() for p in good} == good
 
     run_report("cpu", "01", out, html=True, notebook_dir=notebooks)  # fails again: the good run stays aside

@@ -16,7 +16,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from cs336_systems.accounting.sharding import (
-    communication_table, memory_table, setup_for_model, transformer_parameter_shapes, zero_paper_memory,
+    communication_table,
+    memory_table,
+    setup_for_model,
+    transformer_parameter_shapes,
+    zero_paper_memory,
 )
 from cs336_systems.distributed.adapters_sharding import get_sharded_optimizer
 from cs336_systems.distributed.launch import spawn
@@ -273,7 +277,9 @@ def test_xl_memory_and_communication_by_hand():
     assert mem.loc["optimizer_sharding", "optimizer_state_GB"] == pytest.approx(8 * s.own / 1e9)
     assert mem.loc["zero1", "optimizer_state_GB"] == pytest.approx(4 * psi / 1e9)
     assert mem.loc["zero2", "total_GB"] == pytest.approx((4 + 2 + 4) * psi / 1e9)
-    assert mem.loc["fsdp", "total_GB"] == pytest.approx(16 * ((psi - s.fsdp_replicated_params) / 2 + s.fsdp_replicated_params) / 1e9)
+    assert mem.loc["fsdp", "total_GB"] == pytest.approx(
+        16 * ((psi - s.fsdp_replicated_params) / 2 + s.fsdp_replicated_params) / 1e9
+    )
     comm = communication_table(s).set_index("strategy")
     assert comm.loc["ddp", "sent_per_rank_GB"] == pytest.approx(4 * psi / 1e9)  # 2·(N−1)/N·4Ψ, N = 2
     assert comm.loc["optimizer_sharding", "relative_to_ddp"] == pytest.approx(1.5)
@@ -289,6 +295,7 @@ def test_zero_paper_numbers():
 @pytest.mark.multiprocess
 def test_analytic_breakdown_matches_the_optimizer(ranks):
     world_size = len(ranks)
-    config = ShardingBenchmarkConfig(size="nano", context_length=CONTEXT, vocab_size=VOCAB, world_size=world_size,
-                                     global_batch_size=2 * world_size)
+    config = ShardingBenchmarkConfig(
+        size="nano", context_length=CONTEXT, vocab_size=VOCAB, world_size=world_size, global_batch_size=2 * world_size
+    )
     assert rank_owned_numel(config) == ranks[0]["one_group_rank_numel"]

@@ -326,9 +326,14 @@ def test_activation_memory_budget_is_set_while_the_blocks_run(small_tiles, monke
     seen = []
     for block in fast.layers:
         forward = block.forward
-        monkeypatch.setattr(block, "forward", lambda h, forward=forward: seen.append(
-            functorch_config.activation_memory_budget) or forward(h))
-    config = StepConfig(recompute="plan", memory_budget_bytes=1 << 40, compile_blocks=True, activation_memory_budget=0.5)
+        monkeypatch.setattr(
+            block,
+            "forward",
+            lambda h, forward=forward: seen.append(functorch_config.activation_memory_budget) or forward(h),
+        )
+    config = StepConfig(
+        recompute="plan", memory_budget_bytes=1 << 40, compile_blocks=True, activation_memory_budget=0.5
+    )
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: None)  # nothing compiles on the interpreter
     before = functorch_config.activation_memory_budget
     build_train_step(fast, config).forward_backward(*batch())
@@ -402,8 +407,21 @@ def test_bad_config_raises():
         ("keep_attention", 1, TypeError, "StepConfig.keep_attention must be a bool, got int"),
         ("activation_memory_budget", "0.5", TypeError, "StepConfig.activation_memory_budget must be a real number"),
     ],
-    ids=["lr-str", "lr-negative", "eps-none", "weight-decay-nan", "betas-float", "beta2-one", "budget-float",
-         "chunk-str", "bucket-zero", "compile-str", "check-none", "keep-int", "activation-budget-str"],
+    ids=[
+        "lr-str",
+        "lr-negative",
+        "eps-none",
+        "weight-decay-nan",
+        "betas-float",
+        "beta2-one",
+        "budget-float",
+        "chunk-str",
+        "bucket-zero",
+        "compile-str",
+        "check-none",
+        "keep-int",
+        "activation-budget-str",
+    ],
 )
 def test_bad_config_field_raises_naming_it(field, value, error, match):
     with pytest.raises(error, match=match):
@@ -469,8 +487,7 @@ def test_gpu_kept_attention_matches_whole_block_recompute(compile_blocks):
     compiled block does around the keeper (it runs outside the graphs), so bf16 roundings of RoPE's and the
     projections' outputs: relative errors within 2e-2 (bf16 has 8 significant bits, 3.9e-3 per rounding)."""
     torch.manual_seed(0)
-    models = [TransformerLM(1000, 1024, 512, 3, 4, 1024, attention="flash_triton", device="cuda",
-                            dtype=torch.bfloat16)]
+    models = [TransformerLM(1000, 1024, 512, 3, 4, 1024, attention="flash_triton", device="cuda", dtype=torch.bfloat16)]
     models.append(copy.deepcopy(models[0]))
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randint(0, 1000, (2, 1024), device="cuda", generator=g)

@@ -34,6 +34,7 @@ RTOL, ATOL = 1e-5, 1e-6
 
 # --- a course-like model (stands in for cs336_basics.model.BasicsTransformerLM) ---------------------------
 
+
 class CourseLinear(nn.Module):
     def __init__(self, d_in, d_out):
         super().__init__()
@@ -114,7 +115,11 @@ class CourseAttention(nn.Module):
 class CourseSwiGLU(nn.Module):
     def __init__(self, d_model, d_ff):
         super().__init__()
-        self.w1, self.w2, self.w3 = CourseLinear(d_model, d_ff), CourseLinear(d_ff, d_model), CourseLinear(d_model, d_ff)
+        self.w1, self.w2, self.w3 = (
+            CourseLinear(d_model, d_ff),
+            CourseLinear(d_ff, d_model),
+            CourseLinear(d_model, d_ff),
+        )
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -139,8 +144,9 @@ class CourseLM(nn.Module):
         self.context_length = context_length
         self.token_embeddings = CourseEmbedding(vocab_size, d_model)
         self.positional_encoder = CourseRotaryEmbedding(context_length, d_model // num_heads, rope_theta)
-        self.layers = nn.ModuleList(CourseBlock(d_model, num_heads, d_ff, self.positional_encoder)
-                                    for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            CourseBlock(d_model, num_heads, d_ff, self.positional_encoder) for _ in range(num_layers)
+        )
         self.ln_final = CourseRMSNorm(d_model)
         self.lm_head = CourseLinear(d_model, vocab_size)
 
@@ -256,8 +262,15 @@ def test_state_dict_moves_between_course_model_and_ours(direction):
 def test_real_course_model_step_matches_its_plain_forward(monkeypatch):
     basics = pytest.importorskip("cs336_basics.model", reason="cs336_basics is not installed in this environment")
     torch.manual_seed(0)
-    model = basics.BasicsTransformerLM(vocab_size=VOCAB, context_length=CONTEXT, d_model=D_MODEL,
-                                       num_layers=LAYERS, num_heads=HEADS, d_ff=D_FF, rope_theta=10000.0)
+    model = basics.BasicsTransformerLM(
+        vocab_size=VOCAB,
+        context_length=CONTEXT,
+        d_model=D_MODEL,
+        num_layers=LAYERS,
+        num_heads=HEADS,
+        d_ff=D_FF,
+        rope_theta=10000.0,
+    )
     check_step_matches_plain(model, monkeypatch, "mixed")
 
 
@@ -279,11 +292,17 @@ class ScaledHead(nn.Module):
         return h @ self.weight.T / math.sqrt(D_MODEL)
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: nn.Linear(4, 4), "has no module `token_embeddings`"),
-    (BiasedHead, "parameters besides its weight"),
-    (lambda: setattr(m := make_course_model(), "lm_head", ScaledHead()) or m, r"does not compute h @ lm_head.weight\^T"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: nn.Linear(4, 4), "has no module `token_embeddings`"),
+        (BiasedHead, "parameters besides its weight"),
+        (
+            lambda: setattr(m := make_course_model(), "lm_head", ScaledHead()) or m,
+            r"does not compute h @ lm_head.weight\^T",
+        ),
+    ],
+)
 def test_model_without_the_structure_is_refused_naming_what_is_missing(make, match):
     with pytest.raises(TypeError, match=match):
         build_train_step(make())
@@ -307,15 +326,20 @@ def fake_card(monkeypatch, total_gib, free_gib, reserved_gib, fraction):
         monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: fraction)
 
 
-@pytest.mark.parametrize("total, free, reserved, fraction, expected_gib", [
-    (141, 139, 0, 1.0, 139 - 5),  # uncapped: what is free, less the margin
-    (141, 139, 0, 80 / 141, 80 - 5),  # an 80 GB card simulated on an H200: the cap, not the free memory
-    (141, 100, 20, 80 / 141, 80 - 5),  # the cap bounds what is reserved too
-    (141, 30, 20, 80 / 141, 50 - 5),  # another process holds memory: free + reserved is the smaller
-    (80, 79, 0, None, 79 - 5),  # no getter in this torch: uncapped
-], ids=["uncapped", "capped", "capped_with_reserved", "free_below_cap", "no_getter"])
-def test_default_budget_is_the_smaller_of_free_memory_and_the_cap(monkeypatch, total, free, reserved, fraction,
-                                                                   expected_gib):
+@pytest.mark.parametrize(
+    "total, free, reserved, fraction, expected_gib",
+    [
+        (141, 139, 0, 1.0, 139 - 5),  # uncapped: what is free, less the margin
+        (141, 139, 0, 80 / 141, 80 - 5),  # an 80 GB card simulated on an H200: the cap, not the free memory
+        (141, 100, 20, 80 / 141, 80 - 5),  # the cap bounds what is reserved too
+        (141, 30, 20, 80 / 141, 50 - 5),  # another process holds memory: free + reserved is the smaller
+        (80, 79, 0, None, 79 - 5),  # no getter in this torch: uncapped
+    ],
+    ids=["uncapped", "capped", "capped_with_reserved", "free_below_cap", "no_getter"],
+)
+def test_default_budget_is_the_smaller_of_free_memory_and_the_cap(
+    monkeypatch, total, free, reserved, fraction, expected_gib
+):
     fake_card(monkeypatch, total, free, reserved, fraction)
     device = torch.device("cuda", 0)
     assert memory_plan.default_budget_bytes(device) == pytest.approx(expected_gib * GIB, abs=1)
@@ -344,8 +368,13 @@ def fake_capability(monkeypatch):
     from cs336_systems.attention import configs as flash_configs
 
     def set_capability(major, minor):
-        props = types.SimpleNamespace(major=major, minor=minor, multi_processor_count=GENERATIONS[(major, minor)],
-                                      total_memory=80 * GIB, name=f"fake sm_{major}{minor}")
+        props = types.SimpleNamespace(
+            major=major,
+            minor=minor,
+            multi_processor_count=GENERATIONS[(major, minor)],
+            total_memory=80 * GIB,
+            name=f"fake sm_{major}{minor}",
+        )
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -408,8 +437,8 @@ def test_fused_loss_and_adamw_kernels_use_nothing_generation_specific(fake_capab
     choices read no capability (FusedAdamW's block is the same 1,024 on every GPU)."""
     import inspect
 
-    from cs336_systems.optim import fused_adamw_kernels
     from cs336_systems.fused_loss import cross_entropy_kernels, linear_cross_entropy
+    from cs336_systems.optim import fused_adamw_kernels
 
     for module in (cross_entropy_kernels, linear_cross_entropy, fused_adamw_kernels):
         source = inspect.getsource(module)

@@ -46,6 +46,7 @@ class StandInKernel:
             compiled = StandInCompiled()
             self.jit_calls.append((grid, args, meta, compiled))
             return compiled
+
         return run
 
 
@@ -55,12 +56,16 @@ def cuda_tensor(dtype=torch.bfloat16, address=4096):
 
 
 def kernel_and_launcher(device=0):
-    kernel = StandInKernel([("X", False), ("Y", False), ("stride", False), ("N", False), ("BLOCK", True), ("FLAG", True)])
+    kernel = StandInKernel(
+        [("X", False), ("Y", False), ("stride", False), ("N", False), ("BLOCK", True), ("FLAG", True)]
+    )
     return kernel, CachedLauncher(kernel, device_and_stream=lambda: (device, STREAM))
 
 
 def launch(launcher, x=None, y=None, n=100, block=64, warps=4):
-    return launcher((3,), (x or cuda_tensor(), y or cuda_tensor()), (16, n), dict(FLAG=True, BLOCK=block, num_warps=warps))
+    return launcher(
+        (3,), (x or cuda_tensor(), y or cuda_tensor()), (16, n), dict(FLAG=True, BLOCK=block, num_warps=warps)
+    )
 
 
 def test_second_call_of_a_signature_launches_the_compiled_kernel():
@@ -106,10 +111,27 @@ def test_a_callers_signature_replaces_the_derived_key():
     assert len(kernel.jit_calls) == 2
 
 
-@pytest.mark.parametrize("change", [
-    dict(n=101), dict(n=96), dict(block=128), dict(warps=8),
-    dict(x=cuda_tensor(dtype=torch.float16)), dict(x=cuda_tensor(address=4096 + 2)), dict(y=cuda_tensor(address=4096 + 8)),
-], ids=["int value", "int multiple of 16", "constexpr", "launch option", "dtype", "misaligned 2 bytes", "misaligned 8 bytes"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(n=101),
+        dict(n=96),
+        dict(block=128),
+        dict(warps=8),
+        dict(x=cuda_tensor(dtype=torch.float16)),
+        dict(x=cuda_tensor(address=4096 + 2)),
+        dict(y=cuda_tensor(address=4096 + 8)),
+    ],
+    ids=[
+        "int value",
+        "int multiple of 16",
+        "constexpr",
+        "launch option",
+        "dtype",
+        "misaligned 2 bytes",
+        "misaligned 8 bytes",
+    ],
+)
 def test_any_change_triton_specializes_on_goes_through_the_jit(change):
     kernel, launcher = kernel_and_launcher()
     launch(launcher)
@@ -129,7 +151,9 @@ def test_aligned_addresses_share_a_signature():
 
 
 def test_another_device_goes_through_the_jit():
-    kernel = StandInKernel([("X", False), ("Y", False), ("stride", False), ("N", False), ("BLOCK", True), ("FLAG", True)])
+    kernel = StandInKernel(
+        [("X", False), ("Y", False), ("stride", False), ("N", False), ("BLOCK", True), ("FLAG", True)]
+    )
     device = [0]
     launcher = CachedLauncher(kernel, device_and_stream=lambda: (device[0], STREAM))
     launch(launcher)

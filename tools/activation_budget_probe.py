@@ -22,8 +22,15 @@ def main() -> None:
     p.add_argument("--context", type=int, default=32_768)
     args = p.parse_args()
     n = args.context
-    make = lambda: TransformerBlock(D_MODEL, HEADS, D_FF, n, attention="flash_triton", device="cuda",  # noqa: E731
-                                    dtype=torch.bfloat16)
+    make = lambda: TransformerBlock(
+        D_MODEL,
+        HEADS,
+        D_FF,
+        n,
+        attention="flash_triton",
+        device="cuda",  # noqa: E731
+        dtype=torch.bfloat16,
+    )
     torch.manual_seed(0)
     weights = make().state_dict()
     x = torch.randn(1, n, D_MODEL, device="cuda", dtype=torch.bfloat16)
@@ -37,8 +44,11 @@ def main() -> None:
             saved, transient = measure_block_memory(block, x)
             inp = x.detach().requires_grad_()
             ms = triton.testing.do_bench(lambda: block(inp).backward(grad), rep=1500, warmup=300)
-        print(f"budget {budget}: saved {saved / 2**30:.3f} GiB, working {transient / 2**30:.3f} GiB, "
-              f"forward+backward {ms:.2f} ms", flush=True)
+        print(
+            f"budget {budget}: saved {saved / 2**30:.3f} GiB, working {transient / 2**30:.3f} GiB, "
+            f"forward+backward {ms:.2f} ms",
+            flush=True,
+        )
         del block
 
 

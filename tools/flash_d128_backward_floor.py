@@ -19,12 +19,17 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import heuristics
-from cs336_systems.attention.launch import dispatch
-from cs336_systems.attention.configs import forget_answers
-from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.attention.api import flash_attention_triton
-from cs336_systems.benchmarking.timing import (TimingSettings, measure_device_ms, measure_times_ms, median_table,
-                                               round_orders)
+from cs336_systems.attention.configs import forget_answers
+from cs336_systems.attention.launch import dispatch
+from cs336_systems.attention.launch.layout import head_views
+from cs336_systems.benchmarking.timing import (
+    TimingSettings,
+    measure_device_ms,
+    measure_times_ms,
+    median_table,
+    round_orders,
+)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
 SHIPPED = (heuristics.D128_BWD_MIN_SEQ_LEN, heuristics.D128_BWD_MIN_CTAS_PER_SM)
@@ -48,8 +53,12 @@ def main() -> None:
         for n in args.seq_lens:
             for causal in (True, False):
                 gen = torch.Generator(device="cuda").manual_seed(n + heads)
-                q, k, v = (head_views(torch.randn(1, n, heads * 128, device="cuda", dtype=torch.bfloat16, generator=gen),
-                                      heads).requires_grad_() for _ in range(3))
+                q, k, v = (
+                    head_views(
+                        torch.randn(1, n, heads * 128, device="cuda", dtype=torch.bfloat16, generator=gen), heads
+                    ).requires_grad_()
+                    for _ in range(3)
+                )
                 grad_out = torch.randn(1, heads, n, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
 
                 def ours():
@@ -65,15 +74,30 @@ def main() -> None:
                         use_limits(name)
                         fused = dispatch.gluon_backward_applies(q, k, v, causal, False)
                         for kind in ("eager", "device"):
-                            times = (measure_times_ms(fn, device, SETTINGS, (q, k, v)) if kind == "eager"
-                                     else measure_device_ms(fn, SETTINGS, (q, k, v)))
-                            rows.append(dict(heads=heads, n=n, causal=causal, impl=name, gluon_bwd=fused, kind=kind,
-                                             round=r, ms=statistics.median(times), device=torch.cuda.get_device_name()))
+                            times = (
+                                measure_times_ms(fn, device, SETTINGS, (q, k, v))
+                                if kind == "eager"
+                                else measure_device_ms(fn, SETTINGS, (q, k, v))
+                            )
+                            rows.append(
+                                dict(
+                                    heads=heads,
+                                    n=n,
+                                    causal=causal,
+                                    impl=name,
+                                    gluon_bwd=fused,
+                                    kind=kind,
+                                    round=r,
+                                    ms=statistics.median(times),
+                                    device=torch.cuda.get_device_name(),
+                                )
+                            )
                 use_limits("shipped")
                 del q, k, v, grad_out
                 torch.cuda.empty_cache()
-    median_table(rows, args.out, ["heads", "n", "causal", "kind", "impl"], "impl",
-                 [("shipped", "cudnn"), ("gluon_bwd", "cudnn")])
+    median_table(
+        rows, args.out, ["heads", "n", "causal", "kind", "impl"], "impl", [("shipped", "cudnn"), ("gluon_bwd", "cudnn")]
+    )
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ import torch.nn.functional as F
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cs336_systems.attention.launch import gluon as G
 from cs336_systems.attention import heuristics
-from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.attention.api import FlashAttentionTriton
+from cs336_systems.attention.launch import gluon as G
 from cs336_systems.attention.launch.dispatch import flash_backward_triton
+from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.attention.reference import reference_gradients
 from cs336_systems.attention.reference import relative_error as rel
 from cs336_systems.benchmarking.timing import round_orders
@@ -37,12 +37,15 @@ from cs336_systems.benchmarking.timing import round_orders
 def model_layout(batch: int, heads: int, n: int, d: int, dtype, seed: int) -> list[torch.Tensor]:
     """q, k, v as the model makes them: (b, h, n, d) views of (b, n, h d) projections, leaves."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    return [head_views(torch.randn(batch, n, heads * d, device="cuda", dtype=dtype, generator=gen), heads)
-            .requires_grad_() for _ in range(3)]
+    return [
+        head_views(torch.randn(batch, n, heads * d, device="cuda", dtype=dtype, generator=gen), heads).requires_grad_()
+        for _ in range(3)
+    ]
 
 
 def triton_only(fn):
     """fn run with the fused backward out of scope at its head dimension: the two Triton kernels."""
+
     def run():
         scope = {d: list(c) for d, c in heuristics.GLUON_BWD_CAUSALITY.items()}
         heuristics.GLUON_BWD_CAUSALITY.pop(128, None)
@@ -50,6 +53,7 @@ def triton_only(fn):
             return fn()
         finally:
             heuristics.GLUON_BWD_CAUSALITY.update({d: tuple(c) for d, c in scope.items()})
+
     return run
 
 
@@ -75,11 +79,13 @@ def backward_routes(q, k, v, do, causal: bool, regs_list) -> tuple:
     lse = out.grad_fn.saved_tensors[0]
     o = out.detach().contiguous()
     qc, kc, vc, doc = (t.detach().contiguous() for t in (q, k, v, do))
-    routes = {f"gluon_{r[0]}_{r[1]}": (lambda r=r: G._backward(qc, kc, vc, o, doc, lse, causal, regs=r))
-              for r in regs_list}
+    routes = {
+        f"gluon_{r[0]}_{r[1]}": (lambda r=r: G._backward(qc, kc, vc, o, doc, lse, causal, regs=r)) for r in regs_list
+    }
     for name, (kernel, tiles) in VARIANTS.items():
-        routes[name] = lambda kernel=kernel, tiles=tiles: G._backward(qc, kc, vc, o, doc, lse, causal, tiles=tiles,
-                                                                      kernel=kernel)
+        routes[name] = lambda kernel=kernel, tiles=tiles: G._backward(
+            qc, kc, vc, o, doc, lse, causal, tiles=tiles, kernel=kernel
+        )
     routes["triton"] = triton_only(lambda: flash_backward_triton(qc, kc, vc, o, doc, lse, causal))
     return forward, routes
 
@@ -101,18 +107,22 @@ def check(shape, causal: bool, dtype, rows: list[dict]) -> None:
 
 def timers(q, k, v, do, causal: bool, regs_list) -> dict:
     """name -> (forward fn, backward fn); SDPA's backward re-runs autograd.grad on a kept graph."""
+
     def sdpa(backend):
         def fwd():
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
         return fwd
 
     def graph_backward(fwd):
         out = fwd()
         return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
 
-    result = {name: (sdpa(backend), graph_backward(sdpa(backend)))
-              for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION))}
+    result = {
+        name: (sdpa(backend), graph_backward(sdpa(backend)))
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION))
+    }
     forward, routes = backward_routes(q, k, v, do, causal, regs_list)
     result.update({name: (forward, backward) for name, backward in routes.items()})
     return {name: fns for name, fns in result.items() if name not in SKIPPED}
@@ -134,7 +144,10 @@ def main() -> None:
         load_variant(spec)
     SKIPPED.update(args.skip)
     rows: list[dict] = []
-    heuristics.MIN_SEQ_LEN, heuristics.MIN_CTAS_PER_SM = {d: 0 for d in heuristics.MIN_SEQ_LEN}, {d: 0 for d in heuristics.MIN_CTAS_PER_SM}  # small shapes through the Gluon route
+    heuristics.MIN_SEQ_LEN, heuristics.MIN_CTAS_PER_SM = (
+        {d: 0 for d in heuristics.MIN_SEQ_LEN},
+        {d: 0 for d in heuristics.MIN_CTAS_PER_SM},
+    )  # small shapes through the Gluon route
     if not args.skip_check:
         for shape in [(2, 3, 1000, 128), (1, 4, 2048, 128), (1, 2, 960, 128), (1, 1, 1090, 128), (1, 2, 4160, 128)]:
             for causal in (True, False):
@@ -151,12 +164,29 @@ def main() -> None:
                 fwd, bwd = fns[name]
                 for kind, fn in (("fwd", fwd), ("bwd", bwd)):
                     ms = triton.testing.do_bench(fn, warmup=200, rep=args.ms // args.rounds, return_mode="median")
-                    rows.append(dict(kind=kind, route=name, shape=str(shape), causal=causal, round=r, ms=ms,
-                                     device=torch.cuda.get_device_name()))
+                    rows.append(
+                        dict(
+                            kind=kind,
+                            route=name,
+                            shape=str(shape),
+                            causal=causal,
+                            round=r,
+                            ms=ms,
+                            device=torch.cuda.get_device_name(),
+                        )
+                    )
         for name in names:
-            med = {kind: statistics.median(r_["ms"] for r_ in rows if r_.get("route") == name and r_["kind"] == kind
-                                           and r_["causal"] == causal and r_["shape"] == str(shape))
-                   for kind in ("fwd", "bwd")}
+            med = {
+                kind: statistics.median(
+                    r_["ms"]
+                    for r_ in rows
+                    if r_.get("route") == name
+                    and r_["kind"] == kind
+                    and r_["causal"] == causal
+                    and r_["shape"] == str(shape)
+                )
+                for kind in ("fwd", "bwd")
+            }
             print(f"{shape} causal={causal} {name:>16}: fwd {med['fwd']:.2f} ms  bwd {med['bwd']:.2f} ms", flush=True)
         del q, k, v, do, fns
         torch.cuda.empty_cache()

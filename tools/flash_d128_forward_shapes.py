@@ -27,10 +27,15 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import heuristics
-from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.attention.api import flash_attention_triton
-from cs336_systems.benchmarking.timing import (TimingSettings, measure_device_ms, measure_times_ms, median_table,
-                                               round_orders)
+from cs336_systems.attention.launch.layout import head_views
+from cs336_systems.benchmarking.timing import (
+    TimingSettings,
+    measure_device_ms,
+    measure_times_ms,
+    median_table,
+    round_orders,
+)
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=60)
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
@@ -39,10 +44,16 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_
 def inputs(layout: str, heads: int, n: int, d: int = 128) -> list[torch.Tensor]:
     gen = torch.Generator(device="cuda").manual_seed(n + heads)
     if layout == "projections":
-        return [head_views(torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen), heads)
-                .requires_grad_() for _ in range(3)]
-    return [torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-            for _ in range(3)]
+        return [
+            head_views(
+                torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen), heads
+            ).requires_grad_()
+            for _ in range(3)
+        ]
+    return [
+        torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+        for _ in range(3)
+    ]
 
 
 def forwards(q, k, v, causal: bool) -> dict:
@@ -50,6 +61,7 @@ def forwards(q, k, v, causal: bool) -> dict:
         def run():
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
         return run
 
     return {"ours": lambda: flash_attention_triton(q, k, v, causal), **{n: sdpa(b) for n, b in BACKENDS.items()}}
@@ -83,18 +95,35 @@ def main() -> None:
                     names = list(fns)
                     for r, order in enumerate(round_orders(names, args.rounds)):
                         for name in order:
-                            for kind, times in (("eager", measure_times_ms(fns[name], device, SETTINGS)),
-                                                ("device", measure_device_ms(fns[name], SETTINGS))):
-                                rows.append(dict(layout=layout, heads=heads, seq_len=n, causal=causal, impl=name,
-                                                 kind=kind, round=r, ms=statistics.median(times),
-                                                 gluon_from=heuristics.MIN_SEQ_LEN[128],
-                                                 gluon_min_ctas=heuristics.MIN_CTAS_PER_SM[128],
-                                                 gluon_min_batch=str(heuristics.MIN_BATCH[128]),
-                                                 device=torch.cuda.get_device_name()))
+                            for kind, times in (
+                                ("eager", measure_times_ms(fns[name], device, SETTINGS)),
+                                ("device", measure_device_ms(fns[name], SETTINGS)),
+                            ):
+                                rows.append(
+                                    dict(
+                                        layout=layout,
+                                        heads=heads,
+                                        seq_len=n,
+                                        causal=causal,
+                                        impl=name,
+                                        kind=kind,
+                                        round=r,
+                                        ms=statistics.median(times),
+                                        gluon_from=heuristics.MIN_SEQ_LEN[128],
+                                        gluon_min_ctas=heuristics.MIN_CTAS_PER_SM[128],
+                                        gluon_min_batch=str(heuristics.MIN_BATCH[128]),
+                                        device=torch.cuda.get_device_name(),
+                                    )
+                                )
                     del q, k, v, fns
                     torch.cuda.empty_cache()
-    median_table(rows, args.out, ["layout", "heads", "seq_len", "causal", "kind", "impl"], "impl",
-                 [("ours", "cudnn"), ("ours", "sdpa_flash")])
+    median_table(
+        rows,
+        args.out,
+        ["layout", "heads", "seq_len", "causal", "kind", "impl"],
+        "impl",
+        [("ours", "cudnn"), ("ours", "sdpa_flash")],
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,16 @@ from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.benchmarking.timing import TimingSettings, measure_device_ms, median_table, round_orders
 
 SETTINGS = TimingSettings(warmup_ms=20, rep_ms=100)
-SHAPES = ["4x4096x128", "4x8192x128", "16x4096x128", "16x8192x128", "64x4096x128", "64x8192x128",
-          "32x32768x128", "16x16384x64"]
+SHAPES = [
+    "4x4096x128",
+    "4x8192x128",
+    "16x4096x128",
+    "16x8192x128",
+    "64x4096x128",
+    "64x8192x128",
+    "32x32768x128",
+    "16x16384x64",
+]
 
 
 def with_section(launch: flash_gluon.KernelLaunch, section: int | None, batch: int) -> flash_gluon.KernelLaunch:
@@ -38,8 +46,10 @@ def with_section(launch: flash_gluon.KernelLaunch, section: int | None, batch: i
 
 def problem(heads: int, n: int, d: int, causal: bool) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(n + heads + d)
-    q, k, v, do = (head_views(torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen), heads)
-                   for _ in range(4))
+    q, k, v, do = (
+        head_views(torch.randn(1, n, heads * d, device="cuda", dtype=torch.bfloat16, generator=gen), heads)
+        for _ in range(4)
+    )
     out = torch.empty(q.shape, device="cuda", dtype=q.dtype)
     lse = torch.empty(q.shape[:-1], device="cuda")
     delta, dq_acc = torch.empty_like(lse), torch.empty(heads, n, d, device="cuda")
@@ -48,8 +58,17 @@ def problem(heads: int, n: int, d: int, causal: bool) -> dict:
     forward.run()
     preprocess = flash_gluon.preprocess_launch(out, do, delta, dq_acc)
     backward = flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, causal)
-    return dict(forward=forward, preprocess=preprocess, backward=backward, out=out, lse=lse, dq_acc=dq_acc,
-                grad_k=grad_k, grad_v=grad_v, heads=heads)
+    return dict(
+        forward=forward,
+        preprocess=preprocess,
+        backward=backward,
+        out=out,
+        lse=lse,
+        dq_acc=dq_acc,
+        grad_k=grad_k,
+        grad_v=grad_v,
+        heads=heads,
+    )
 
 
 def results(p: dict, section: int | None) -> list[torch.Tensor]:
@@ -75,8 +94,11 @@ def main() -> None:
                 continue
             p = problem(heads, n, d, causal)
             chosen = {"forward": p["forward"].options["SECTION"], "backward": p["backward"].options["SECTION"]}
-            orders = [(f"section_{s}" if s else "chosen", s or None) for s in args.sections
-                      if s <= 1 << (heads - 1).bit_length()]
+            orders = [
+                (f"section_{s}" if s else "chosen", s or None)
+                for s in args.sections
+                if s <= 1 << (heads - 1).bit_length()
+            ]
             first = results(p, 1)
             for _, section in orders:
                 other = results(p, section)
@@ -89,18 +111,41 @@ def main() -> None:
                     for name, section in order:
                         launch = with_section(p[kernel], section, heads)
                         ms = statistics.median(measure_device_ms(launch.run, SETTINGS))
-                        rows.append(dict(heads=heads, n=n, d=d, causal=causal, kernel=kernel, order=name,
-                                         section=section or chosen[kernel], round=r, ms=ms,
-                                         device=torch.cuda.get_device_name()))
+                        rows.append(
+                            dict(
+                                heads=heads,
+                                n=n,
+                                d=d,
+                                causal=causal,
+                                kernel=kernel,
+                                order=name,
+                                section=section or chosen[kernel],
+                                round=r,
+                                ms=ms,
+                                device=torch.cuda.get_device_name(),
+                            )
+                        )
             del p
             torch.cuda.empty_cache()
             df = pd.DataFrame(rows)
-            print(df[(df.heads == heads) & (df.n == n) & (df.d == d) & (df.causal == causal)]
-                  .groupby(["kernel", "order", "section"]).ms.median().round(4).to_string(), flush=True)
+            print(
+                df[(df.heads == heads) & (df.n == n) & (df.d == d) & (df.causal == causal)]
+                .groupby(["kernel", "order", "section"])
+                .ms.median()
+                .round(4)
+                .to_string(),
+                flush=True,
+            )
     first = f"section_{args.sections[0]}" if args.sections[0] else "chosen"
     others = sorted({row["order"] for row in rows} - {first})
-    median_table(rows, args.out, ["heads", "n", "d", "causal", "kernel", "order"], "order",
-                 [(name, first) for name in others], digits=4)
+    median_table(
+        rows,
+        args.out,
+        ["heads", "n", "d", "causal", "kernel", "order"],
+        "order",
+        [(name, first) for name in others],
+        digits=4,
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,8 @@ def main() -> None:
     if args.diagnose:
         diagnose(args.calls, args.shapes[0])
         return
-    from cs336_systems.attention.launch import native as flash_native
     from cs336_systems.attention.api import FlashAttentionTriton
+    from cs336_systems.attention.launch import native as flash_native
 
     impls = {name: implementation(name).apply for name in ("triton", "sdpa_flash")}
     impls["triton python node"] = FlashAttentionTriton.python_apply
@@ -71,8 +71,9 @@ def main() -> None:
     print(f"{'shape':>12s} {'impl':>18s} {'forward':>9s} {'backward':>9s} {'fwd+bwd':>9s}  (µs of host time per call)")
     for shape in args.shapes:
         heads, n, d = (int(x) for x in shape.split("x"))
-        q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
         do = torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16)
         for name, apply in impls.items():
             with implementation(name).context() if name in ("triton", "sdpa_flash") else contextlib.nullcontext():
@@ -100,8 +101,10 @@ def main() -> None:
             out = io.StringIO()
             pstats.Stats(profile, stream=out).sort_stats(order).print_stats(28)
             text = out.getvalue()
-            print(f"\ncProfile of {args.calls} calls, {label}, {args.shapes[0]}, by {order}:\n"
-                  + text[text.find("ncalls"):])
+            print(
+                f"\ncProfile of {args.calls} calls, {label}, {args.shapes[0]}, by {order}:\n"
+                + text[text.find("ncalls") :]
+            )
 
 
 def diagnose(calls: int, shape: str) -> None:
@@ -113,6 +116,7 @@ def diagnose(calls: int, shape: str) -> None:
     for name in ("triton", "sdpa_flash"):
         apply = implementation(name).apply
         with implementation(name).context():
+
             def single_thread():
                 with torch.autograd.set_multithreading_enabled(False):
                     apply(q, k, v, True).backward(do)
@@ -150,8 +154,11 @@ def diagnose(calls: int, shape: str) -> None:
                 for key, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
                     parts[key].append(dt * 1e6)
             torch.cuda.synchronize()
-            print(f"{name:>12s} forward+backward split, medians: "
-                  + ", ".join(f"{key} {statistics.median(v):.1f} µs" for key, v in parts.items()), flush=True)
+            print(
+                f"{name:>12s} forward+backward split, medians: "
+                + ", ".join(f"{key} {statistics.median(v):.1f} µs" for key, v in parts.items()),
+                flush=True,
+            )
             gc.disable()
             print(f"{name:>12s} {'gc disabled':>20s} {host_us(variants['o.backward(do)'], calls):8.1f} µs", flush=True)
             gc.enable()

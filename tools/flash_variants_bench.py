@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 import triton.testing
 
+from cs336_systems.attention.api import FlashAttentionTriton
 from cs336_systems.attention.launch import gluon as G
 from cs336_systems.attention.reference import reference_gradients
 from cs336_systems.attention.reference import relative_error as rel
 from cs336_systems.benchmarking.attention_registry import implementation
 from cs336_systems.benchmarking.timing import round_orders
-from cs336_systems.attention.api import FlashAttentionTriton
 
 
 def use_backward_kernel(module: str | None):
@@ -39,8 +39,10 @@ def use_backward_kernel(module: str | None):
     original = shipped.__dict__.setdefault("_shipped_kernel", shipped.flash_bwd_gluon_kernel)
 
     def apply() -> None:
-        shipped.flash_bwd_gluon_kernel = (original if module is None
-                                          else importlib.import_module(module).flash_bwd_gluon_kernel)
+        shipped.flash_bwd_gluon_kernel = (
+            original if module is None else importlib.import_module(module).flash_bwd_gluon_kernel
+        )
+
     return apply
 
 
@@ -48,8 +50,11 @@ sys.path.insert(0, str(Path(__file__).parent / "variants"))
 # Keys as the tuning record names the kernels. None is the library's kernel (L and D rows loaded a tile ahead,
 # one element per thread); bwd_v12 the one before it (where to get its source: docs/measurements_record.md);
 # bwd_compact loads one element per thread in the tile that uses them
-VARIANTS = {"v15": use_backward_kernel(None), "v12": use_backward_kernel("bwd_v12"),
-            "compact": use_backward_kernel("bwd_compact")}
+VARIANTS = {
+    "v15": use_backward_kernel(None),
+    "v12": use_backward_kernel("bwd_v12"),
+    "compact": use_backward_kernel("bwd_compact"),
+}
 SHIPPED = "v15"
 
 
@@ -76,13 +81,27 @@ def check(variant: str, heads: int, n: int, d: int, causal: bool, rows: list[dic
     (dq0, dk0, dv0), (dq1, dk1, dv1) = shipped_grads  # the second: the variant's
     sel = [0, heads - 1]
     ref = reference_gradients(q[:, sel], k[:, sel], v[:, sel], do[:, sel], causal)
-    errs = dict(o=rel(out[:, sel], ref["O"]), dq=rel(qg.grad[:, sel], ref["dQ"]), dk=rel(kg.grad[:, sel], ref["dK"]),
-                dv=rel(vg.grad[:, sel], ref["dV"]))
+    errs = dict(
+        o=rel(out[:, sel], ref["O"]),
+        dq=rel(qg.grad[:, sel], ref["dQ"]),
+        dk=rel(kg.grad[:, sel], ref["dK"]),
+        dv=rel(vg.grad[:, sel], ref["dV"]),
+    )
     same = bool(torch.equal(out, out0) and torch.equal(lse, lse0) and torch.equal(dk0, dk1) and torch.equal(dv0, dv1))
     dq_vs_shipped = rel(dq1, dq0)  # dQ's reduce-adds run in no fixed order
     finite = bool(torch.isfinite(out).all() and torch.isfinite(lse).all())
-    row = dict(kind="check", variant=variant, heads=heads, n=n, d=d, causal=causal, same_as_shipped=same,
-               finite=finite, dq_vs_shipped=dq_vs_shipped, **{f"err_{k}": v for k, v in errs.items()})
+    row = dict(
+        kind="check",
+        variant=variant,
+        heads=heads,
+        n=n,
+        d=d,
+        causal=causal,
+        same_as_shipped=same,
+        finite=finite,
+        dq_vs_shipped=dq_vs_shipped,
+        **{f"err_{k}": v for k, v in errs.items()},
+    )
     rows.append(row)
     print(row, flush=True)
 
@@ -112,8 +131,12 @@ def main() -> None:
     rows: list[dict] = []
     device = torch.cuda.get_device_name()
     for variant in variants[1:]:
-        for heads, n, d, causal in ((16, 16384, 64, True), (4, 16448, 64, True), (4, 16400, 64, True),
-                                    (1, 65536, 64, True)):
+        for heads, n, d, causal in (
+            (16, 16384, 64, True),
+            (4, 16448, 64, True),
+            (4, 16400, 64, True),
+            (1, 65536, 64, True),
+        ):
             check(variant, heads, n, d, causal, rows)
 
     # the backward alone (preprocess, fused kernel, dQ conversion) at the leaderboard shape
@@ -124,8 +147,17 @@ def main() -> None:
         for name in order:
             VARIANTS[name]()
             times = bench(lambda: G._backward(q, k, v, out, do, lse, True), args.kernel_ms)
-            rows.append(dict(kind="backward", variant=name, d=64, round=r, ms=statistics.median(times),
-                             runs=len(times), device=device))
+            rows.append(
+                dict(
+                    kind="backward",
+                    variant=name,
+                    d=64,
+                    round=r,
+                    ms=statistics.median(times),
+                    runs=len(times),
+                    device=device,
+                )
+            )
             print(rows[-1], flush=True)
     del q, k, v, do, out, lse
 
@@ -151,8 +183,17 @@ def main() -> None:
                 VARIANTS[name]()
             times = bench(cudnn if name == "sdpa_cudnn" else ours, args.step_ms)
             qkv.grad = None
-            rows.append(dict(kind="leaderboard", variant=name, d=64, round=r, ms=statistics.median(times),
-                             runs=len(times), device=device))
+            rows.append(
+                dict(
+                    kind="leaderboard",
+                    variant=name,
+                    d=64,
+                    round=r,
+                    ms=statistics.median(times),
+                    runs=len(times),
+                    device=device,
+                )
+            )
             print(rows[-1], flush=True)
 
     keys = sorted({k for row in rows for k in row})
@@ -172,8 +213,10 @@ def main() -> None:
                 if not mine:
                     continue
                 ratios = [r["ms"] / base[r["round"]] for r in mine] if base else [float("nan")]
-                print(f"{kind:15s} d={d:3d} {name:12s} {statistics.median([r['ms'] for r in mine]):.4f} ms  "
-                      f"ratio {min(ratios):.3f}-{max(ratios):.3f}")
+                print(
+                    f"{kind:15s} d={d:3d} {name:12s} {statistics.median([r['ms'] for r in mine]):.4f} ms  "
+                    f"ratio {min(ratios):.3f}-{max(ratios):.3f}"
+                )
 
 
 if __name__ == "__main__":

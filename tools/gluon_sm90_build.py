@@ -31,8 +31,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.driver import CudaDriver, CudaLauncher
 
-from cs336_systems.attention.launch import gluon as flash_gluon
 from cs336_systems.attention import heuristics
+from cs336_systems.attention.launch import gluon as flash_gluon
 
 TOOLS = Path(triton.backends.nvidia.__file__).parent / "bin"
 
@@ -45,8 +45,15 @@ class HopperStandIn(CudaDriver):
 
         class Utils:
             def get_device_properties(self, device):
-                return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536,
-                        "warpSize": 32, "sm_clock_rate": 1, "mem_clock_rate": 1, "mem_bus_width": 1}
+                return {
+                    "max_shared_mem": 232448,
+                    "multiprocessor_count": 132,
+                    "max_num_regs": 65536,
+                    "warpSize": 32,
+                    "sm_clock_rate": 1,
+                    "mem_clock_rate": 1,
+                    "mem_bus_width": 1,
+                }
 
             def load_binary(self, *args):
                 raise RuntimeError("the stand-in driver builds kernels; it cannot load them")
@@ -70,8 +77,9 @@ class HopperStandIn(CudaDriver):
         return True
 
 
-def build(kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch.dtype, heads: int,
-          n: int) -> tuple[int, str]:
+def build(
+    kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch.dtype, heads: int, n: int
+) -> tuple[int, str]:
     """SECTION and the kernel's PTX, as `flash_gluon.backward_launch` would launch it on (heads, n, 128)
     tensors: its arguments, descriptors and constexprs (SECTION included, which follows the shape) are the
     library's. The tensors are CPU ones that are never touched: only their types, strides and alignment
@@ -80,16 +88,20 @@ def build(kernel, causal: bool, stages: int, regs: tuple[int, int], dtype: torch
     q, k, v, do, dk, dv = (torch.empty(heads, n, d, dtype=dtype) for _ in range(6))
     lse, delta, dq_acc = torch.empty(heads, n), torch.empty(heads, n), torch.empty(heads, n, d)
     q_tile, k_half, _ = heuristics.GLUON_BWD_TILES[d]
-    launch = flash_gluon.backward_launch(q, k, v, do, lse, delta, dk, dv, dq_acc, causal,
-                                         tiles=(q_tile, k_half, stages), regs=regs, kernel=kernel)
+    launch = flash_gluon.backward_launch(
+        q, k, v, do, lse, delta, dk, dv, dq_acc, causal, tiles=(q_tile, k_half, stages), regs=regs, kernel=kernel
+    )
     return launch.options["SECTION"], launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.options).asm["ptx"]
 
 
 def loops(sass: str) -> list[dict]:
     """Per backward branch of the SASS (a loop, or a wait's retry jumping back across code), counts of what
     the instructions from its target to the branch hold."""
-    instructions = [(int(m.group(1), 16), m.group(2)) for m in
-                    (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines()) if m]
+    instructions = [
+        (int(m.group(1), 16), m.group(2))
+        for m in (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines())
+        if m
+    ]
     found = []
     for address, text in instructions:
         branch = re.search(r"BRA.*0x([0-9a-f]+)", text)
@@ -97,8 +109,17 @@ def loops(sass: str) -> list[dict]:
             start = int(branch.group(1), 16)
             body = [t for a, t in instructions if start <= a <= address]
             count = lambda s: sum(s in t for t in body)  # noqa: E731
-            found.append(dict(start=hex(start), end=hex(address), instructions=len(body), wgmma=count("HGMMA"),
-                              spill_stores=count("STL"), spill_reloads=count("LDL"), barriers=count("BAR.SYNC")))
+            found.append(
+                dict(
+                    start=hex(start),
+                    end=hex(address),
+                    instructions=len(body),
+                    wgmma=count("HGMMA"),
+                    spill_stores=count("STL"),
+                    spill_reloads=count("LDL"),
+                    barriers=count("BAR.SYNC"),
+                )
+            )
     return found
 
 
@@ -128,27 +149,45 @@ def main() -> int:
         from cs336_systems.attention.kernels import gluon_backward_d128 as module
     triton.runtime.driver.set_active(HopperStandIn())
     regs = tuple(int(x) for x in args.regs.split(","))
-    section, ptx = build(module.flash_bwd_gluon_d128_kernel, not args.no_causal, args.stages, regs,
-                         getattr(torch, args.dtype), args.heads, args.seq_len)
+    section, ptx = build(
+        module.flash_bwd_gluon_d128_kernel,
+        not args.no_causal,
+        args.stages,
+        regs,
+        getattr(torch, args.dtype),
+        args.heads,
+        args.seq_len,
+    )
 
     out = Path(args.keep or tempfile.mkdtemp(prefix="gluon_sm90_"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernel.ptx").write_text(ptx)
-    ptxas = subprocess.run([TOOLS / "ptxas", "-v", "--gpu-name", "sm_90a", out / "kernel.ptx", "-o",
-                            out / "kernel.cubin"], capture_output=True, text=True, check=True).stderr
-    sass = subprocess.run([TOOLS / "cuobjdump", "-sass", out / "kernel.cubin"], capture_output=True, text=True,
-                          check=True).stdout
+    ptxas = subprocess.run(
+        [TOOLS / "ptxas", "-v", "--gpu-name", "sm_90a", out / "kernel.ptx", "-o", out / "kernel.cubin"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    sass = subprocess.run(
+        [TOOLS / "cuobjdump", "-sass", out / "kernel.cubin"], capture_output=True, text=True, check=True
+    ).stdout
     (out / "kernel.sass").write_text(sass)
     registers = re.search(r"Used (\d+) registers", ptxas)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
     serialised = [line.split(": ", 1)[-1] for line in ptxas.splitlines() if "C7515" in line]
-    print(f"{args.variant or 'shipped'}: causal={not args.no_causal} stages={args.stages} regs={regs} {args.dtype} "
-          f"heads={args.heads} N={args.seq_len} SECTION={section}")
-    print(f"  ptxas: {registers.group(1)} registers at launch; spills {spills.group(1)} bytes stored, "
-          f"{spills.group(2)} loaded")
+    print(
+        f"{args.variant or 'shipped'}: causal={not args.no_causal} stages={args.stages} regs={regs} {args.dtype} "
+        f"heads={args.heads} N={args.seq_len} SECTION={section}"
+    )
+    print(
+        f"  ptxas: {registers.group(1)} registers at launch; spills {spills.group(1)} bytes stored, "
+        f"{spills.group(2)} loaded"
+    )
     for loop in (x for x in loops(sass) if args.all_loops or x["wgmma"] == VISIT_WGMMA):
-        print("  loop {start}-{end}: {instructions} instructions, {wgmma} wgmma, {spill_stores} spill stores, "
-              "{spill_reloads} reloads, {barriers} barriers".format(**loop))
+        print(
+            "  loop {start}-{end}: {instructions} instructions, {wgmma} wgmma, {spill_stores} spill stores, "
+            "{spill_reloads} reloads, {barriers} barriers".format(**loop)
+        )
     print(f"  files in {out}")
     if serialised:
         print("  SERIALISED: " + serialised[0])

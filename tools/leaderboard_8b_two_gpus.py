@@ -25,9 +25,26 @@ from cs336_systems.experiments.leaderboard_8b_record import torchrun_step, two_g
 from cs336_systems.training.leaderboard_8b import LAYERS
 
 RUNS = (("ours", 2), ("ours", 1), ("torch_native", 2))  # the bar's two steps first, the baseline last
-COMMAND_COLUMNS = ["command", "variant", "batch", "world_size", "layers", "context", "params", "ms", "peak_gib",
-                   "useful_tflops", "seconds_to_first_timed_step", "attention_kept", "device", "vs_torch_native",
-                   "blocks_recomputed", "wall_s", "status", "note"]
+COMMAND_COLUMNS = [
+    "command",
+    "variant",
+    "batch",
+    "world_size",
+    "layers",
+    "context",
+    "params",
+    "ms",
+    "peak_gib",
+    "useful_tflops",
+    "seconds_to_first_timed_step",
+    "attention_kept",
+    "device",
+    "vs_torch_native",
+    "blocks_recomputed",
+    "wall_s",
+    "status",
+    "note",
+]
 
 
 def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.DataFrame:
@@ -38,14 +55,19 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.
         if column not in df:
             df[column] = None
     launcher = df.world_size.map(lambda n: f"torchrun --nproc-per-node {int(n)} -m" if n > 1 else "python -m")
-    df["command"] = [f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v} (rep {rep}, warmup "
-                     f"{warmup}, empty caches, expandable segments, commit {commit})"
-                     for lf, v in zip(launcher, df.variant)]
-    df["blocks_recomputed"] = [sum(plan) if isinstance(plan, list) else None for plan in df["plan"]] \
-        if "plan" in df else None  # ours' recompute plan on rank 0 (torch-native recomputes every block)
+    df["command"] = [
+        f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v} (rep {rep}, warmup "
+        f"{warmup}, empty caches, expandable segments, commit {commit})"
+        for lf, v in zip(launcher, df.variant)
+    ]
+    df["blocks_recomputed"] = (
+        [sum(plan) if isinstance(plan, list) else None for plan in df["plan"]] if "plan" in df else None
+    )  # ours' recompute plan on rank 0 (torch-native recomputes every block)
     native = df[(df.variant == "torch_native") & (df.status == "ok")].set_index("world_size").ms
-    df["vs_torch_native"] = [ms / native[n] if n in native.index and status == "ok" else float("nan")
-                             for ms, n, status in zip(df.ms, df.world_size, df.status)]
+    df["vs_torch_native"] = [
+        ms / native[n] if n in native.index and status == "ok" else float("nan")
+        for ms, n, status in zip(df.ms, df.world_size, df.status)
+    ]
     return df[COMMAND_COLUMNS]
 
 
@@ -75,19 +97,35 @@ def main() -> None:
     if args.from_trace is not None:
         stream_tables(args.from_trace, args.out)
         return
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                           text=True).stdout.strip() or "unknown"
+    commit = (
+        args.commit
+        or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        or "unknown"
+    )
     trace = args.out / "leaderboard_8b_two_gpus_trace.json.gz"
     results = []
     for variant, nproc in RUNS:
-        row = torchrun_step(variant, nproc, layers=args.layers, context=args.context, rep_ms=args.rep,
-                            warmup_ms=args.warmup, compile_blocks=True, timeout_s=args.timeout, cold_cache=True,
-                            trace=trace if (variant, nproc) == ("ours", 2) else None)
+        row = torchrun_step(
+            variant,
+            nproc,
+            layers=args.layers,
+            context=args.context,
+            rep_ms=args.rep,
+            warmup_ms=args.warmup,
+            compile_blocks=True,
+            timeout_s=args.timeout,
+            cold_cache=True,
+            trace=trace if (variant, nproc) == ("ours", 2) else None,
+        )
         results.append(dict(row, variant=variant, world_size=nproc))
-        print(f"{variant} on {nproc} GPU(s): {row['status']}, {row.get('ms', float('nan')):.1f} ms, "
-              f"{row['wall_s']:.0f} s {row['note']}", flush=True)
+        print(
+            f"{variant} on {nproc} GPU(s): {row['status']}, {row.get('ms', float('nan')):.1f} ms, "
+            f"{row['wall_s']:.0f} s {row['note']}",
+            flush=True,
+        )
         command_rows(results, args.rep, args.warmup, commit).to_csv(
-            args.out / "leaderboard_8b_two_gpus_command.csv", index=False)  # after each run: a later failure keeps it
+            args.out / "leaderboard_8b_two_gpus_command.csv", index=False
+        )  # after each run: a later failure keeps it
     if trace.exists():
         stream_tables(trace, args.out)
 

@@ -64,7 +64,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
 
     @classmethod
-    def from_size(cls, size: str, **overrides) -> "ModelConfig":
+    def from_size(cls, size: str, **overrides) -> ModelConfig:
         if size not in MODEL_SIZES:
             raise ValueError(f"unknown model size {size!r}; known sizes: {', '.join(MODEL_SIZES)}")
         return cls(**{**MODEL_SIZES[size], **overrides})
@@ -187,10 +187,14 @@ class CausalMultiHeadSelfAttention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, context_length, rope_theta=10000.0, attention="naive", device=None, dtype=None):
+    def __init__(
+        self, d_model, num_heads, d_ff, context_length, rope_theta=10000.0, attention="naive", device=None, dtype=None
+    ):
         super().__init__()
         self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
-        self.attn = CausalMultiHeadSelfAttention(d_model, num_heads, context_length, rope_theta, attention, device, dtype)
+        self.attn = CausalMultiHeadSelfAttention(
+            d_model, num_heads, context_length, rope_theta, attention, device, dtype
+        )
         self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
         self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
 
@@ -235,12 +239,14 @@ class TransformerLM(nn.Module):
         self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, **kwargs) -> "TransformerLM":
+    def from_config(cls, config: ModelConfig, **kwargs) -> TransformerLM:
         return cls(**config.to_dict(), **kwargs)
 
     @classmethod
-    def from_size(cls, size: str, context_length: int = 256, vocab_size: int = VOCAB_SIZE, **kwargs) -> "TransformerLM":
-        return cls.from_config(ModelConfig.from_size(size, context_length=context_length, vocab_size=vocab_size), **kwargs)
+    def from_size(cls, size: str, context_length: int = 256, vocab_size: int = VOCAB_SIZE, **kwargs) -> TransformerLM:
+        return cls.from_config(
+            ModelConfig.from_size(size, context_length=context_length, vocab_size=vocab_size), **kwargs
+        )
 
     def _run_blocks(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         for layer in self.layers[start:stop]:

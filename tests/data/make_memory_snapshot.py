@@ -32,15 +32,22 @@ HARNESS = [{"filename": "/repo/lib/cs336_systems/benchmarking/harness.py", "line
 
 def frames(filename: str, line: int, name: str, via_torch: bool = False) -> list[dict]:
     inner = [{"filename": f"{SITE}/torch/_tensor.py", "line": 41, "name": "wrapped"}] if via_torch else []
-    return inner + [{"filename": f"/repo/lib/cs336_systems/{filename}", "line": line, "name": name}] + MODULE_CALL + HARNESS
+    return (
+        inner
+        + [{"filename": f"/repo/lib/cs336_systems/{filename}", "line": line, "name": name}]
+        + MODULE_CALL
+        + HARNESS
+    )
 
 
 LINEAR = frames("model.py", 68, "forward")
 SCORES = frames("attention/naive.py", 21, "naive_attention", via_torch=True)
 PROBS = frames("nn_utils.py", 14, "softmax")
 TEMP = frames("model.py", 128, "forward")
-OPTIM = [{"filename": "/repo/lib/cs336_systems/optim.py", "line": 65, "name": "step"},
-         {"filename": f"{SITE}/torch/optim/optimizer.py", "line": 516, "name": "wrapper"}] + HARNESS
+OPTIM = [
+    {"filename": "/repo/lib/cs336_systems/optim.py", "line": 65, "name": "step"},
+    {"filename": f"{SITE}/torch/optim/optimizer.py", "line": 516, "name": "wrapper"},
+] + HARNESS
 
 
 def build() -> tuple[dict, list[dict]]:
@@ -50,7 +57,9 @@ def build() -> tuple[dict, list[dict]]:
 
     def event(action: str, addr: int, size: int, frames_: list) -> None:
         clock[0] += 10
-        trace.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": clock[0], "frames": frames_})
+        trace.append(
+            {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": clock[0], "frames": frames_}
+        )
 
     def alloc(size_mib: float, frames_: list) -> int:
         addr = next_addr[0]
@@ -103,11 +112,28 @@ def build() -> tuple[dict, list[dict]]:
         free(g, 8)
     phase("optimizer step", start)
 
-    blocks = [{"address": a, "size": 8 * MIB, "requested_size": 8 * MIB, "state": "active_allocated", "frames": []} for a in params]
-    blocks += [{"address": a, "size": 32 * MIB, "requested_size": 32 * MIB, "state": "active_allocated", "frames": []} for a in optim_state]
-    segment = {"device": 0, "address": 0x7E0000000000, "total_size": 128 * MIB, "allocated_size": 96 * MIB,
-               "active_size": 96 * MIB, "requested_size": 96 * MIB, "stream": 0, "segment_type": "large",
-               "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks}
+    blocks = [
+        {"address": a, "size": 8 * MIB, "requested_size": 8 * MIB, "state": "active_allocated", "frames": []}
+        for a in params
+    ]
+    blocks += [
+        {"address": a, "size": 32 * MIB, "requested_size": 32 * MIB, "state": "active_allocated", "frames": []}
+        for a in optim_state
+    ]
+    segment = {
+        "device": 0,
+        "address": 0x7E0000000000,
+        "total_size": 128 * MIB,
+        "allocated_size": 96 * MIB,
+        "active_size": 96 * MIB,
+        "requested_size": 96 * MIB,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+    }
     return {"segments": [segment], "device_traces": [trace], "allocator_settings": {}}, phases
 
 

@@ -26,6 +26,14 @@ from cs336_systems.accounting import (
 )
 
 __all__ = [
-    "ffn_stack", "flops", "memory", "mesh", "parallelism", "parallelism_answers",
-    "rings", "sharded_ffn", "sharding", "symbolic",
+    "ffn_stack",
+    "flops",
+    "memory",
+    "mesh",
+    "parallelism",
+    "parallelism_answers",
+    "rings",
+    "sharded_ffn",
+    "sharding",
+    "symbolic",
 ]

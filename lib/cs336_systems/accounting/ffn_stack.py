@@ -83,7 +83,10 @@ def training_state_bytes(stack: FFNStack, dtype: torch.dtype = torch.float32) ->
 
 
 def stack_saved_activation_bytes(
-    stack: FFNStack, tokens: Quantity, dtype: torch.dtype = torch.bfloat16, tp_degree: Quantity = 1,
+    stack: FFNStack,
+    tokens: Quantity,
+    dtype: torch.dtype = torch.bfloat16,
+    tp_degree: Quantity = 1,
 ) -> Quantity:
     """T L (D + F/N_TP) · itemsize: what autograd keeps for the weight gradients of T tokens."""
     return tokens * stack.saved_values_per_token(tp_degree) * dtype.itemsize
@@ -98,11 +101,18 @@ def training_state_table(stack: FFNStack, dtype: torch.dtype = torch.float32) ->
     """One row per training-state tensor and their total, with bytes per parameter, GB and GiB."""
     parts = training_state_bytes(stack, dtype)
     parts["total"] = sum(parts.values())
-    return pd.DataFrame([
-        dict(component=name, dtype=str(dtype).removeprefix("torch."), bytes_per_parameter=b / stack.num_parameters,
-             bytes=b, **in_units(b))
-        for name, b in parts.items()
-    ])
+    return pd.DataFrame(
+        [
+            dict(
+                component=name,
+                dtype=str(dtype).removeprefix("torch."),
+                bytes_per_parameter=b / stack.num_parameters,
+                bytes=b,
+                **in_units(b),
+            )
+            for name, b in parts.items()
+        ]
+    )
 
 
 def devices_worth(num_bytes: float, accelerator: Accelerator) -> float:
@@ -111,7 +121,9 @@ def devices_worth(num_bytes: float, accelerator: Accelerator) -> float:
 
 
 def fsdp_memory_per_device(
-    state_bytes: Quantity, activation_bytes: Quantity, n_fsdp: Quantity,
+    state_bytes: Quantity,
+    activation_bytes: Quantity,
+    n_fsdp: Quantity,
     sharded_activation_fraction: Quantity = 0.5,
 ) -> Quantity:
     """M = (S + a A) / N_FSDP + (1 − a) A: the training state S and a fraction a of the activations A
@@ -121,7 +133,9 @@ def fsdp_memory_per_device(
 
 
 def fsdp_devices_to_fit(
-    state_bytes: Quantity, activation_bytes: Quantity, capacity_bytes: Quantity,
+    state_bytes: Quantity,
+    activation_bytes: Quantity,
+    capacity_bytes: Quantity,
     sharded_activation_fraction: Quantity = 0.5,
 ) -> Quantity:
     """The N_FSDP at which the per-device memory equals the capacity M (solved by sympy); it fits above it.
@@ -130,10 +144,15 @@ def fsdp_devices_to_fit(
     """
     headroom = sp.sympify(capacity_bytes - (1 - sharded_activation_fraction) * activation_bytes)
     if headroom.is_number and headroom <= 0:
-        raise ValueError(f"the replicated activations alone fill the {capacity_bytes / GB:.1f} GB device: "
-                         "no N_FSDP fits")
-    return crossing(lambda n: fsdp_memory_per_device(state_bytes, activation_bytes, n, sharded_activation_fraction),
-                    lambda n: capacity_bytes, "N_FSDP", form=positive_fraction)
+        raise ValueError(
+            f"the replicated activations alone fill the {capacity_bytes / GB:.1f} GB device: no N_FSDP fits"
+        )
+    return crossing(
+        lambda n: fsdp_memory_per_device(state_bytes, activation_bytes, n, sharded_activation_fraction),
+        lambda n: capacity_bytes,
+        "N_FSDP",
+        form=positive_fraction,
+    )
 
 
 def fsdp_fit_table(stack: FFNStack, token_counts: list[int], accelerator: Accelerator) -> pd.DataFrame:
@@ -147,18 +166,24 @@ def fsdp_fit_table(stack: FFNStack, token_counts: list[int], accelerator: Accele
             per_device = float(fsdp_memory_per_device(state, activations, n))
         except ValueError:
             n, per_device = None, None
-        rows.append(dict(tokens=tokens, activations_GB=activations / GB, min_N_FSDP=n,
-                         per_device_GB=None if per_device is None else per_device / GB))
+        rows.append(
+            dict(
+                tokens=tokens,
+                activations_GB=activations / GB,
+                min_N_FSDP=n,
+                per_device_GB=None if per_device is None else per_device / GB,
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def stack_memory_per_device(stack: FFNStack, tokens: Quantity, strategy: str, n: Quantity) -> Quantity:
     """Bytes per device for T tokens of a global batch on n devices (state in FP32, activations in BF16):
 
-        DP    S + A(T/N)                   state replicated, batch split
-        FSDP  S/N + A(T/N)                 state and batch split
-        TP    S/N + T L (D + F/N) · 2      state split, every device sees all T tokens and keeps the
-                                           full input of W_in but only its F/N slice of W_out's input
+    DP    S + A(T/N)                   state replicated, batch split
+    FSDP  S/N + A(T/N)                 state and batch split
+    TP    S/N + T L (D + F/N) · 2      state split, every device sees all T tokens and keeps the
+                                       full input of W_in but only its F/N slice of W_out's input
     """
     state = sum(training_state_bytes(stack).values())
     if strategy == "DP":
@@ -172,8 +197,14 @@ def stack_memory_per_device(stack: FFNStack, tokens: Quantity, strategy: str, n:
 
 def devices_table(sizes: dict[str, float], accelerator: Accelerator) -> pd.DataFrame:
     """Each named size in GB and GiB and as a count of the accelerator's memory (fractional and rounded up)."""
-    return pd.DataFrame([
-        dict(quantity=name, **in_units(b), devices=devices_worth(b, accelerator),
-             whole_devices=math.ceil(devices_worth(b, accelerator)))
-        for name, b in sizes.items()
-    ])
+    return pd.DataFrame(
+        [
+            dict(
+                quantity=name,
+                **in_units(b),
+                devices=devices_worth(b, accelerator),
+                whole_devices=math.ceil(devices_worth(b, accelerator)),
+            )
+            for name, b in sizes.items()
+        ]
+    )

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from cs336_systems.model import ModelConfig
 
-__all__ = ["SOFTMAX_FLOPS_PER_SCORE", "attention_flops", "forward_flops", "matmul_parameter_count", "mfu", "model_flops"]
+__all__ = [
+    "SOFTMAX_FLOPS_PER_SCORE",
+    "attention_flops",
+    "forward_flops",
+    "matmul_parameter_count",
+    "mfu",
+    "model_flops",
+]
 
 SOFTMAX_FLOPS_PER_SCORE = 5
 MODES = ("forward", "forward-backward", "train-step")

@@ -48,8 +48,18 @@ import pandas as pd
 from cs336_systems.model import ModelConfig
 
 __all__ = [
-    "FUSED_ATTENTION", "Dims", "batch_bytes", "block_saved_tensors", "describe_size", "head_saved_tensors", "memory_estimate",
-    "parameter_count", "predicted_peaks", "residual_stream_bytes", "saved_activation_bytes", "tensor_shapes",
+    "FUSED_ATTENTION",
+    "Dims",
+    "batch_bytes",
+    "block_saved_tensors",
+    "describe_size",
+    "head_saved_tensors",
+    "memory_estimate",
+    "parameter_count",
+    "predicted_peaks",
+    "residual_stream_bytes",
+    "saved_activation_bytes",
+    "tensor_shapes",
 ]
 
 FUSED_ATTENTION = ("sdpa", "flash_pytorch", "flash_triton")
@@ -71,7 +81,7 @@ class Dims:
         return self.d // self.H
 
     @classmethod
-    def of(cls, config: ModelConfig, batch: int, context: int) -> "Dims":
+    def of(cls, config: ModelConfig, batch: int, context: int) -> Dims:
         if batch < 1 or context < 1:
             raise ValueError(f"batch and context must be positive, got batch={batch}, context={context}")
         if config.d_model % config.num_heads:
@@ -100,7 +110,12 @@ def _check(precision: str, attention: str, autocast_device: str) -> None:
 
 
 def block_saved_tensors(
-    config: ModelConfig, batch: int, context: int, precision: str = "fp32", attention: str = "naive", autocast_device: str = "cuda"
+    config: ModelConfig,
+    batch: int,
+    context: int,
+    precision: str = "fp32",
+    attention: str = "naive",
+    autocast_device: str = "cuda",
 ) -> pd.DataFrame:
     """Tensors one TransformerBlock saves for backward: tensor, part, elements, bytes per element, bytes.
 
@@ -114,8 +129,10 @@ def block_saved_tensors(
     act = 2 if bf16 else 4  # matmul inputs/outputs
     att, out, ffn = "attention", "attention output", "feed-forward"
     rows = [
-        ("RMSNorm input, x*rms", att, 2 * BSd, 4), ("RMSNorm rms", att, BS, 4),
-        ("RMSNorm input, x*rms", ffn, 2 * BSd, 4), ("RMSNorm rms", ffn, BS, 4),
+        ("RMSNorm input, x*rms", att, 2 * BSd, 4),
+        ("RMSNorm rms", att, BS, 4),
+        ("RMSNorm input, x*rms", ffn, 2 * BSd, 4),
+        ("RMSNorm rms", ffn, BS, 4),
         ("RoPE cos/sin rows", att, 2 * n.S * n.d_h, act),
     ]
     if bf16:
@@ -183,8 +200,14 @@ def _segments(num_layers: int, checkpoint_every: int | None, checkpoint_sublayer
 
 
 def saved_activation_bytes(
-    config: ModelConfig, batch: int, context: int, precision: str = "fp32", attention: str = "naive",
-    checkpoint_every: int | None = None, autocast_device: str = "cuda", checkpoint_sublayers: int | None = None,
+    config: ModelConfig,
+    batch: int,
+    context: int,
+    precision: str = "fp32",
+    attention: str = "naive",
+    checkpoint_every: int | None = None,
+    autocast_device: str = "cuda",
+    checkpoint_sublayers: int | None = None,
 ) -> int:
     """Bytes saved for backward at the end of the forward pass (the batch not included)."""
     head = int(head_saved_tensors(config, batch, context, precision)["bytes"].sum())
@@ -222,7 +245,9 @@ def _loss_backward_temporaries(n: Dims) -> int:
     return 4 * n.B * n.S * n.V * 4
 
 
-def _sublayers(config: ModelConfig, batch: int, context: int, precision: str, attention: str, autocast_device: str) -> list[dict]:
+def _sublayers(
+    config: ModelConfig, batch: int, context: int, precision: str, attention: str, autocast_device: str
+) -> list[dict]:
     """Per sublayer of one block, bottom to top: bytes saved, parameter-gradient bytes, and the bytes
     above its saved tensors (and the gradients of everything above it) at the peak of its backward.
 
@@ -251,7 +276,13 @@ def _sublayers(config: ModelConfig, batch: int, context: int, precision: str, at
 
 
 def _backward_peak(
-    config: ModelConfig, batch: int, context: int, precision: str, attention: str, autocast_device: str, segment: int | None,
+    config: ModelConfig,
+    batch: int,
+    context: int,
+    precision: str,
+    attention: str,
+    autocast_device: str,
+    segment: int | None,
 ) -> tuple[int, str]:
     """Walk the backward pass top to bottom, tracking saved activations and gradients; return the
     largest total (above parameters, batch and optimizer state) and where it happens.
@@ -369,8 +400,16 @@ def predicted_peaks(rows: pd.DataFrame, autocast_device: str = "cuda") -> pd.Dat
             return math.nan, math.nan
         every = r.get("checkpoint_every")
         config = ModelConfig.from_size(r["size"], context_length=int(r["context_length"]))
-        m = memory_estimate(config, int(r["batch_size"]), int(r["context_length"]), r["mode"], r.get("precision", "fp32"),
-                            r.get("attention", "naive"), None if pd.isna(every) else int(every), autocast_device)
+        m = memory_estimate(
+            config,
+            int(r["batch_size"]),
+            int(r["context_length"]),
+            r["mode"],
+            r.get("precision", "fp32"),
+            r.get("attention", "naive"),
+            None if pd.isna(every) else int(every),
+            autocast_device,
+        )
         return m["peak"] / 2**30, (m["parameters"] + m["gradients"] + m["optimizer_state"]) / 2**30
 
     values = [one(r) for r in rows.to_dict("records")]

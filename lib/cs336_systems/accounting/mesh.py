@@ -26,8 +26,16 @@ from cs336_systems.accounting.symbolic import Quantity, crossing, evaluate
 
 
 def mesh_forward_times(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, x: Quantity, y: Quantity, flops_per_s: Quantity,
-    w_ici: Quantity, m_x: Quantity, m_y: Quantity, bytes_per_value: Quantity = 2,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    x: Quantity,
+    y: Quantity,
+    flops_per_s: Quantity,
+    w_ici: Quantity,
+    m_x: Quantity,
+    m_y: Quantity,
+    bytes_per_value: Quantity = 2,
 ) -> dict[str, Quantity]:
     """T_math, T_FSDP and T_TP of one block's forward pass (see the module docstring)."""
     return dict(
@@ -38,10 +46,18 @@ def mesh_forward_times(
 
 
 def mesh_min_batch(
-    d_model: Quantity, d_ff: Quantity, x: Quantity, y: Quantity, flops_per_s: Quantity, w_ici: Quantity,
-    m_x: Quantity, m_y: Quantity, bytes_per_value: Quantity = 2,
+    d_model: Quantity,
+    d_ff: Quantity,
+    x: Quantity,
+    y: Quantity,
+    flops_per_s: Quantity,
+    w_ici: Quantity,
+    m_x: Quantity,
+    m_y: Quantity,
+    bytes_per_value: Quantity = 2,
 ) -> Quantity:
     """Smallest global batch B (tokens) with T_math ≥ T_FSDP, solved by sympy: B = X (bytes/2) C / (M_X W_ici)."""
+
     def times(b: sp.Symbol) -> dict[str, Quantity]:
         return mesh_forward_times(b, d_model, d_ff, x, y, flops_per_s, w_ici, m_x, m_y, bytes_per_value)
 
@@ -49,7 +65,11 @@ def mesh_min_batch(
 
 
 def mesh_max_tp(
-    d_ff: Quantity, flops_per_s: Quantity, w_ici: Quantity, m_y: Quantity, bytes_per_value: Quantity = 2,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    w_ici: Quantity,
+    m_y: Quantity,
+    bytes_per_value: Quantity = 2,
 ) -> Quantity:
     """Largest Y with T_math ≥ T_TP (the batch cancels), solved by sympy: Y = M_Y F W_ici (2/bytes) / C."""
     b, d, x = sp.symbols("B D X", positive=True)
@@ -61,7 +81,12 @@ def mesh_max_tp(
 
 
 def mesh_best_split(
-    n: Quantity, d_ff: Quantity, flops_per_s: Quantity, w_ici: Quantity, m_x: Quantity, m_y: Quantity,
+    n: Quantity,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    w_ici: Quantity,
+    m_x: Quantity,
+    m_y: Quantity,
     bytes_per_value: Quantity = 2,
 ) -> dict[str, Quantity]:
     """The X × Y = N split with the smallest compute-bound batch, the Scaling Book's optimum:
@@ -86,18 +111,40 @@ def mesh_batch_table(d_model: int, d_ff: int, flops_per_s: float, w_ici: float, 
         tp_ok = layout["y"] <= mesh_max_tp(d_ff, flops_per_s, w_ici, layout["m_y"], layout["bytes_per_value"])
         batch = mesh_min_batch(d_model, d_ff, *args) if tp_ok else math.inf
         chips = layout["x"] * layout["y"] * layout["stages"]
-        rows.append(dict(layout=layout["name"], X=layout["x"], Y=layout["y"], stages=layout["stages"], chips=chips,
-                         M_X=layout["m_x"], M_Y=layout["m_y"], bytes_per_value=layout["bytes_per_value"],
-                         tp_compute_bound=tp_ok, min_global_batch=batch, min_batch_per_chip=batch / chips))
+        rows.append(
+            dict(
+                layout=layout["name"],
+                X=layout["x"],
+                Y=layout["y"],
+                stages=layout["stages"],
+                chips=chips,
+                M_X=layout["m_x"],
+                M_Y=layout["m_y"],
+                bytes_per_value=layout["bytes_per_value"],
+                tp_compute_bound=tp_ok,
+                min_global_batch=batch,
+                min_batch_per_chip=batch / chips,
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def mesh_times_table(
-    d_model: int, d_ff: int, x: int, y: int, flops_per_s: float, w_ici: float, m_x: int, m_y: int,
-    batches: list[float], bytes_per_value: int = 2,
+    d_model: int,
+    d_ff: int,
+    x: int,
+    y: int,
+    flops_per_s: float,
+    w_ici: float,
+    m_x: int,
+    m_y: int,
+    batches: list[float],
+    bytes_per_value: int = 2,
 ) -> pd.DataFrame:
     """T_math, T_FSDP and T_TP of one block's forward pass (seconds) for each global batch (tokens)."""
-    return pd.DataFrame([
-        dict(batch=b, **mesh_forward_times(b, d_model, d_ff, x, y, flops_per_s, w_ici, m_x, m_y, bytes_per_value))
-        for b in batches
-    ])
+    return pd.DataFrame(
+        [
+            dict(batch=b, **mesh_forward_times(b, d_model, d_ff, x, y, flops_per_s, w_ici, m_x, m_y, bytes_per_value))
+            for b in batches
+        ]
+    )

@@ -52,7 +52,11 @@ def ffn_weight_bytes(d_model: Quantity, d_ff: Quantity) -> Quantity:
 
 
 def dp_flops(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, n_dp: Quantity, backward: bool = True,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    n_dp: Quantity,
+    backward: bool = True,
 ) -> Quantity:
     """Per device: the FFN on B/N_DP rows, 12 B D D_FF / N_DP backward (6 B D D_FF / N_DP forward)."""
     flops = ffn_backward_flops if backward else ffn_forward_flops
@@ -68,14 +72,22 @@ def dp_backward_comm_time(d_model: Quantity, d_ff: Quantity, n_dp: Quantity, ban
 
 
 def fsdp_flops(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, n_fsdp: Quantity, backward: bool = True,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    n_fsdp: Quantity,
+    backward: bool = True,
 ) -> Quantity:
     """Per device the same as DP: 12 B D D_FF / N_FSDP backward, 6 B D D_FF / N_FSDP forward."""
     return dp_flops(batch, d_model, d_ff, n_fsdp, backward)
 
 
 def fsdp_comm_time(
-    d_model: Quantity, d_ff: Quantity, n_fsdp: Quantity, bandwidth: Quantity, backward: bool = True,
+    d_model: Quantity,
+    d_ff: Quantity,
+    n_fsdp: Quantity,
+    bandwidth: Quantity,
+    backward: bool = True,
 ) -> Quantity:
     """Forward: all-gather W1, W2, W3, (N−1)/N · 6 D D_FF / W.
     Backward: all-gather them again and reduce-scatter dW1, dW2, dW3, 2 (N−1)/N · 6 D D_FF / W."""
@@ -88,7 +100,11 @@ def fsdp_comm_time(
 
 
 def tp_flops(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, n_tp: Quantity, backward: bool = True,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    n_tp: Quantity,
+    backward: bool = True,
 ) -> Quantity:
     """Per device: the FFN with D_FF / N_TP hidden units, 12 B D D_FF / N_TP backward (6 forward)."""
     flops = ffn_backward_flops if backward else ffn_forward_flops
@@ -105,14 +121,23 @@ def tp_comm_time(batch: Quantity, d_model: Quantity, n_tp: Quantity, bandwidth: 
 
 
 def fsdp_tp_forward_flops(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, n_fsdp: Quantity, n_tp: Quantity,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    n_fsdp: Quantity,
+    n_tp: Quantity,
 ) -> Quantity:
     """6 B D D_FF / (N_FSDP N_TP): B / N_FSDP rows through D_FF / N_TP hidden units."""
     return ffn_forward_flops(batch / n_fsdp, d_model, d_ff / n_tp)
 
 
 def fsdp_tp_forward_comm_times(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, n_fsdp: Quantity, n_tp: Quantity, bandwidth: Quantity,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    n_fsdp: Quantity,
+    n_tp: Quantity,
+    bandwidth: Quantity,
 ) -> tuple[Quantity, Quantity]:
     """(FSDP axis, TP axis) times of the forward pass:
     all-gather of the TP shards of W1, W2, W3 over N_FSDP devices, (N_FSDP−1)/N_FSDP · 6 D D_FF / (N_TP W);
@@ -126,7 +151,8 @@ def fsdp_tp_forward_comm_times(
 
 
 def largest_devices(
-    compute_time: Callable[[sp.Symbol], Quantity], comm_time: Callable[[sp.Symbol], Quantity],
+    compute_time: Callable[[sp.Symbol], Quantity],
+    comm_time: Callable[[sp.Symbol], Quantity],
 ) -> Quantity:
     """The N at which comm_time(N) = compute_time(N).
 
@@ -137,37 +163,60 @@ def largest_devices(
 
 
 def dp_max_devices(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, flops_per_s: Quantity, bandwidth: Quantity,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    bandwidth: Quantity,
 ) -> Quantity:
     """Backward: 12 B D D_FF / (N C) ≥ 12 (N−1) D D_FF / (N W)  ⇔  N_DP ≤ 1 + B W / C."""
-    return largest_devices(lambda n: dp_flops(batch, d_model, d_ff, n) / flops_per_s,
-                           lambda n: dp_backward_comm_time(d_model, d_ff, n, bandwidth))
+    return largest_devices(
+        lambda n: dp_flops(batch, d_model, d_ff, n) / flops_per_s,
+        lambda n: dp_backward_comm_time(d_model, d_ff, n, bandwidth),
+    )
 
 
 def fsdp_max_devices(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, flops_per_s: Quantity, bandwidth: Quantity,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    bandwidth: Quantity,
     backward: bool = True,
 ) -> Quantity:
     """Both passes: N_FSDP ≤ 1 + B W / C (backward doubles compute and communication alike)."""
-    return largest_devices(lambda n: fsdp_flops(batch, d_model, d_ff, n, backward) / flops_per_s,
-                           lambda n: fsdp_comm_time(d_model, d_ff, n, bandwidth, backward))
+    return largest_devices(
+        lambda n: fsdp_flops(batch, d_model, d_ff, n, backward) / flops_per_s,
+        lambda n: fsdp_comm_time(d_model, d_ff, n, bandwidth, backward),
+    )
 
 
 def tp_max_devices(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, flops_per_s: Quantity, bandwidth: Quantity,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    bandwidth: Quantity,
     backward: bool = True,
 ) -> Quantity:
     """Backward: N_TP ≤ 1 + 3 D_FF W / C; forward (half the FLOPs, same all-reduce): N_TP ≤ 1 + 3 D_FF W / (2C)."""
-    return largest_devices(lambda n: tp_flops(batch, d_model, d_ff, n, backward) / flops_per_s,
-                           lambda n: tp_comm_time(batch, d_model, n, bandwidth))
+    return largest_devices(
+        lambda n: tp_flops(batch, d_model, d_ff, n, backward) / flops_per_s,
+        lambda n: tp_comm_time(batch, d_model, n, bandwidth),
+    )
 
 
 def fsdp_tp_max_devices_overlapped(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, flops_per_s: Quantity, bandwidth: Quantity,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    bandwidth: Quantity,
 ) -> tuple[Quantity, Quantity, Quantity]:
     """Collectives of the two axes overlap, so T_comm = max(T_FSDP, T_TP) and each axis has its own limit:
     N_FSDP ≤ 1 + B W / C  (FSDP terms: the N_TP cancels),  N_TP ≤ 1 + 3 D_FF W / (2C)  (the N_FSDP cancels).
     Returns (N_FSDP, N_TP, N = N_FSDP N_TP), each at its limit."""
+
     def compute(f: Quantity, t: Quantity) -> Quantity:
         return fsdp_tp_forward_flops(batch, d_model, d_ff, f, t) / flops_per_s
 
@@ -180,8 +229,13 @@ def fsdp_tp_max_devices_overlapped(
 
 
 def _shared_slack(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, flops_per_s: Quantity, bandwidth: Quantity,
-    f: sp.Symbol, t: sp.Symbol,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    bandwidth: Quantity,
+    f: sp.Symbol,
+    t: sp.Symbol,
 ) -> sp.Expr:
     """(T_compute − T_FSDP − T_TP) · N_FSDP N_TP: linear in N_FSDP and N_TP, ≥ 0 while compute bound."""
     compute = fsdp_tp_forward_flops(batch, d_model, d_ff, f, t) / flops_per_s
@@ -190,7 +244,11 @@ def _shared_slack(
 
 
 def fsdp_tp_max_devices_shared(
-    batch: Quantity, d_model: Quantity, d_ff: Quantity, flops_per_s: Quantity, bandwidth: Quantity,
+    batch: Quantity,
+    d_model: Quantity,
+    d_ff: Quantity,
+    flops_per_s: Quantity,
+    bandwidth: Quantity,
 ) -> tuple[Quantity, Quantity, Quantity]:
     """Collectives of the two axes share the network, so T_FSDP + T_TP ≤ T_compute. Times N_FSDP N_TP W / (2D):
 
@@ -225,13 +283,25 @@ def fsdp_tp_split_table(batch: float, d_model: int, d_ff: int, flops_per_s: floa
     rows = []
     for n_tp in range(1, _whole(n_tp_limit) + 1):
         overlapped, shared = _whole(n_fsdp_limit), max(_whole(float(shared_limit.subs(t, n_tp))), 0)
-        rows.append(dict(n_tp=n_tp, n_fsdp_overlapped=overlapped, n_overlapped=overlapped * n_tp,
-                         n_fsdp_shared=shared, n_shared=shared * n_tp))
+        rows.append(
+            dict(
+                n_tp=n_tp,
+                n_fsdp_overlapped=overlapped,
+                n_overlapped=overlapped * n_tp,
+                n_fsdp_shared=shared,
+                n_shared=shared * n_tp,
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def best_fsdp_tp_split(
-    batch: float, d_model: int, d_ff: int, flops_per_s: float, bandwidth: float, overlapped: bool = True,
+    batch: float,
+    d_model: int,
+    d_ff: int,
+    flops_per_s: float,
+    bandwidth: float,
+    overlapped: bool = True,
 ) -> dict[str, int]:
     """The integer grid (N_FSDP, N_TP) with the most devices whose forward pass stays compute bound
     (ties go to the larger N_TP)."""

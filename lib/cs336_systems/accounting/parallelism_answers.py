@@ -41,8 +41,16 @@ def _answer(problem: str, part: str, quantity: str, lhs: str, unit: str, f: Call
     formula = f(**{name: symbol for name, (symbol, _) in args.items()})
     value = f(**{name: number for name, (_, number) in args.items()})
     is_limit = unit == "devices"  # the limits keep the form parallelism.py gives them (1 + BW/C, products)
-    return dict(problem=problem, part=part, quantity=quantity, lhs=lhs, relation=r"\le" if is_limit else "=",
-                formula=formula if is_limit else evaluate(formula, form=_tidy), value=float(value), unit=unit)
+    return dict(
+        problem=problem,
+        part=part,
+        quantity=quantity,
+        lhs=lhs,
+        relation=r"\le" if is_limit else "=",
+        formula=formula if is_limit else evaluate(formula, form=_tidy),
+        value=float(value),
+        unit=unit,
+    )
 
 
 def _max(a, b):
@@ -66,42 +74,144 @@ def parallelism_answers(ex: Example) -> pd.DataFrame:
     forward, backward = dict(backward=False), dict(backward=True)
     flops, comm, limit = r"\mathrm{FLOPs}", r"T_{\mathrm{comm}}", "largest N before communication bound"
     rows = [
-        _answer("alternate_ring_all_reduce", "", "time", r"T_{\mathrm{alt}}", "s",
-                rings.alternate_ring_all_reduce_time, **ring),
-        _answer("alternate_ring_all_reduce", "", "over the ring all-reduce", r"T_{\mathrm{alt}} / T_{\mathrm{ring}}",
-                "×", lambda **a: rings.alternate_ring_all_reduce_time(**a) / rings.ring_all_reduce_time(**a), **ring),
+        _answer(
+            "alternate_ring_all_reduce",
+            "",
+            "time",
+            r"T_{\mathrm{alt}}",
+            "s",
+            rings.alternate_ring_all_reduce_time,
+            **ring,
+        ),
+        _answer(
+            "alternate_ring_all_reduce",
+            "",
+            "over the ring all-reduce",
+            r"T_{\mathrm{alt}} / T_{\mathrm{ring}}",
+            "×",
+            lambda **a: rings.alternate_ring_all_reduce_time(**a) / rings.ring_all_reduce_time(**a),
+            **ring,
+        ),
         _answer("data_parallel_calcs", "a", "backward FLOPs per device", flops, "FLOP", par.dp_flops, **ffn, n_dp=n_dp),
-        _answer("data_parallel_calcs", "b", "backward communication time", comm, "s", par.dp_backward_comm_time,
-                d_model=d, d_ff=d_ff, n_dp=n_dp, bandwidth=w),
+        _answer(
+            "data_parallel_calcs",
+            "b",
+            "backward communication time",
+            comm,
+            "s",
+            par.dp_backward_comm_time,
+            d_model=d,
+            d_ff=d_ff,
+            n_dp=n_dp,
+            bandwidth=w,
+        ),
         _answer("data_parallel_calcs", "c", limit, "N_{DP}", "devices", par.dp_max_devices, **ffn, **hw),
     ]
     for name, kw in [("backward", backward), ("forward", forward)]:
         rows += [
-            _answer("fsdp_calcs", "a", f"{name} FLOPs per device", flops, "FLOP", partial(par.fsdp_flops, **kw),
-                    **ffn, n_fsdp=n_fsdp),
-            _answer("fsdp_calcs", "b", f"{name} communication time", comm, "s", partial(par.fsdp_comm_time, **kw),
-                    d_model=d, d_ff=d_ff, n_fsdp=n_fsdp, bandwidth=w),
-            _answer("fsdp_calcs", "c", f"{limit} ({name})", "N_{FSDP}", "devices",
-                    partial(par.fsdp_max_devices, **kw), **ffn, **hw),
+            _answer(
+                "fsdp_calcs",
+                "a",
+                f"{name} FLOPs per device",
+                flops,
+                "FLOP",
+                partial(par.fsdp_flops, **kw),
+                **ffn,
+                n_fsdp=n_fsdp,
+            ),
+            _answer(
+                "fsdp_calcs",
+                "b",
+                f"{name} communication time",
+                comm,
+                "s",
+                partial(par.fsdp_comm_time, **kw),
+                d_model=d,
+                d_ff=d_ff,
+                n_fsdp=n_fsdp,
+                bandwidth=w,
+            ),
+            _answer(
+                "fsdp_calcs",
+                "c",
+                f"{limit} ({name})",
+                "N_{FSDP}",
+                "devices",
+                partial(par.fsdp_max_devices, **kw),
+                **ffn,
+                **hw,
+            ),
         ]
     for name, kw in [("forward", forward), ("backward", backward)]:
         rows += [
-            _answer("tp_calcs", "b", f"{name} FLOPs per device", flops, "FLOP", partial(par.tp_flops, **kw),
-                    **ffn, n_tp=n_tp),
-            _answer("tp_calcs", "c", f"{name} communication time", comm, "s", par.tp_comm_time,
-                    batch=b, d_model=d, n_tp=n_tp, bandwidth=w),
+            _answer(
+                "tp_calcs",
+                "b",
+                f"{name} FLOPs per device",
+                flops,
+                "FLOP",
+                partial(par.tp_flops, **kw),
+                **ffn,
+                n_tp=n_tp,
+            ),
+            _answer(
+                "tp_calcs",
+                "c",
+                f"{name} communication time",
+                comm,
+                "s",
+                par.tp_comm_time,
+                batch=b,
+                d_model=d,
+                n_tp=n_tp,
+                bandwidth=w,
+            ),
         ]
     for name, kw in [("backward", backward), ("forward", forward)]:
-        rows.append(_answer("tp_calcs", "d", f"{limit} ({name})", "N_{TP}", "devices",
-                            partial(par.tp_max_devices, **kw), **ffn, **hw))
+        rows.append(
+            _answer(
+                "tp_calcs",
+                "d",
+                f"{limit} ({name})",
+                "N_{TP}",
+                "devices",
+                partial(par.tp_max_devices, **kw),
+                **ffn,
+                **hw,
+            )
+        )
     rows += [
         _answer("fsdp_tp_calcs", "a", "forward FLOPs per device", flops, "FLOP", par.fsdp_tp_forward_flops, **grid),
-        _answer("fsdp_tp_calcs", "b", "forward communication time, axes overlapped", comm, "s",
-                lambda **a: _max(*par.fsdp_tp_forward_comm_times(**a)), **grid, bandwidth=w),
-        _answer("fsdp_tp_calcs", "c", f"{limit}, axes overlapped", "N", "devices",
-                lambda **a: par.fsdp_tp_max_devices_overlapped(**a)[2], **ffn, **hw),
-        _answer("fsdp_tp_calcs", "d", f"{limit}, axes sharing the network", "N", "devices",
-                lambda **a: par.fsdp_tp_max_devices_shared(**a)[2], **ffn, **hw),
+        _answer(
+            "fsdp_tp_calcs",
+            "b",
+            "forward communication time, axes overlapped",
+            comm,
+            "s",
+            lambda **a: _max(*par.fsdp_tp_forward_comm_times(**a)),
+            **grid,
+            bandwidth=w,
+        ),
+        _answer(
+            "fsdp_tp_calcs",
+            "c",
+            f"{limit}, axes overlapped",
+            "N",
+            "devices",
+            lambda **a: par.fsdp_tp_max_devices_overlapped(**a)[2],
+            **ffn,
+            **hw,
+        ),
+        _answer(
+            "fsdp_tp_calcs",
+            "d",
+            f"{limit}, axes sharing the network",
+            "N",
+            "devices",
+            lambda **a: par.fsdp_tp_max_devices_shared(**a)[2],
+            **ffn,
+            **hw,
+        ),
     ]
     return pd.DataFrame(rows)
 
@@ -112,8 +222,10 @@ def answers_markdown(answers: pd.DataFrame, problem: str) -> str:
     for row in answers[answers.problem == problem].sort_values("part", kind="stable").itertuples():
         part = f"**({row.part})** " if row.part else ""
         value, unit = (row.value * 1e3, "ms") if row.unit == "s" else (row.value, row.unit)
-        lines.append(f"{part}{row.quantity}: $$ {row.lhs} {row.relation} {sp.latex(row.formula)} "
-                     rf"\qquad \left(= {_format(value)}\ \text{{{unit} at the example}}\right) $$")
+        lines.append(
+            f"{part}{row.quantity}: $$ {row.lhs} {row.relation} {sp.latex(row.formula)} "
+            rf"\qquad \left(= {_format(value)}\ \text{{{unit} at the example}}\right) $$"
+        )
     return "\n\n".join(lines)
 
 

@@ -147,7 +147,10 @@ def simulate_alternate_ring_all_reduce(tensors: list[torch.Tensor]) -> RingRun:
 
 
 def ring_simulation_table(
-    device_counts: list[int], numel_per_device: int, bandwidth: float, seed: int = 0,
+    device_counts: list[int],
+    numel_per_device: int,
+    bandwidth: float,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """One row per (collective, N): simulated vs closed-form time (W = `bandwidth` bytes/s) and the
     largest error of any device's result against the true concatenation or sum.
@@ -164,15 +167,33 @@ def ring_simulation_table(
         total = torch.stack(xs).sum(0)
         cases = [  # name, simulated run, what every device should hold, S, closed form
             ("ring all-gather", simulate_ring_all_gather(xs), [torch.cat(xs)] * n, n * size, ring_all_gather_time),
-            ("ring reduce-scatter", simulate_ring_reduce_scatter(xs), list(total.chunk(n)), size,
-             ring_reduce_scatter_time),
+            (
+                "ring reduce-scatter",
+                simulate_ring_reduce_scatter(xs),
+                list(total.chunk(n)),
+                size,
+                ring_reduce_scatter_time,
+            ),
             ("ring all-reduce", simulate_ring_all_reduce(xs), [total] * n, size, ring_all_reduce_time),
-            ("alternate ring all-reduce", simulate_alternate_ring_all_reduce(xs), [total] * n, size,
-             alternate_ring_all_reduce_time),
+            (
+                "alternate ring all-reduce",
+                simulate_alternate_ring_all_reduce(xs),
+                [total] * n,
+                size,
+                alternate_ring_all_reduce_time,
+            ),
         ]
         for name, run, expected, s_bytes, closed_form in cases:
             error = max((out - want).abs().max().item() for out, want in zip(run.outputs, expected))
-            rows.append(dict(collective=name, N=n, S_bytes=s_bytes, steps=run.steps,
-                             simulated_time_s=run.time(bandwidth),
-                             closed_form_time_s=closed_form(s_bytes, n, bandwidth), max_abs_error=error))
+            rows.append(
+                dict(
+                    collective=name,
+                    N=n,
+                    S_bytes=s_bytes,
+                    steps=run.steps,
+                    simulated_time_s=run.time(bandwidth),
+                    closed_form_time_s=closed_form(s_bytes, n, bandwidth),
+                    max_abs_error=error,
+                )
+            )
     return pd.DataFrame(rows)

@@ -42,7 +42,11 @@ def _check_split(d_ff: int, n: int) -> None:
 
 
 def tensor_parallel_ffn_forward(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, n_tp: int,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    n_tp: int,
 ) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
     """Eqs. 47–51: device i holds W1^(i), W2^(i) (columns) and W3^(i) (rows) of D_FF / N_TP hidden units.
 
@@ -60,7 +64,9 @@ def tensor_parallel_ffn_forward(
 
 
 def tensor_parallel_ffn_backward(
-    dy: torch.Tensor, x: torch.Tensor, saved: dict[str, list[torch.Tensor]],
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    saved: dict[str, list[torch.Tensor]],
 ) -> tuple[torch.Tensor, dict[str, list[torch.Tensor]]]:
     """The TP backward pass (tp_calcs a), on every device i, from the full dy (B, D):
 
@@ -137,7 +143,16 @@ def tensor_parallel_check(batch: int, d_model: int, d_ff: int, n_tp: int, seed: 
     with torch.no_grad():
         y_tp, saved = tensor_parallel_ffn_forward(x, w1, w2, w3, n_tp)
         dx, dw = tensor_parallel_ffn_backward(dy, x, saved)
-    pairs = {"y": (y_tp, y.detach()), "dx": (dx, x.grad), "dW1": (torch.cat(dw["w1"], dim=1), w1.grad),
-             "dW2": (torch.cat(dw["w2"], dim=1), w2.grad), "dW3": (torch.cat(dw["w3"], dim=0), w3.grad)}
-    return pd.DataFrame([dict(result=name, shape=tuple(ours.shape), max_abs_difference=(ours - ref).abs().max().item())
-                         for name, (ours, ref) in pairs.items()])
+    pairs = {
+        "y": (y_tp, y.detach()),
+        "dx": (dx, x.grad),
+        "dW1": (torch.cat(dw["w1"], dim=1), w1.grad),
+        "dW2": (torch.cat(dw["w2"], dim=1), w2.grad),
+        "dW3": (torch.cat(dw["w3"], dim=0), w3.grad),
+    }
+    return pd.DataFrame(
+        [
+            dict(result=name, shape=tuple(ours.shape), max_abs_difference=(ours - ref).abs().max().item())
+            for name, (ours, ref) in pairs.items()
+        ]
+    )

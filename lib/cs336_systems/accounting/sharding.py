@@ -58,7 +58,12 @@ def transformer_parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[i
         p = f"layers.{i}."
         shapes += [(p + "ln1.weight", (d,))]
         shapes += [(p + f"attn.{n}.weight", (d, d)) for n in ("q_proj", "k_proj", "v_proj", "output_proj")]
-        shapes += [(p + "ln2.weight", (d,)), (p + "ffn.w1.weight", (f, d)), (p + "ffn.w2.weight", (d, f)), (p + "ffn.w3.weight", (f, d))]
+        shapes += [
+            (p + "ln2.weight", (d,)),
+            (p + "ffn.w1.weight", (f, d)),
+            (p + "ffn.w2.weight", (d, f)),
+            (p + "ffn.w3.weight", (f, d)),
+        ]
     return shapes + [("ln_final.weight", (d,)), ("lm_head.weight", (v, d))]
 
 
@@ -107,11 +112,18 @@ def setup_for_model(config: ModelConfig, world_size: int, compute_bytes: int | N
     numels = [math.prod(s) for _, s in shapes]
     loads = [0] * world_size
     assign_greedy(numels, loads)
-    sharded = sum(math.ceil(n / world_size) * world_size for (name, _), n in zip(shapes, numels) if is_sharded_by_fsdp(name))
+    sharded = sum(
+        math.ceil(n / world_size) * world_size for (name, _), n in zip(shapes, numels) if is_sharded_by_fsdp(name)
+    )
     replicated = sum(n for (name, _), n in zip(shapes, numels) if not is_sharded_by_fsdp(name))
     return ShardingSetup(
-        num_params=sum(numels), world_size=world_size, compute_bytes=compute_bytes, owned_params=max(loads),
-        fsdp_sharded_params=sharded, fsdp_replicated_params=replicated, **kwargs,
+        num_params=sum(numels),
+        world_size=world_size,
+        compute_bytes=compute_bytes,
+        owned_params=max(loads),
+        fsdp_sharded_params=sharded,
+        fsdp_replicated_params=replicated,
+        **kwargs,
     )
 
 
@@ -122,14 +134,18 @@ def memory_per_rank(strategy: str, s: ShardingSetup) -> dict[str, float]:
     if strategy == "ddp":
         return dict(parameters=s.param_bytes * psi, gradients=s.grad_bytes * psi, optimizer_state=state_full)
     if strategy == "optimizer_sharding":
-        return dict(parameters=s.param_bytes * psi, gradients=s.grad_bytes * psi, optimizer_state=k * s.state_bytes * s.own)
+        return dict(
+            parameters=s.param_bytes * psi, gradients=s.grad_bytes * psi, optimizer_state=k * s.state_bytes * s.own
+        )
     if strategy == "zero1":
         return dict(parameters=s.param_bytes * psi, gradients=s.grad_bytes * psi, optimizer_state=state_full / n)
     if strategy == "zero2":
         return dict(parameters=s.param_bytes * psi, gradients=s.grad_bytes * psi / n, optimizer_state=state_full / n)
     if strategy == "fsdp":
         local = s.sharded / n + s.fsdp_replicated_params
-        return dict(parameters=s.param_bytes * local, gradients=s.grad_bytes * local, optimizer_state=k * s.state_bytes * local)
+        return dict(
+            parameters=s.param_bytes * local, gradients=s.grad_bytes * local, optimizer_state=k * s.state_bytes * local
+        )
     raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
 
 
@@ -167,14 +183,21 @@ def memory_table(s: ShardingSetup, strategies: tuple[str, ...] = STRATEGIES) -> 
     for strategy in strategies:
         parts = memory_per_rank(strategy, s)
         total = sum(parts.values())
-        rows.append(dict(
-            strategy=strategy, label=STRATEGY_LABELS[strategy], **{f"{k}_GB": v / GB for k, v in parts.items()},
-            total_GB=total / GB, saving_vs_ddp_GB=(ddp_total - total) / GB,
-        ))
+        rows.append(
+            dict(
+                strategy=strategy,
+                label=STRATEGY_LABELS[strategy],
+                **{f"{k}_GB": v / GB for k, v in parts.items()},
+                total_GB=total / GB,
+                saving_vs_ddp_GB=(ddp_total - total) / GB,
+            )
+        )
     return pd.DataFrame(rows)
 
 
-def communication_table(s: ShardingSetup, strategies: tuple[str, ...] = STRATEGIES, bandwidth: float | None = None) -> pd.DataFrame:
+def communication_table(
+    s: ShardingSetup, strategies: tuple[str, ...] = STRATEGIES, bandwidth: float | None = None
+) -> pd.DataFrame:
     """Per strategy: the collectives of one step, GB sent per rank, relative to DDP, and (given W) seconds."""
     ddp_bytes = sum(b for _, b in communication_per_rank("ddp", s))
     rows = []
@@ -182,8 +205,11 @@ def communication_table(s: ShardingSetup, strategies: tuple[str, ...] = STRATEGI
         parts = communication_per_rank(strategy, s)
         total = sum(b for _, b in parts)
         row = dict(
-            strategy=strategy, label=STRATEGY_LABELS[strategy], collectives=" + ".join(name for name, _ in parts),
-            sent_per_rank_GB=total / GB, relative_to_ddp=total / ddp_bytes if ddp_bytes else math.nan,
+            strategy=strategy,
+            label=STRATEGY_LABELS[strategy],
+            collectives=" + ".join(name for name, _ in parts),
+            sent_per_rank_GB=total / GB,
+            relative_to_ddp=total / ddp_bytes if ddp_bytes else math.nan,
         )
         if bandwidth is not None:
             row["time_s"] = total / bandwidth
@@ -200,5 +226,6 @@ def zero_paper_memory(num_params: int, world_size: int, k: int = 12) -> pd.DataF
         "zero2": 2 * psi + (2 + k) * psi / n,
         "fsdp": (4 + k) * psi / n,
     }
-    return pd.DataFrame([dict(strategy=name, label=STRATEGY_LABELS[name], total_GB=b / GB) for name, b in totals.items()])
-
+    return pd.DataFrame(
+        [dict(strategy=name, label=STRATEGY_LABELS[name], total_GB=b / GB) for name, b in totals.items()]
+    )

@@ -19,8 +19,14 @@ from cs336_systems.attention.naive import naive_attention
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 __all__ = [
-    "ATTENTION_IMPLEMENTATIONS", "AttentionFn", "FlashAttentionPytorch", "FlashAttentionTriton", "flash_attention",
-    "get_attention", "naive_attention", "sdpa_attention",
+    "ATTENTION_IMPLEMENTATIONS",
+    "AttentionFn",
+    "FlashAttentionPytorch",
+    "FlashAttentionTriton",
+    "flash_attention",
+    "get_attention",
+    "naive_attention",
+    "sdpa_attention",
 ]
 
 

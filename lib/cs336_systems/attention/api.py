@@ -59,8 +59,14 @@ class FlashAttentionTriton(torch.autograd.Function):
     tiles: tuple[int, int] | None = None
 
     @classmethod
-    def apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-              backward_impl: str | None = None) -> torch.Tensor:
+    def apply(
+        cls,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        backward_impl: str | None = None,
+    ) -> torch.Tensor:
         """Eager CUDA calls with the Triton backward go through the C++ autograd node of `launch.native`
         where it serves the geometry (the same kernels and plans, no Python on the host path; its grad_fn
         shows the same saved tensors); every other call, torch.compile's included, through this Function."""
@@ -71,14 +77,25 @@ class FlashAttentionTriton(torch.autograd.Function):
         return super().apply(q, k, v, is_causal, backward_impl)
 
     @classmethod
-    def python_apply(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                     backward_impl: str | None = None) -> torch.Tensor:
+    def python_apply(
+        cls,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        backward_impl: str | None = None,
+    ) -> torch.Tensor:
         """This Python autograd.Function alone, never the C++ node (to compare the two paths)."""
         return super().apply(q, k, v, is_causal, backward_impl)
 
     @staticmethod
     def forward(
-        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, backward_impl: str | None = None
+        ctx,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        is_causal: bool = False,
+        backward_impl: str | None = None,
     ) -> torch.Tensor:
         backward_impl = backward_impl or FlashAttentionTriton.backward_impl
         if backward_impl not in BACKWARD_IMPLS:

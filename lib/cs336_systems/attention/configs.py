@@ -81,13 +81,22 @@ class ProblemKey:
     small_grid: bool = False  # `is_small_grid`
 
     @classmethod
-    def of(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int,
-           small_grid: bool = False) -> ProblemKey:
+    def of(
+        cls,
+        kernel: str,
+        head_dim_tile: int,
+        dtype: torch.dtype,
+        is_causal: bool,
+        n_q: int,
+        n_k: int,
+        small_grid: bool = False,
+    ) -> ProblemKey:
         return cls.at_bucket(kernel, head_dim_tile, dtype, is_causal, seq_bucket(max(n_q, n_k)), small_grid)
 
     @classmethod
-    def at_bucket(cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int,
-                  small_grid: bool = False) -> ProblemKey:
+    def at_bucket(
+        cls, kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int, small_grid: bool = False
+    ) -> ProblemKey:
         check_kernel(kernel)
         return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), bucket, bool(small_grid))
 
@@ -135,22 +144,74 @@ def default_config(kernel: str, head_dim_tile: int, element_size: int) -> Kernel
 # tile (large K_TILE) while query tiles stream through. The forward's 32-row tiles are for small grids,
 # where one program's latency is the kernel's (docs/flash_small_grid_h100.csv).
 _CANDIDATES_16BIT = {
-    "forward": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
-                (64, 64, 4, 4), (64, 128, 4, 3), (128, 128, 8, 4), (32, 128, 4, 2), (32, 64, 4, 3)],
-    "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 3), (64, 64, 4, 3),
-             (32, 64, 4, 4), (64, 128, 8, 4), (64, 64, 4, 4)],
-    "dq": [(128, 32, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
-           (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 4, 4)],
+    "forward": [
+        (64, 64, 4, 3),
+        (128, 64, 4, 3),
+        (128, 64, 8, 3),
+        (128, 64, 8, 4),
+        (128, 128, 8, 3),
+        (64, 64, 4, 4),
+        (64, 128, 4, 3),
+        (128, 128, 8, 4),
+        (32, 128, 4, 2),
+        (32, 64, 4, 3),
+    ],
+    "dkdv": [
+        (32, 64, 4, 3),
+        (32, 128, 4, 3),
+        (32, 128, 4, 5),
+        (64, 128, 8, 3),
+        (64, 64, 4, 3),
+        (32, 64, 4, 4),
+        (64, 128, 8, 4),
+        (64, 64, 4, 4),
+    ],
+    "dq": [
+        (128, 32, 4, 3),
+        (64, 128, 4, 3),
+        (128, 64, 8, 3),
+        (128, 64, 4, 3),
+        (64, 64, 4, 3),
+        (128, 128, 8, 3),
+        (64, 64, 4, 4),
+        (128, 64, 4, 4),
+    ],
 }
 # fp32 at d = 128: tiles whose fp32 operands, twice the bytes, still fit Hopper's 227 KiB with two
 # stages, and 16-row tiles for short sequences, where one head's grid has fewer programs than SMs.
 _CANDIDATES_FP32_D128 = {
-    "forward": [(64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (128, 64, 8, 1),
-                (32, 64, 4, 2), (16, 64, 4, 2)],
-    "dkdv": [(32, 64, 4, 2), (64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 3), (16, 64, 4, 2), (64, 64, 4, 1),
-             (32, 128, 8, 1), (32, 16, 4, 2), (64, 16, 4, 2)],
-    "dq": [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2), (64, 64, 4, 1),
-           (128, 64, 8, 1), (16, 32, 4, 2), (16, 64, 4, 2)],
+    "forward": [
+        (64, 32, 4, 2),
+        (64, 64, 4, 2),
+        (64, 64, 8, 2),
+        (128, 32, 8, 2),
+        (64, 32, 4, 3),
+        (128, 64, 8, 1),
+        (32, 64, 4, 2),
+        (16, 64, 4, 2),
+    ],
+    "dkdv": [
+        (32, 64, 4, 2),
+        (64, 64, 8, 2),
+        (64, 32, 4, 2),
+        (32, 64, 4, 3),
+        (16, 64, 4, 2),
+        (64, 64, 4, 1),
+        (32, 128, 8, 1),
+        (32, 16, 4, 2),
+        (64, 16, 4, 2),
+    ],
+    "dq": [
+        (64, 32, 4, 2),
+        (64, 64, 8, 2),
+        (128, 32, 8, 2),
+        (64, 32, 4, 3),
+        (32, 64, 4, 2),
+        (64, 64, 4, 1),
+        (128, 64, 8, 1),
+        (16, 32, 4, 2),
+        (16, 64, 4, 2),
+    ],
 }
 
 
@@ -190,8 +251,12 @@ class ConfigTable:
     def _lookup_in(table: dict[ProblemKey, KernelConfig], key: ProblemKey) -> KernelConfig | None:
         if key in table:
             return table[key]
-        same = [k for k in table if (k.kernel, k.head_dim_tile, k.dtype, k.is_causal)
-                == (key.kernel, key.head_dim_tile, key.dtype, key.is_causal)]
+        same = [
+            k
+            for k in table
+            if (k.kernel, k.head_dim_tile, k.dtype, k.is_causal)
+            == (key.kernel, key.head_dim_tile, key.dtype, key.is_causal)
+        ]
         if not same:
             return None
         same = [k for k in same if k.small_grid == key.small_grid] or same
@@ -248,8 +313,16 @@ def sm_count(device: torch.device) -> int:
 
 
 @torch.compiler.assume_constant_result
-def _lookup(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, bucket: int, small_grid: bool,
-            device: torch.device, device_index: int) -> tuple[int, int, int, int]:
+def _lookup(
+    kernel: str,
+    head_dim_tile: int,
+    dtype: torch.dtype,
+    is_causal: bool,
+    bucket: int,
+    small_grid: bool,
+    device: torch.device,
+    device_index: int,
+) -> tuple[int, int, int, int]:
     # Evaluated once when torch.compile traces the caller: its result is a constant of the graph,
     # so every argument must be a constant too (the sequence lengths enter only as their bucket). The
     # dtype and device go in whole: an attribute of one (its itemsize, its type) can reach here as a
@@ -268,8 +341,16 @@ def _lookup(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool
 _ANSWERS: dict[tuple, KernelConfig] = {}
 
 
-def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: bool, n_q: int, n_k: int,
-               device: torch.device, batch: int | None = None) -> KernelConfig:
+def config_for(
+    kernel: str,
+    head_dim_tile: int,
+    dtype: torch.dtype,
+    is_causal: bool,
+    n_q: int,
+    n_k: int,
+    device: torch.device,
+    batch: int | None = None,
+) -> KernelConfig:
     """The tuned configuration of `kernel` for this problem on `device`, else the default. `batch`
     (batch·heads) decides whether the grid is small (`is_small_grid`); None: not small."""
     compiling = torch.compiler.is_compiling()  # under torch.compile: traced once, a constant of the graph
@@ -279,7 +360,9 @@ def config_for(kernel: str, head_dim_tile: int, dtype: torch.dtype, is_causal: b
     index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
     bucket = seq_bucket(max(n_q, n_k))
     small = False
-    if batch is not None and is_small_grid(kernel, batch, n_q, n_k, sm_count(device)):  # a branch: a guard, not a SymBool
+    if batch is not None and is_small_grid(
+        kernel, batch, n_q, n_k, sm_count(device)
+    ):  # a branch: a guard, not a SymBool
         small = True
     config = KernelConfig(*_lookup(kernel, head_dim_tile, dtype, bool(is_causal), bucket, small, device, index))
     if not compiling:

@@ -62,8 +62,9 @@ D128_BWD_MIN_SEQ_LEN = 16384
 D128_BWD_MIN_CTAS_PER_SM = 0.75
 
 
-def gluon_forward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
-                           sm_count: int, is_causal: bool) -> bool:
+def gluon_forward_eligible(
+    d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int, sm_count: int, is_causal: bool
+) -> bool:
     """Whether the Gluon forward serves this problem (rule 1), before the tensors' own facts (TMA-readable
     rows, no tiles override, not interpreted: `launch.dispatch.gluon_forward_applies`)."""
     if dtype not in GLUON_DTYPES or d not in GLUON_TILES or n_q != n_k or capability_major != 9:
@@ -81,8 +82,9 @@ def in_backward_scope(d: int, is_causal: bool) -> bool:
     return bool(is_causal) in GLUON_BWD_CAUSALITY.get(d, ())
 
 
-def gluon_backward_eligible(d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int,
-                            sm_count: int, is_causal: bool) -> bool:
+def gluon_backward_eligible(
+    d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int, sm_count: int, is_causal: bool
+) -> bool:
     """Whether the fused Gluon backward serves this problem (rule 1): causal at d = 64 within the forward's
     limits; at d = 128, causal or not, from D128_BWD_MIN_SEQ_LEN or D128_BWD_MIN_CTAS_PER_SM CTAs per SM on."""
     if not in_backward_scope(d, is_causal):
@@ -121,8 +123,9 @@ def split_programs_per_sm(head_dim_tile: int) -> float:
     return 4 / 3 if head_dim_tile <= 64 else 2 / 3
 
 
-def kv_split_chunk(batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int, k_tile: int, head_dim_tile: int,
-                   sm_count: int) -> int | None:
+def kv_split_chunk(
+    batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int, k_tile: int, head_dim_tile: int, sm_count: int
+) -> int | None:
     """Keys per program where the forward kernel splits each query tile's keys over programs
     (`kernels.triton_forward`, SPLIT_KV), None where it does not split.
 
@@ -145,8 +148,9 @@ def kv_split_chunk(batch: int, n_q: int, n_k: int, is_causal: bool, q_tile: int,
     return chunk * k_tile if max(tiles) > 2 * chunk else None
 
 
-def backward_split(kernel: str, batch: int, n_q: int, n_k: int, loop_tile: int, grid_tile: int,
-                   sm_count: int) -> tuple[int, int]:
+def backward_split(
+    kernel: str, batch: int, n_q: int, n_k: int, loop_tile: int, grid_tile: int, sm_count: int
+) -> tuple[int, int]:
     """(rows per chunk, chunks) where a small grid's fp32 backward kernel splits its loop over programs
     (`kernels.triton_backward`, SPLIT), (0, 1) where it does not: the dK/dV kernel splits each key tile's
     query tiles (`loop_tile` = Q_TILE, `grid_tile` = K_TILE), the dQ kernel each query tile's key tiles.

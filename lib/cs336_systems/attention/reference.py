@@ -42,7 +42,11 @@ TOLERANCE = {
 
 
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, first_row: int = 0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool = False,
+    first_row: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """O and L in float64 (see the module docstring), differentiable in q, k, v.
 
@@ -59,7 +63,11 @@ def reference_attention(
 
 
 def reference_gradients(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, is_causal: bool = False,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool = False,
     chunk_elements: int = REFERENCE_CHUNK_ELEMENTS,
 ) -> dict[str, torch.Tensor]:
     """O, L, dQ, dK, dV of `reference_attention` in float64 for the upstream gradient `grad_out`.

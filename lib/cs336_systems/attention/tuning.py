@@ -35,8 +35,20 @@ from cs336_systems.attention.heuristics import is_small_grid
 from cs336_systems.attention.launch.layout import head_dim_tile
 from cs336_systems.attention.launch.plans import launch_dkdv, launch_dq, launch_forward
 
-TUNING_COLUMNS = ["kernel", "config", "q_tile", "k_tile", "num_warps", "num_stages", "ms", "compile_s", "registers",
-                  "spills", "status", "best"]
+TUNING_COLUMNS = [
+    "kernel",
+    "config",
+    "q_tile",
+    "k_tile",
+    "num_warps",
+    "num_stages",
+    "ms",
+    "compile_s",
+    "registers",
+    "spills",
+    "status",
+    "best",
+]
 
 
 def _problem(batch: int, n_q: int, n_k: int, d: int, dtype: torch.dtype, is_causal: bool, device: torch.device):
@@ -58,9 +70,13 @@ def _launcher(kernel: str, p: dict, is_causal: bool, config: KernelConfig):
         return (lambda: launch_forward(p["q"], p["k"], p["v"], *outs, is_causal, config)), outs
     if kernel == "dkdv":
         outs = (torch.empty_like(p["k"]), torch.empty_like(p["v"]))
-        return (lambda: launch_dkdv(p["q"], p["k"], p["v"], p["do"], p["lse"], p["delta"], *outs, is_causal, config)), outs
+        return (
+            lambda: launch_dkdv(p["q"], p["k"], p["v"], p["do"], p["lse"], p["delta"], *outs, is_causal, config)
+        ), outs
     outs = (torch.empty_like(p["q"]), torch.empty_like(p["delta"]))
-    return (lambda: launch_dq(p["q"], p["k"], p["v"], p["out"], p["do"], p["lse"], outs[1], outs[0], is_causal, config)), outs
+    return (
+        lambda: launch_dq(p["q"], p["k"], p["v"], p["out"], p["do"], p["lse"], outs[1], outs[0], is_causal, config)
+    ), outs
 
 
 def _rel_error(outs, ref) -> float:
@@ -133,7 +149,9 @@ def tune_flash_attention(
         key = ProblemKey.of(row.kernel, head_dim_tile(head_dim), dtype, is_causal, n_q, n_k, small)
         config = KernelConfig(int(row.q_tile), int(row.k_tile), int(row.num_warps), int(row.num_stages))
         config_table().store(name, key, config, cache_path)
-    df.attrs.update(device=name, n_q=n_q, n_k=n_k, head_dim=head_dim, dtype=str(dtype), is_causal=is_causal, batch=batch)
+    df.attrs.update(
+        device=name, n_q=n_q, n_k=n_k, head_dim=head_dim, dtype=str(dtype), is_causal=is_causal, batch=batch
+    )
     return df
 
 
@@ -168,8 +186,16 @@ def main(argv: list[str] | None = None) -> None:
         for d in args.head_dims:
             for dtype in args.dtypes:
                 start = time.perf_counter()
-                df = tune_flash_attention(n, n, d, getattr(torch, dtype), not args.no_causal, args.batch,
-                                          kernels=args.kernels, cache_path=args.cache)
+                df = tune_flash_attention(
+                    n,
+                    n,
+                    d,
+                    getattr(torch, dtype),
+                    not args.no_causal,
+                    args.batch,
+                    kernels=args.kernels,
+                    cache_path=args.cache,
+                )
                 print(f"N={n} d={d} {dtype}: {time.perf_counter() - start:.1f} s")
                 print(tuning_summary(df).to_string(index=False))
                 if args.csv:
@@ -182,7 +208,13 @@ if __name__ == "__main__":
 
 
 def tune_in_fresh_process(
-    seq_len: int, head_dim: int, dtype: str, *, is_causal: bool = True, batch: int = 16, out_dir: str | Path,
+    seq_len: int,
+    head_dim: int,
+    dtype: str,
+    *,
+    is_causal: bool = True,
+    batch: int = 16,
+    out_dir: str | Path,
     timeout_s: float = 600.0,
 ) -> tuple[pd.DataFrame, float]:
     """Run the tuner as a new process with an empty Triton compile cache; every candidate's rows and its wall time.
@@ -202,8 +234,23 @@ def tune_in_fresh_process(
     cache, csv = out_dir / "flash_configs.json", out_dir / "flash_tuning.csv"
     for path in (cache, csv):
         path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "cs336_systems.attention.tuning", "--seq-lens", str(seq_len),
-           "--head-dims", str(head_dim), "--dtypes", dtype, "--batch", str(batch), "--cache", str(cache), "--csv", str(csv)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cs336_systems.attention.tuning",
+        "--seq-lens",
+        str(seq_len),
+        "--head-dims",
+        str(head_dim),
+        "--dtypes",
+        dtype,
+        "--batch",
+        str(batch),
+        "--cache",
+        str(cache),
+        "--csv",
+        str(csv),
+    ]
     if not is_causal:
         cmd.append("--no-causal")
     with tempfile.TemporaryDirectory() as triton_cache:

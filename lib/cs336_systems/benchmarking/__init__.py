@@ -15,6 +15,18 @@ from cs336_systems.benchmarking.isolated import run_isolated
 from cs336_systems.benchmarking.sweep import grid, save_results, sweep, with_predicted_memory
 
 __all__ = [
-    "MODES", "PRECISIONS", "BenchmarkConfig", "TrainingSetup", "autocast_context", "build", "grid",
-    "run_benchmark", "run_isolated", "save_results", "sweep", "synchronize", "time_steps", "with_predicted_memory",
+    "MODES",
+    "PRECISIONS",
+    "BenchmarkConfig",
+    "TrainingSetup",
+    "autocast_context",
+    "build",
+    "grid",
+    "run_benchmark",
+    "run_isolated",
+    "save_results",
+    "sweep",
+    "synchronize",
+    "time_steps",
+    "with_predicted_memory",
 ]

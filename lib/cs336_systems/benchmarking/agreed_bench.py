@@ -38,8 +38,15 @@ def call_counts(estimate_ms: float, warmup_ms: float, rep_ms: float) -> tuple[in
     return max(1, int(warmup_ms / estimate_ms)), max(1, int(rep_ms / estimate_ms))
 
 
-def do_bench_agreed(fn: Callable[[], object], warmup: float, rep: float, *, group: dist.ProcessGroup | None = None,
-                    device_interface=None, clear_cache: Callable[[], object] | None = None) -> float:
+def do_bench_agreed(
+    fn: Callable[[], object],
+    warmup: float,
+    rep: float,
+    *,
+    group: dist.ProcessGroup | None = None,
+    device_interface=None,
+    clear_cache: Callable[[], object] | None = None,
+) -> float:
     """Mean ms of `fn` as `triton.testing.do_bench(fn, warmup, rep)` measures it, the call counts agreed by
     the ranks of `group` (module docstring). `device_interface` (default `torch.cuda`) gives `Event` and
     `synchronize`; `clear_cache` (default: zeroing a 256 MiB buffer on the current device) runs before the

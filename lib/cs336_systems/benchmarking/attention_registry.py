@@ -80,8 +80,13 @@ def is_no_kernel(err: BaseException) -> bool:
 
 
 def relative_errors(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, reference: dict[str, torch.Tensor],
+    impl: Implementation,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool,
+    reference: dict[str, torch.Tensor],
 ) -> dict[str, float]:
     """‖x − ref‖ / ‖ref‖ of O, dQ, dK, dV after one forward and backward of `impl` (NaN stays NaN), against
     `reference`, the dict of `reference_gradients` for the same inputs and upstream gradient."""

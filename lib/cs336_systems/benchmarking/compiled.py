@@ -20,13 +20,22 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from cs336_systems.accounting.flops import model_flops
-from cs336_systems.benchmarking.harness import MODES, BenchmarkConfig, TrainingSetup, build, free_device_memory, run_benchmark
+from cs336_systems.benchmarking.harness import (
+    MODES,
+    BenchmarkConfig,
+    TrainingSetup,
+    build,
+    free_device_memory,
+    run_benchmark,
+)
 from cs336_systems.benchmarking.llama_reference import INSTALL_HINT, run_llama_benchmark, transformers_available
 from cs336_systems.optim import OPTIMIZERS
 from cs336_systems.profiling.torch_profile import step_phases
 
 
-def compile_comparison(base: BenchmarkConfig, sizes: Sequence[str], modes: Sequence[str] = MODES, progress: bool = True) -> pd.DataFrame:
+def compile_comparison(
+    base: BenchmarkConfig, sizes: Sequence[str], modes: Sequence[str] = MODES, progress: bool = True
+) -> pd.DataFrame:
     """One row per (size, mode): vanilla and compiled mean/std ms, speedup = vanilla / compiled,
     the compile scope (`base.compile_scope`: whole model or each block) and the compiled model's
     first call in that mode (`compiled_first_call_s`: the compilation of the graph that mode
@@ -38,21 +47,36 @@ def compile_comparison(base: BenchmarkConfig, sizes: Sequence[str], modes: Seque
     compilation rather than one per mode (most of this table's run time on a GPU).
     """
     rows = []
-    for size, compiled in tqdm([(s, c) for s in sizes for c in (False, True)], desc="vanilla vs compiled", disable=not progress, leave=False):
+    for size, compiled in tqdm(
+        [(s, c) for s in sizes for c in (False, True)], desc="vanilla vs compiled", disable=not progress, leave=False
+    ):
         rows += time_modes(replace(base, size=size, compile=compiled), modes)
     rows = pd.DataFrame(rows)
     out = []
     for (size, mode), g in rows.groupby(["size", "mode"], sort=False):
         vanilla, compiled = g[~g["compile"]].iloc[0], g[g["compile"]].iloc[0]
         first_calls = compiled.get("warmup_times_ms")
-        out.append(dict(
-            size=size, mode=mode, context_length=base.context_length, scope=base.compile_scope,
-            vanilla_ms=vanilla.get("mean_ms"), vanilla_std_ms=vanilla.get("std_ms"),
-            compiled_ms=compiled.get("mean_ms"), compiled_std_ms=compiled.get("std_ms"),
-            speedup=vanilla["mean_ms"] / compiled["mean_ms"] if vanilla["status"] == compiled["status"] == "ok" else float("nan"),
-            compiled_first_call_s=first_calls[0] / 1e3 if isinstance(first_calls, list) and first_calls else float("nan"),
-            status=vanilla["status"] if vanilla["status"] == compiled["status"] else f"{vanilla['status']}/{compiled['status']}",
-        ))
+        out.append(
+            dict(
+                size=size,
+                mode=mode,
+                context_length=base.context_length,
+                scope=base.compile_scope,
+                vanilla_ms=vanilla.get("mean_ms"),
+                vanilla_std_ms=vanilla.get("std_ms"),
+                compiled_ms=compiled.get("mean_ms"),
+                compiled_std_ms=compiled.get("std_ms"),
+                speedup=vanilla["mean_ms"] / compiled["mean_ms"]
+                if vanilla["status"] == compiled["status"] == "ok"
+                else float("nan"),
+                compiled_first_call_s=first_calls[0] / 1e3
+                if isinstance(first_calls, list) and first_calls
+                else float("nan"),
+                status=vanilla["status"]
+                if vanilla["status"] == compiled["status"]
+                else f"{vanilla['status']}/{compiled['status']}",
+            )
+        )
     return pd.DataFrame(out)
 
 
@@ -79,7 +103,12 @@ def _attempt(config: BenchmarkConfig, run: Callable[..., dict] = run_benchmark, 
     try:
         return {**run(config, then=step_phases), **labels}
     except Exception as err:  # noqa: BLE001 - recorded in the table, not hidden
-        return {**config.label(), **labels, "status": "failed", "error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+        return {
+            **config.label(),
+            **labels,
+            "status": "failed",
+            "error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}",
+        }
 
 
 def best_versus_llama(
@@ -121,21 +150,42 @@ def best_versus_llama(
         ok = [r for r in ours if r["status"] == "ok"]
         best = min(ok, key=lambda r: r["mean_ms"]) if ok else None
         if best is not None and compile:
-            best = _attempt(replace(config, attention=best["attention"], compile=True, compile_scope=compile_scope), model="ours")
+            best = _attempt(
+                replace(config, attention=best["attention"], compile=True, compile_scope=compile_scope), model="ours"
+            )
             ours.append(best)
             best = best if best["status"] == "ok" else None
         references = []
         if transformers_available():
             references.append(_attempt(config, run_llama_benchmark, model="llama"))
-            if compile and (llama_compiled is True or (llama_compiled and (size, context) in set(map(tuple, llama_compiled)))):
-                references.append(_attempt(replace(config, compile=True, compile_scope=compile_scope), run_llama_benchmark, model="llama"))
+            if compile and (
+                llama_compiled is True or (llama_compiled and (size, context) in set(map(tuple, llama_compiled)))
+            ):
+                references.append(
+                    _attempt(
+                        replace(config, compile=True, compile_scope=compile_scope), run_llama_benchmark, model="llama"
+                    )
+                )
         else:
-            references.append({**config.label(), "model": "llama", "status": "not run", "error": f"transformers is not installed: {INSTALL_HINT}"})
+            references.append(
+                {
+                    **config.label(),
+                    "model": "llama",
+                    "status": "not run",
+                    "error": f"transformers is not installed: {INSTALL_HINT}",
+                }
+            )
         rows += ours + references
         llama = references[0]
-        row = dict(size=size, context_length=context, best_attention=best["attention"] if best else None, optimizer=optimizer,
-                   ours_ms=best["mean_ms"] if best else float("nan"),
-                   llama_ms=llama["mean_ms"] if llama["status"] == "ok" else float("nan"), llama_status=llama["status"])
+        row = dict(
+            size=size,
+            context_length=context,
+            best_attention=best["attention"] if best else None,
+            optimizer=optimizer,
+            ours_ms=best["mean_ms"] if best else float("nan"),
+            llama_ms=llama["mean_ms"] if llama["status"] == "ok" else float("nan"),
+            llama_status=llama["status"],
+        )
         row["ratio"] = row["ours_ms"] / row["llama_ms"]
         row["passes"] = bool(row["ratio"] <= bar) if row["ratio"] == row["ratio"] else None
         if len(references) > 1:
@@ -159,16 +209,26 @@ def step_phase_table(summary: pd.DataFrame, candidates: pd.DataFrame) -> pd.Data
     for r in summary.itertuples():
         at = ok[(ok["size"] == r.size) & (ok.context_length == r.context_length)]
         ours = at[(at.model == "ours") & (at.attention == r.best_attention)]
-        picks = [("ours (best)", ours.sort_values("compile", ascending=False)),
-                 ("Llama eager", at[(at.model == "llama") & ~at["compile"].astype(bool)]),
-                 ("Llama compiled", at[(at.model == "llama") & at["compile"].astype(bool)])]
+        picks = [
+            ("ours (best)", ours.sort_values("compile", ascending=False)),
+            ("Llama eager", at[(at.model == "llama") & ~at["compile"].astype(bool)]),
+            ("Llama compiled", at[(at.model == "llama") & at["compile"].astype(bool)]),
+        ]
         for label, rows in picks:
             if not len(rows) or "forward_wall_ms" not in rows:
                 continue
             first = rows.iloc[0]
             for phase in ("forward", "backward", "optimizer"):
-                out.append(dict(size=r.size, context_length=r.context_length, model=label, phase=phase,
-                                wall_ms=first[f"{phase}_wall_ms"], compute_ms=first[f"{phase}_compute_ms"]))
+                out.append(
+                    dict(
+                        size=r.size,
+                        context_length=r.context_length,
+                        model=label,
+                        phase=phase,
+                        wall_ms=first[f"{phase}_wall_ms"],
+                        compute_ms=first[f"{phase}_compute_ms"],
+                    )
+                )
     return pd.DataFrame(out)
 
 

@@ -29,9 +29,15 @@ QUERY = ("timestamp", "clocks.sm", "power.draw", "temperature.gpu", "clocks_thro
 SAMPLE_COLUMNS = ["t", "sm_mhz", "power_w", "temp_c", "reasons"]
 # NVML's clock event reasons (nvmlClocksEventReason*), the bits of clocks_throttle_reasons.active
 REASONS = {
-    0x1: "idle", 0x2: "applications clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
-    0x10: "sync boost", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
-    0x80: "hardware power brake", 0x100: "display clock",
+    0x1: "idle",
+    0x2: "applications clocks",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+    0x100: "display clock",
 }
 POWER_CAP = 0x4
 
@@ -63,8 +69,9 @@ def parse_samples(lines) -> pd.DataFrame:
             reasons = int(fields[4], 16)
         except ValueError:
             continue
-        rows.append(dict(t=t, sm_mhz=_number(fields[1]), power_w=_number(fields[2]), temp_c=_number(fields[3]),
-                         reasons=reasons))
+        rows.append(
+            dict(t=t, sm_mhz=_number(fields[1]), power_w=_number(fields[2]), temp_c=_number(fields[3]), reasons=reasons)
+        )
     return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
 
 
@@ -72,17 +79,21 @@ def summarize(samples: pd.DataFrame) -> dict:
     """Median SM clock (MHz) and power (W), highest temperature, and the share of samples at the power cap."""
     if samples.empty:
         return dict(sm_mhz=math.nan, power_w=math.nan, temp_c=math.nan, power_capped=math.nan, samples=0)
-    return dict(sm_mhz=float(samples.sm_mhz.median()), power_w=float(samples.power_w.median()),
-                temp_c=float(samples.temp_c.max()),
-                power_capped=float(((samples.reasons & POWER_CAP) != 0).mean()), samples=len(samples))
+    return dict(
+        sm_mhz=float(samples.sm_mhz.median()),
+        power_w=float(samples.power_w.median()),
+        temp_c=float(samples.temp_c.max()),
+        power_capped=float(((samples.reasons & POWER_CAP) != 0).mean()),
+        samples=len(samples),
+    )
 
 
 class GpuTelemetry:
     """Samples of one CUDA device every `interval_ms` while the `with` block runs (module docstring).
 
-        with GpuTelemetry("cuda") as telemetry:
-            t0 = time.time(); run(); t1 = time.time()
-        telemetry.window(t0, t1)  # {'sm_mhz': ..., 'power_w': ..., 'temp_c': ..., 'power_capped': ..., 'samples': ...}
+    with GpuTelemetry("cuda") as telemetry:
+        t0 = time.time(); run(); t1 = time.time()
+    telemetry.window(t0, t1)  # {'sm_mhz': ..., 'power_w': ..., 'temp_c': ..., 'power_capped': ..., 'samples': ...}
     """
 
     def __init__(self, device: torch.device | str | int = "cuda", interval_ms: int = 100):
@@ -108,8 +119,15 @@ class GpuTelemetry:
         if self.unavailable:
             return self
         self._folder = tempfile.TemporaryDirectory(prefix="gpu_telemetry_")
-        command = [executable, f"--id={self.gpu_id()}", "--query-gpu=" + ",".join(QUERY),
-                   "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}", "-f", str(self.samples_file)]
+        command = [
+            executable,
+            f"--id={self.gpu_id()}",
+            "--query-gpu=" + ",".join(QUERY),
+            "--format=csv,noheader,nounits",
+            f"--loop-ms={self.interval_ms}",
+            "-f",
+            str(self.samples_file),
+        ]
         try:
             self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         except OSError as err:

@@ -69,9 +69,7 @@ class BenchmarkConfig:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
         model_ctx = self.model_context_length or self.context_length
         if self.context_length > model_ctx:
-            raise ValueError(
-                f"context length {self.context_length} is above the model's context_length {model_ctx}"
-            )
+            raise ValueError(f"context length {self.context_length} is above the model's context_length {model_ctx}")
         if self.warmup < 0 or self.steps < 1:
             raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={self.warmup}, steps={self.steps}")
         if self.precision == "bf16" and not bf16_supported(self.resolved_device()):
@@ -161,7 +159,9 @@ def compile_fresh(model: torch.nn.Module, scope: str = "model") -> torch.nn.Modu
 def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The model's stack of layers: of its ModuleLists whose entries are all of one class, the one
     holding the most parameters (TransformerLM.layers; Llama's model.layers)."""
-    stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(b) for b in m}) == 1]
+    stacks = [
+        m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(b) for b in m}) == 1
+    ]
     if not stacks:
         raise ValueError(f"{type(model).__name__} has no ModuleList of identical blocks to compile one by one")
     return max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()))
@@ -184,7 +184,9 @@ def build(config: BenchmarkConfig) -> TrainingSetup:
     return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, num_parameters)
 
 
-def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device) -> tuple[list[float], list[float]]:
+def time_steps(
+    step: Callable[[], None], warmup: int, steps: int, device: torch.device
+) -> tuple[list[float], list[float]]:
     """Seconds per step for the warm-up steps and the measured steps, synchronizing after each."""
     warm, measured = [], []
     for i in range(warmup + steps):
@@ -200,7 +202,9 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.
 def is_out_of_memory(err: BaseException) -> bool:
     if isinstance(err, torch.OutOfMemoryError):
         return True
-    return isinstance(err, RuntimeError) and ("out of memory" in str(err).lower() or "can't allocate memory" in str(err).lower())
+    return isinstance(err, RuntimeError) and (
+        "out of memory" in str(err).lower() or "can't allocate memory" in str(err).lower()
+    )
 
 
 def device_peak_memory(device: torch.device) -> float:

@@ -15,9 +15,23 @@ def cli_arguments(config: BenchmarkConfig) -> list[str]:
     if config.size is None or config.model:
         raise ValueError("run_isolated takes size-named models only (no hyperparameter overrides)")
     args = [
-        "--size", config.size, "--context-length", str(config.context_length), "--batch-size", str(config.batch_size),
-        "--mode", config.mode, "--precision", config.precision, "--warmup", str(config.warmup),
-        "--steps", str(config.steps), "--attention", config.attention, "--json",
+        "--size",
+        config.size,
+        "--context-length",
+        str(config.context_length),
+        "--batch-size",
+        str(config.batch_size),
+        "--mode",
+        config.mode,
+        "--precision",
+        config.precision,
+        "--warmup",
+        str(config.warmup),
+        "--steps",
+        str(config.steps),
+        "--attention",
+        config.attention,
+        "--json",
     ]
     if config.compile:
         args.append("--compile")

@@ -166,11 +166,14 @@ def graphed_step(setup: TrainingSetup, warmup: int = 1, steps: int = 3) -> dict:
         setup.model.zero_grad(set_to_none=True)
         free_device_memory()
     ms = [t * 1e3 for t in measured]
-    return dict(graphed_ms=statistics.fmean(ms), graphed_std_ms=statistics.stdev(ms) if len(ms) > 1 else 0.0,
-                graph_status="ok")
+    return dict(
+        graphed_ms=statistics.fmean(ms), graphed_std_ms=statistics.stdev(ms) if len(ms) > 1 else 0.0, graph_status="ok"
+    )
 
 
-def launch_probe(profiled_steps: int = 1, graph_warmup: int = 1, graph_steps: int = 3) -> Callable[[TrainingSetup], dict]:
+def launch_probe(
+    profiled_steps: int = 1, graph_warmup: int = 1, graph_steps: int = 3
+) -> Callable[[TrainingSetup], dict]:
     """`then` for `run_benchmark` / `sweep`: after a configuration's timed steps, its busy time
     (`step_busy`) and its graphed step (`graphed_step`) on the same model. A profile that fails (out of
     memory, say) leaves the busy time empty with the reason in `busy_status`, a graph that fails its
@@ -182,8 +185,13 @@ def launch_probe(profiled_steps: int = 1, graph_warmup: int = 1, graph_steps: in
         except Exception as err:  # noqa: BLE001 - the timed row stands; the table says why this part is empty
             setup.model.zero_grad(set_to_none=True)
             free_device_memory()
-            busy = dict(busy_ms=float("nan"), busy_on=ON_GPU if setup.device.type == "cuda" else ON_CPU,
-                        profiled_ms=float("nan"), profiled_steps=profiled_steps, busy_status=failure(err))
+            busy = dict(
+                busy_ms=float("nan"),
+                busy_on=ON_GPU if setup.device.type == "cuda" else ON_CPU,
+                profiled_ms=float("nan"),
+                profiled_steps=profiled_steps,
+                busy_status=failure(err),
+            )
         return {**busy, **graphed_step(setup, graph_warmup, graph_steps)}
 
     return probe

@@ -25,7 +25,6 @@ from cs336_systems.benchmarking.harness import BenchmarkConfig, TrainingSetup, c
 from cs336_systems.model import ModelConfig, TransformerLM, count_parameters
 from cs336_systems.optim import make_optimizer
 
-
 INSTALL_HINT = "pip install -e '.[llama]' (make setup installs it)"
 
 
@@ -36,7 +35,9 @@ def transformers_available() -> bool:
 def require_transformers() -> None:
     """A clear error where the Llama reference is asked for and `transformers` is missing."""
     if not transformers_available():
-        raise ImportError(f"the Llama reference needs the 'transformers' package, which is not installed: {INSTALL_HINT}")
+        raise ImportError(
+            f"the Llama reference needs the 'transformers' package, which is not installed: {INSTALL_HINT}"
+        )
 
 
 def llama_config(config: ModelConfig, attention: str = "sdpa"):
@@ -45,10 +46,20 @@ def llama_config(config: ModelConfig, attention: str = "sdpa"):
     from transformers import LlamaConfig
 
     kwargs = dict(
-        vocab_size=config.vocab_size, hidden_size=config.d_model, intermediate_size=config.d_ff,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads, num_key_value_heads=config.num_heads,
-        head_dim=config.d_model // config.num_heads, hidden_act="silu", max_position_embeddings=config.context_length,
-        rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False, tie_word_embeddings=False, use_cache=False,
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        intermediate_size=config.d_ff,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        head_dim=config.d_model // config.num_heads,
+        hidden_act="silu",
+        max_position_embeddings=config.context_length,
+        rms_norm_eps=1e-5,
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,
+        use_cache=False,
         attention_dropout=0.0,
     )
     if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
@@ -93,7 +104,9 @@ def build_llama(config: BenchmarkConfig, attention: str = "sdpa") -> TrainingSet
     return TrainingSetup(config, model, optimizer, tokens[:, :-1], tokens[:, 1:], device, theirs)
 
 
-def run_llama_benchmark(config: BenchmarkConfig, attention: str = "sdpa", then: Callable[[TrainingSetup], dict] | None = None) -> dict:
+def run_llama_benchmark(
+    config: BenchmarkConfig, attention: str = "sdpa", then: Callable[[TrainingSetup], dict] | None = None
+) -> dict:
     """One row like harness.run_benchmark's, for the Llama reference (model="llama")."""
     row = run_benchmark(config, builder=lambda c: build_llama(c, attention), then=then)
     return {**row, "model": "llama", "attention": attention}

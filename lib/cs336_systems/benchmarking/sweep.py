@@ -22,7 +22,9 @@ def grid(base: BenchmarkConfig, **axes: Iterable) -> list[BenchmarkConfig]:
 
 
 def sweep(
-    configs: Iterable[BenchmarkConfig], desc: str = "benchmark", progress: bool = True,
+    configs: Iterable[BenchmarkConfig],
+    desc: str = "benchmark",
+    progress: bool = True,
     then: Callable[[TrainingSetup], dict] | None = None,
 ) -> pd.DataFrame:
     """Run each configuration; out-of-memory ones become rows with status "OOM" and the sweep goes on.

@@ -75,7 +75,9 @@ def measure_times_ms(
 
 
 def measure_device_ms(
-    fn: Callable[[], object], settings: TimingSettings = TimingSettings(), grad_to_none: Sequence[torch.Tensor] = (),
+    fn: Callable[[], object],
+    settings: TimingSettings = TimingSettings(),
+    grad_to_none: Sequence[torch.Tensor] = (),
 ) -> list[float]:
     """Milliseconds of each replay of a CUDA graph holding one call of `fn`: its kernels' time without
     the host's (measuring time stretched for slow calls as in `measure_times_ms`). Gradients in
@@ -133,11 +135,12 @@ def round_orders(names: Sequence, rounds: int) -> list[list]:
     """Round r times the implementations in `names` rotated by r: each takes every place equally often
     (over len(names) rounds), so none is always timed on a GPU that the others have just heated."""
     names = list(names)
-    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)] if names else []
+    return [names[r % len(names) :] + names[: r % len(names)] for r in range(rounds)] if names else []
 
 
-def median_table(rows: Sequence[dict], out: str, keys: Sequence[str], column: str,
-                 ratios: Sequence[tuple[str, str]], digits: int = 3) -> pd.DataFrame:
+def median_table(
+    rows: Sequence[dict], out: str, keys: Sequence[str], column: str, ratios: Sequence[tuple[str, str]], digits: int = 3
+) -> pd.DataFrame:
     """Writes the timing `rows` to the CSV file `out` and prints, and returns, their median "ms" per `keys`
     with one column per value of `column`, and for each (a, b) in `ratios` the column "a/b"."""
     df = pd.DataFrame(rows)

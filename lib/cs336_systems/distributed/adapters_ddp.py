@@ -16,7 +16,9 @@ def get_ddp_individual_parameters(module: torch.nn.Module) -> DDPIndividualParam
     return DDPIndividualParameters(module)
 
 
-def ddp_individual_parameters_on_after_backward(ddp_model: DDPIndividualParameters, optimizer: torch.optim.Optimizer) -> None:
+def ddp_individual_parameters_on_after_backward(
+    ddp_model: DDPIndividualParameters, optimizer: torch.optim.Optimizer
+) -> None:
     ddp_model.finish_gradient_synchronization()
 
 

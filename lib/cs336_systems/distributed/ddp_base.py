@@ -31,10 +31,14 @@ import torch.nn as nn
 
 def require_process_group() -> None:
     if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("data-parallel wrappers need an initialized process group (torch.distributed.init_process_group)")
+        raise ValueError(
+            "data-parallel wrappers need an initialized process group (torch.distributed.init_process_group)"
+        )
 
 
-def all_reduce_mean(tensor: torch.Tensor, async_op: bool = False, group: dist.ProcessGroup | None = None) -> dist.Work | None:
+def all_reduce_mean(
+    tensor: torch.Tensor, async_op: bool = False, group: dist.ProcessGroup | None = None
+) -> dist.Work | None:
     """`tensor <- mean over ranks` (of `group`, default all), in place; with `async_op` returns the handle to wait on.
 
     NCCL averages in the collective (ReduceOp.AVG). Gloo has no AVG, so each rank divides its
@@ -46,8 +50,9 @@ def all_reduce_mean(tensor: torch.Tensor, async_op: bool = False, group: dist.Pr
     return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
-def reduce_mean(tensor: torch.Tensor, dst: int, async_op: bool = False,
-                group: dist.ProcessGroup | None = None) -> dist.Work | None:
+def reduce_mean(
+    tensor: torch.Tensor, dst: int, async_op: bool = False, group: dist.ProcessGroup | None = None
+) -> dist.Work | None:
     """`tensor <- mean over ranks` on rank `dst` only (the others' copies are left undefined); in place, as
     `all_reduce_mean` (NCCL's AVG, or each rank's contribution divided by n first on gloo)."""
     if dist.get_backend(group) == dist.Backend.NCCL:
@@ -65,23 +70,31 @@ def check_same_parameters(module: nn.Module) -> None:
     (names, shapes, dtypes, requires_grad) in the same order; a collective, every rank must call it.
 
     The error names the first tensor that differs and what each rank has there."""
-    mine = [("parameter", n, tuple(p.shape), str(p.dtype), "" if p.requires_grad else ", frozen")
-            for n, p in module.named_parameters()]
+    mine = [
+        ("parameter", n, tuple(p.shape), str(p.dtype), "" if p.requires_grad else ", frozen")
+        for n, p in module.named_parameters()
+    ]
     mine += [("buffer", n, tuple(b.shape), str(b.dtype), "") for n, b in module.named_buffers()]
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if all(theirs == everyone[0] for theirs in everyone):
         return
-    i = next(i for i in range(max(map(len, everyone)))
-             if len({theirs[i] if i < len(theirs) else None for theirs in everyone}) > 1)
+    i = next(
+        i
+        for i in range(max(map(len, everyone)))
+        if len({theirs[i] if i < len(theirs) else None for theirs in everyone}) > 1
+    )
     at = [theirs[i] if i < len(theirs) else None for theirs in everyone]
     kind, name = next(entry[:2] for entry in at if entry is not None)
     ranks = "; ".join(
-        f"rank {r}: {_describe(entry)}" + ("" if entry is None or entry[:2] == (kind, name) else f" ({entry[0]} {entry[1]!r})")
+        f"rank {r}: {_describe(entry)}"
+        + ("" if entry is None or entry[:2] == (kind, name) else f" ({entry[0]} {entry[1]!r})")
         for r, entry in enumerate(at)
     )
-    raise ValueError(f"the ranks' models differ at {kind} {name!r} ({ranks}); every rank must wrap the same model, "
-                     f"with the same parameters and buffers (names, shapes, dtypes) in the same order")
+    raise ValueError(
+        f"the ranks' models differ at {kind} {name!r} ({ranks}); every rank must wrap the same model, "
+        f"with the same parameters and buffers (names, shapes, dtypes) in the same order"
+    )
 
 
 @torch.no_grad()

@@ -48,7 +48,9 @@ BYTES_PER_MB = 2**20
 
 
 def assign_buckets(
-    params: Sequence[nn.Parameter], bucket_size_bytes: float | None, tail_bucket_bytes: float | None = None,
+    params: Sequence[nn.Parameter],
+    bucket_size_bytes: float | None,
+    tail_bucket_bytes: float | None = None,
     group_of: Callable[[nn.Parameter], object] | None = None,
 ) -> list[list[nn.Parameter]]:
     """Greedy packing in reverse order; a new bucket starts when the next parameter would
@@ -88,7 +90,11 @@ def assign_buckets(
 
 class DDPBucketed(DataParallel):
     def __init__(
-        self, module: nn.Module, bucket_size_mb: float | None, max_ctas: int | None = None, tail_bucket_mb: float | None = None
+        self,
+        module: nn.Module,
+        bucket_size_mb: float | None,
+        max_ctas: int | None = None,
+        tail_bucket_mb: float | None = None,
     ):
         for name, value in (("bucket_size_mb", bucket_size_mb), ("tail_bucket_mb", tail_bucket_mb)):
             if value is not None and not value > 0:

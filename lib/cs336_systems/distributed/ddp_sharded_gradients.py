@@ -35,16 +35,21 @@ from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 class DDPShardedGradients(DDPBucketed):
     """`DDPBucketed` whose buckets are reduced to their parameters' owners (module docstring)."""
 
-    def __init__(self, module: nn.Module, owners: Mapping[nn.Parameter, int], bucket_size_mb: float | None,
-                 in_flight: int = 2):
+    def __init__(
+        self, module: nn.Module, owners: Mapping[nn.Parameter, int], bucket_size_mb: float | None, in_flight: int = 2
+    ):
         if not dist.is_available() or not dist.is_initialized():
-            raise ValueError("DDPShardedGradients needs an initialized process group (torch.distributed.init_process_group)")
+            raise ValueError(
+                "DDPShardedGradients needs an initialized process group (torch.distributed.init_process_group)"
+            )
         world = dist.get_world_size()
         trainable = [p for p in module.parameters() if p.requires_grad]
         bad = [tuple(p.shape) for p in trainable if p not in owners or not 0 <= owners[p] < world]
         if bad:
-            raise ValueError(f"owners must map every trainable parameter to a rank in [0, {world}); "
-                             f"parameters without one: shapes {bad[:5]}")
+            raise ValueError(
+                f"owners must map every trainable parameter to a rank in [0, {world}); "
+                f"parameters without one: shapes {bad[:5]}"
+            )
         if in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, got {in_flight}")
         self.owner_of = {id(p): owners[p] for p in trainable}  # before DDPBucketed forms the buckets

@@ -128,10 +128,15 @@ class ShardedWeight:
         self.gathered = torch.empty(0, dtype=self.compute_dtype, device=weight.device).set_(
             self.full.untyped_storage(), 0, (storage.numel(),)
         )
-        self.companions = {  # the module's other parameters, cast with it (module docstring)
-            n: p for n, p in module._parameters.items()
-            if n != "weight" and p is not None and p.is_floating_point() and p.dtype != self.compute_dtype
-        } if compute_dtype is not None else {}
+        self.companions = (
+            {  # the module's other parameters, cast with it (module docstring)
+                n: p
+                for n, p in module._parameters.items()
+                if n != "weight" and p is not None and p.is_floating_point() and p.dtype != self.compute_dtype
+            }
+            if compute_dtype is not None
+            else {}
+        )
         self.role: str | None = None  # read at the first forward (`weight_role`)
         self.state = self.FREE
         self.forward_range = None  # an open `annotated` range while the module's forward runs
@@ -254,7 +259,9 @@ class FSDP(nn.Module):
             return
         off_gpu = [n for n, p in self.module.named_parameters() if p.device.type != "cuda"]
         if off_gpu:
-            raise ValueError(f"NCCL needs the module on this rank's GPU; parameters not on CUDA: {', '.join(off_gpu[:5])}")
+            raise ValueError(
+                f"NCCL needs the module on this rank's GPU; parameters not on CUDA: {', '.join(off_gpu[:5])}"
+            )
 
     # ---- forward -----------------------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:

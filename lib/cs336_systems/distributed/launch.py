@@ -83,7 +83,9 @@ def cta_limited_group(max_ctas: int) -> dist.ProcessGroup:
     if not isinstance(max_ctas, int) or max_ctas < 1:
         raise ValueError(f"max_ctas must be a positive number of thread blocks, got {max_ctas!r}")
     if not nccl_cta_limit_supported():
-        raise ValueError("this torch build cannot pass an NCCL config to a process group (ProcessGroupNCCL.Options.config)")
+        raise ValueError(
+            "this torch build cannot pass an NCCL config to a process group (ProcessGroupNCCL.Options.config)"
+        )
     if max_ctas not in _CTA_LIMITED_GROUPS:
         options = dist.ProcessGroupNCCL.Options()
         config = options.config
@@ -168,7 +170,9 @@ def spawn(
                     for p in context.processes:
                         if p.is_alive():
                             p.terminate()
-                    raise TimeoutError(f"distributed job {worker.__name__} (world size {world_size}) exceeded {timeout_s:.0f} s")
+                    raise TimeoutError(
+                        f"distributed job {worker.__name__} (world size {world_size}) exceeded {timeout_s:.0f} s"
+                    )
         except mp.ProcessExitedException as err:
             faults = (Path(result_dir) / f"rank{err.error_index}.faults").read_text().strip()
             where = f"; its stacks when it died:\n{faults[-4000:]}" if faults else ""
@@ -180,12 +184,15 @@ def spawn(
             warnings.warn(
                 f"rank {err.error_index} of {worker.__name__} died with {how} while shutting down, "
                 f"after every rank had saved its result; the results are kept{where}",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning,
+                stacklevel=2,
             )
         return [torch.load(r, weights_only=False) for r in results]
 
 
-def launch_from_env(worker: Callable[..., Any], args: tuple = (), backend: str | None = "auto", timeout_s: float = 600.0) -> Any:
+def launch_from_env(
+    worker: Callable[..., Any], args: tuple = (), backend: str | None = "auto", timeout_s: float = 600.0
+) -> Any:
     """Entry point under torchrun: rank and world size come from the environment torchrun sets."""
     try:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

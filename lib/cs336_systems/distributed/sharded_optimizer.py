@@ -68,10 +68,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
     no gradient for it, and need none.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], optimizer_cls: type[torch.optim.Optimizer],
-                 *, owners: Mapping[torch.Tensor, int] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        optimizer_cls: type[torch.optim.Optimizer],
+        *,
+        owners: Mapping[torch.Tensor, int] | None = None,
+        **kwargs: Any,
+    ):
         if not dist.is_available() or not dist.is_initialized():
-            raise ValueError("ShardedOptimizer needs an initialized process group (torch.distributed.init_process_group)")
+            raise ValueError(
+                "ShardedOptimizer needs an initialized process group (torch.distributed.init_process_group)"
+            )
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
             raise ValueError(f"optimizer_cls must be a torch.optim.Optimizer subclass, got {optimizer_cls!r}")
         self.rank = dist.get_rank()
@@ -97,7 +105,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.backend == "nccl" and p.device.type != "cuda":
             raise ValueError(f"NCCL broadcasts need CUDA parameters, got one on {p.device}")
         if not p.is_contiguous():
-            raise ValueError(f"a parameter of shape {tuple(p.shape)} is not contiguous and cannot be broadcast in place")
+            raise ValueError(
+                f"a parameter of shape {tuple(p.shape)} is not contiguous and cannot be broadcast in place"
+            )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Adds the group here (all parameters) and its locally owned part to the wrapped optimizer."""
@@ -115,8 +125,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
             missing = [tuple(p.shape) for p in group["params"] if p not in self.given_owners]
             if missing or any(not 0 <= self.given_owners[p] < self.world_size for p in group["params"]):
                 self.param_groups.pop()
-                raise ValueError(f"owners must map every parameter to a rank in [0, {self.world_size}); "
-                                 f"parameters without one: shapes {missing[:5]}")
+                raise ValueError(
+                    f"owners must map every parameter to a rank in [0, {self.world_size}); "
+                    f"parameters without one: shapes {missing[:5]}"
+                )
             owners = [self.given_owners[p] for p in group["params"]]
             for p, rank in zip(group["params"], owners):
                 self.rank_numel[rank] += p.numel()
@@ -191,7 +203,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"consolidated_state_dict(to={to}) is outside the world size {self.world_size}")
         shard = self.state_dict()
         shard["state"] = {
-            i: {k: v.cpu() if torch.is_tensor(v) else v for k, v in entry.items()} for i, entry in shard["state"].items()
+            i: {k: v.cpu() if torch.is_tensor(v) else v for k, v in entry.items()}
+            for i, entry in shard["state"].items()
         }
         shards: list[Any] | None = [None] * self.world_size if self.rank == to else None
         dist.gather_object(shard, shards, dst=to)

@@ -7,8 +7,20 @@ module per experiment. Import the submodules directly, e.g.
 """
 
 __all__ = [
-    "allreduce_benchmark", "attention_benchmark", "attention_benchmark_worker", "ddp_benchmark",
-    "ddp_equivalence", "ddp_flavours", "ddp_overhead_model", "ddp_scaling", "ddp_timeline",
-    "flash_benchmark", "flash_leaderboard", "fsdp_benchmark", "fsdp_timeline", "leaderboard_kernels",
-    "sharding_benchmark", "toy_models",
+    "allreduce_benchmark",
+    "attention_benchmark",
+    "attention_benchmark_worker",
+    "ddp_benchmark",
+    "ddp_equivalence",
+    "ddp_flavours",
+    "ddp_overhead_model",
+    "ddp_scaling",
+    "ddp_timeline",
+    "flash_benchmark",
+    "flash_leaderboard",
+    "fsdp_benchmark",
+    "fsdp_timeline",
+    "leaderboard_kernels",
+    "sharding_benchmark",
+    "toy_models",
 ]

@@ -55,7 +55,9 @@ def _group_barrier(ctx: DistContext, group: dist.ProcessGroup) -> None:
         dist.barrier(group=group)
 
 
-def time_all_reduce(ctx: DistContext, group: dist.ProcessGroup, size_bytes: int, warmup: int, iters: int) -> list[float]:
+def time_all_reduce(
+    ctx: DistContext, group: dist.ProcessGroup, size_bytes: int, warmup: int, iters: int
+) -> list[float]:
     """This rank's seconds per synchronized all-reduce over `group` of `size_bytes` of float32."""
     if size_bytes % BYTES_PER_FLOAT32:
         raise ValueError(f"size {size_bytes} bytes is not a whole number of float32 elements")
@@ -78,16 +80,27 @@ def _summarize(ctx: DistContext, world_size: int, size: int, per_rank: list[list
     mean = statistics.fmean(every)
     rank_means = [statistics.fmean(times) for times in per_rank]
     return dict(
-        backend=ctx.backend, device=ctx.device.type, world_size=world_size, size_bytes=size, size=size_label(size),
-        mean_ms=mean * 1e3, std_ms=statistics.stdev(every) * 1e3 if len(every) > 1 else 0.0,
-        min_ms=min(every) * 1e3, max_ms=max(every) * 1e3,
+        backend=ctx.backend,
+        device=ctx.device.type,
+        world_size=world_size,
+        size_bytes=size,
+        size=size_label(size),
+        mean_ms=mean * 1e3,
+        std_ms=statistics.stdev(every) * 1e3 if len(every) > 1 else 0.0,
+        min_ms=min(every) * 1e3,
+        max_ms=max(every) * 1e3,
         rank_spread_ms=(max(rank_means) - min(rank_means)) * 1e3,
-        algbw_gbps=size / mean / 1e9, busbw_gbps=bus_bandwidth(size / mean, world_size) / 1e9,
-        warmup=warmup, iters=len(per_rank[0]), per_rank_ms=[[t * 1e3 for t in times] for times in per_rank],
+        algbw_gbps=size / mean / 1e9,
+        busbw_gbps=bus_bandwidth(size / mean, world_size) / 1e9,
+        warmup=warmup,
+        iters=len(per_rank[0]),
+        per_rank_ms=[[t * 1e3 for t in times] for times in per_rank],
     )
 
 
-def _allreduce_worker(ctx: DistContext, world_sizes: Sequence[int], sizes_bytes: Sequence[int], warmup: int, iters: int) -> list[dict]:
+def _allreduce_worker(
+    ctx: DistContext, world_sizes: Sequence[int], sizes_bytes: Sequence[int], warmup: int, iters: int
+) -> list[dict]:
     """Ranks 0..n-1 of one launch measure each world size n in turn (one process start-up for all
     of them); the other ranks wait at a barrier meanwhile."""
     if ctx.device.type == "cpu":
@@ -124,10 +137,19 @@ def benchmark_allreduce(
     for backend in tqdm(backends, desc="all-reduce", leave=False):
         limit = max_world_size(backend)
         feasible = [n for n in world_sizes if limit is None or n <= limit]
-        not_run += [(f"{backend} with {n} processes", f"needs {n} GPUs, this machine has {limit}") for n in world_sizes if n not in feasible]
+        not_run += [
+            (f"{backend} with {n} processes", f"needs {n} GPUs, this machine has {limit}")
+            for n in world_sizes
+            if n not in feasible
+        ]
         if feasible:
-            rows += spawn(_allreduce_worker, max(feasible), args=(sorted(feasible), list(sizes_bytes), warmup, iters),
-                          backend=backend, timeout_s=1800)[0]
+            rows += spawn(
+                _allreduce_worker,
+                max(feasible),
+                args=(sorted(feasible), list(sizes_bytes), warmup, iters),
+                backend=backend,
+                timeout_s=1800,
+            )[0]
     return pd.DataFrame(rows), not_run
 
 
@@ -166,10 +188,7 @@ def describe_allreduce(df: pd.DataFrame) -> str:
             lo, hi = largest.iloc[0], largest.iloc[-1]
             ratio = hi.mean_ms / lo.mean_ms
             ring = ring_traffic(hi.world_size) / ring_traffic(lo.world_size)
-            verdict = (
-                "close to" if abs(ratio / ring - 1) < 0.25
-                else "above" if ratio > ring else "below"
-            )
+            verdict = "close to" if abs(ratio / ring - 1) < 0.25 else "above" if ratio > ring else "below"
             why = {
                 "close to": "so the ring's bandwidth cost explains the change",
                 "above": "so the ranks slow each other beyond the extra traffic (shared links, memory bandwidth or CPU cores)",
@@ -194,7 +213,9 @@ def describe_allreduce(df: pd.DataFrame) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description="all-reduce benchmark under torchrun")
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000])
-    parser.add_argument("--world-sizes", type=int, nargs="+", help="subsets of the launched ranks to measure (default: all)")
+    parser.add_argument(
+        "--world-sizes", type=int, nargs="+", help="subsets of the launched ranks to measure (default: all)"
+    )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--out", default="allreduce.csv")

@@ -110,7 +110,7 @@ class SavedForBackward:
             self.check_budget()
         return t
 
-    def __enter__(self) -> "SavedForBackward":
+    def __enter__(self) -> SavedForBackward:
         self._hooks.__enter__()
         return self
 
@@ -165,7 +165,9 @@ def benchmark_attention(
 ) -> dict:
     """One tidy row: timings in ms (mean, std), memory before the backward and saved for it, or OOM."""
     device = torch.device(device)
-    row = dict(batch=batch, seq_len=seq_len, d_model=d_model, dtype=str(dtype).removeprefix("torch."), is_causal=is_causal)
+    row = dict(
+        batch=batch, seq_len=seq_len, d_model=d_model, dtype=str(dtype).removeprefix("torch."), is_causal=is_causal
+    )
     phase = "inputs"
     q = k = v = out = grad = None
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -273,7 +275,9 @@ def run_in_process(
 ) -> Iterator[dict]:
     """Rows of `runs` in order, stopping after the first out-of-memory row."""
     for n, label in runs:
-        row = dict(implementation=label, **benchmark_attention(implementations[label], seq_len=n, d_model=d_model, **settings))
+        row = dict(
+            implementation=label, **benchmark_attention(implementations[label], seq_len=n, d_model=d_model, **settings)
+        )
         yield row
         if row["status"] == "OOM":
             return
@@ -286,8 +290,14 @@ def run_in_subprocess(specs: Mapping[str, str], d_model: int, runs: Sequence[Run
     the process, so it cannot change the memory or the threshold of the next configuration.
     """
     job = dict(
-        implementations=dict(specs), d_model=d_model, runs=[list(r) for r in runs],
-        settings={**settings, "device": str(settings["device"]), "dtype": str(settings["dtype"]).removeprefix("torch.")},
+        implementations=dict(specs),
+        d_model=d_model,
+        runs=[list(r) for r in runs],
+        settings={
+            **settings,
+            "device": str(settings["device"]),
+            "dtype": str(settings["dtype"]).removeprefix("torch."),
+        },
     )
     env = os.environ.copy()
     package_root = str(Path(__file__).resolve().parents[2])
@@ -342,12 +352,20 @@ def attention_sweep(
         raise ValueError("attention_sweep needs at least one implementation, one d_model and one seq_len")
     isolate = device.type == "cuda" if isolate is None else isolate
     if isolate and not all(isinstance(spec, str) for spec in implementations.values()):
-        raise ValueError("isolated sweeps need implementation specs (names such as 'naive' or 'compiled:naive'), not callables")
+        raise ValueError(
+            "isolated sweeps need implementation specs (names such as 'naive' or 'compiled:naive'), not callables"
+        )
     settings = dict(
-        batch=batch, device=device, dtype=dtype, is_causal=is_causal, warmup=warmup, steps=steps,
+        batch=batch,
+        device=device,
+        dtype=dtype,
+        is_causal=is_causal,
+        warmup=warmup,
+        steps=steps,
         memory_budget_bytes=memory_budget_bytes,
     )
     if isolate:
+
         def run(d: int, runs: Sequence[Run]) -> Iterator[dict]:
             return run_in_subprocess(implementations, d, runs, settings)
     else:
@@ -421,7 +439,14 @@ def quadratic_fit(seq_lens: Sequence[float], values: Sequence[float]) -> np.ndar
 def merge_compiled(df: pd.DataFrame, eager: str, compiled: str) -> pd.DataFrame:
     """Eager and compiled rows of one sweep side by side, with speed-ups (eager ms / compiled ms)."""
     keys = ["d_model", "seq_len"]
-    cols = ["status", "first_call_ms", "forward_ms", "backward_ms", "memory_before_backward_mib", "saved_for_backward_mib"]
+    cols = [
+        "status",
+        "first_call_ms",
+        "forward_ms",
+        "backward_ms",
+        "memory_before_backward_mib",
+        "saved_for_backward_mib",
+    ]
     a = df[df.implementation == eager][keys + cols]
     b = df[df.implementation == compiled][keys + cols]
     wide = a.merge(b, on=keys, how="outer", suffixes=(f"_{eager}", f"_{compiled}"))
@@ -453,7 +478,13 @@ def peak_memory_sweep(
     with CudaMemoryCap(device, memory_budget_bytes):
         for n in tqdm(sorted(seq_lens), desc="peak memory", disable=not progress, leave=False):
             for name, fn in implementations.items():
-                row = dict(implementation=name, batch=batch, seq_len=n, d_model=d_model, dtype=str(dtype).removeprefix("torch."))
+                row = dict(
+                    implementation=name,
+                    batch=batch,
+                    seq_len=n,
+                    d_model=d_model,
+                    dtype=str(dtype).removeprefix("torch."),
+                )
                 q = k = v = out = None
                 try:
                     q, k, v = random_qkv((batch, n, d_model), device=device, dtype=dtype)
@@ -514,7 +545,9 @@ def attention_errors(
     rows = []
     for name, x in found.items():
         diff = x.detach().double() - ref[name]
-        rows.append(dict(tensor=name, max_abs_error=diff.abs().max().item(), relative_error=relative_error(x, ref[name])))
+        rows.append(
+            dict(tensor=name, max_abs_error=diff.abs().max().item(), relative_error=relative_error(x, ref[name]))
+        )
     return rows
 
 
@@ -537,21 +570,28 @@ def accuracy_table(
         for case in cases:
             dtype = case["dtype"]
             start = timeit.default_timer()
-            errors = attention_errors(apply, case["shape_q"], case["shape_kv"], dtype=dtype, is_causal=case["is_causal"], device=device)
+            errors = attention_errors(
+                apply, case["shape_q"], case["shape_kv"], dtype=dtype, is_causal=case["is_causal"], device=device
+            )
             if progress:
                 worst = max(e["relative_error"] for e in errors)
-                print(f"{name}: q {tuple(case['shape_q'])}, k/v {tuple(case['shape_kv'])}, {str(dtype).removeprefix('torch.')}, "
-                      f"causal={case['is_causal']}: worst relative error {worst:.1e}, {timeit.default_timer() - start:.1f} s", flush=True)
+                print(
+                    f"{name}: q {tuple(case['shape_q'])}, k/v {tuple(case['shape_kv'])}, {str(dtype).removeprefix('torch.')}, "
+                    f"causal={case['is_causal']}: worst relative error {worst:.1e}, {timeit.default_timer() - start:.1f} s",
+                    flush=True,
+                )
             for err in errors:
-                rows.append(dict(
-                    implementation=name,
-                    shape_q=str(tuple(case["shape_q"])),
-                    shape_kv=str(tuple(case["shape_kv"])),
-                    dtype=str(dtype).removeprefix("torch."),
-                    is_causal=case["is_causal"],
-                    **err,
-                    passes=bool(err["relative_error"] < TOLERANCE[dtype].checks),
-                ))
+                rows.append(
+                    dict(
+                        implementation=name,
+                        shape_q=str(tuple(case["shape_q"])),
+                        shape_kv=str(tuple(case["shape_kv"])),
+                        dtype=str(dtype).removeprefix("torch."),
+                        is_causal=case["is_causal"],
+                        **err,
+                        passes=bool(err["relative_error"] < TOLERANCE[dtype].checks),
+                    )
+                )
     return pd.DataFrame(rows)
 
 

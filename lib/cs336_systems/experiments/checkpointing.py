@@ -150,7 +150,7 @@ def strategy_costs(
     batch: int = 2,
     context: int = 128,
     device: torch.device | str = "cpu",
-) -> "pd.DataFrame":
+) -> pd.DataFrame:
     """Peak activation memory and block forwards of one forward+backward through N blocks, per strategy.
 
     The blocks' weights are frozen and the input requires grad, so the measured peak (above what
@@ -165,7 +165,10 @@ def strategy_costs(
     rows = []
     for n in depths:
         torch.manual_seed(0)
-        blocks = [CountingLayer(TransformerBlock(d_model, num_heads, d_ff, context, device=device)).requires_grad_(False) for _ in range(n)]
+        blocks = [
+            CountingLayer(TransformerBlock(d_model, num_heads, d_ff, context, device=device)).requires_grad_(False)
+            for _ in range(n)
+        ]
         x = torch.randn(batch, context, d_model, device=device, requires_grad=True)
         for strategy in strategies:
             for b in blocks:

@@ -50,11 +50,11 @@ from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_mem
 from cs336_systems.distributed.compute_stream import prioritized_compute
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
 from cs336_systems.distributed.ddp_flat import DDPFlat
-from cs336_systems.experiments.ddp_flavours import FLAVOURS, DDPFlavour, NoCommunication, expand_flavours
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.ddp_naive import DDPNaive
-from cs336_systems.experiments.ddp_timeline import timeline_events
 from cs336_systems.distributed.launch import DistContext, gather_timings, launch_from_env, spawn
+from cs336_systems.experiments.ddp_flavours import FLAVOURS, DDPFlavour, NoCommunication, expand_flavours
+from cs336_systems.experiments.ddp_timeline import timeline_events
 from cs336_systems.model import VOCAB_SIZE, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 from cs336_systems.profiling.ranges import annotated
@@ -112,7 +112,9 @@ def _wait_for_compute(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def timed_step(ddp: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float, float]:
+def timed_step(
+    ddp: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
+) -> tuple[float, float, float]:
     """One training step; seconds of (forward+backward, gradient sync, optimizer)."""
     device = inputs.device
     start = timeit.default_timer()
@@ -139,16 +141,22 @@ def profiled_step(step) -> pd.DataFrame:
 
 def local_batch(ctx: DistContext, config: DDPBenchmarkConfig) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(config.seed)
-    tokens = torch.randint(0, config.vocab_size, (config.global_batch_size, config.context_length + 1), generator=generator)
+    tokens = torch.randint(
+        0, config.vocab_size, (config.global_batch_size, config.context_length + 1), generator=generator
+    )
     per_rank = config.global_batch_size // ctx.world_size
     mine = tokens[ctx.rank * per_rank : (ctx.rank + 1) * per_rank].to(ctx.device)
     return mine[:, :-1], mine[:, 1:]
 
 
-def _run_flavour(ctx: DistContext, config: DDPBenchmarkConfig, flavour: DDPFlavour, inputs, targets) -> tuple[dict, list, pd.DataFrame | None]:
+def _run_flavour(
+    ctx: DistContext, config: DDPBenchmarkConfig, flavour: DDPFlavour, inputs, targets
+) -> tuple[dict, list, pd.DataFrame | None]:
     """This rank's info, per-step phase times and (if asked) profiled timeline for one flavour."""
     torch.manual_seed(config.seed + ctx.rank)
-    model = TransformerLM.from_size(config.size, context_length=config.context_length, vocab_size=config.vocab_size, device=ctx.device)
+    model = TransformerLM.from_size(
+        config.size, context_length=config.context_length, vocab_size=config.vocab_size, device=ctx.device
+    )
     ddp = flavour.wrap(model)
     optimizer = AdamW(ddp.parameters(), lr=config.lr)
     info = dict(
@@ -171,7 +179,9 @@ def _run_flavour(ctx: DistContext, config: DDPBenchmarkConfig, flavour: DDPFlavo
     return info, times, timeline
 
 
-def _run_or_oom(ctx: DistContext, config: DDPBenchmarkConfig, flavour: DDPFlavour, inputs, targets) -> tuple[str, tuple]:
+def _run_or_oom(
+    ctx: DistContext, config: DDPBenchmarkConfig, flavour: DDPFlavour, inputs, targets
+) -> tuple[str, tuple]:
     """("ok", results) or ("OOM", empty results). Ranks run the same shapes, so an out-of-memory
     error strikes all of them at the same point and the collectives issued so far still match."""
     try:
@@ -185,8 +195,15 @@ def _run_or_oom(ctx: DistContext, config: DDPBenchmarkConfig, flavour: DDPFlavou
 
 
 def _summarize(flavour: DDPFlavour, info: dict, per_rank: list[list]) -> dict:
-    row = dict(flavour=flavour.label, kind=flavour.name, bucket_size_mb=flavour.bucket_size_mb, max_ctas=flavour.max_ctas,
-               tail_bucket_mb=flavour.tail_bucket_mb, status="ok", **info)
+    row = dict(
+        flavour=flavour.label,
+        kind=flavour.name,
+        bucket_size_mb=flavour.bucket_size_mb,
+        max_ctas=flavour.max_ctas,
+        tail_bucket_mb=flavour.tail_bucket_mb,
+        status="ok",
+        **info,
+    )
     steps = [[sum(t) for t in times] for times in per_rank]
     every = [s * 1e3 for rank_steps in steps for s in rank_steps]
     row.update(step_ms=statistics.fmean(every), step_std_ms=statistics.stdev(every) if len(every) > 1 else 0.0)
@@ -208,7 +225,9 @@ def compute_priority(config: DDPBenchmarkConfig, device: torch.device) -> str:
     return "highest" if config.prioritize_compute else "default"
 
 
-def _benchmark_worker(ctx: DistContext, config: DDPBenchmarkConfig, warm_up: bool = True) -> tuple[list[dict], dict[str, pd.DataFrame]]:
+def _benchmark_worker(
+    ctx: DistContext, config: DDPBenchmarkConfig, warm_up: bool = True
+) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
     # Everything a flavour allocates lives and dies inside this block, on the one stream it opened.
@@ -216,7 +235,9 @@ def _benchmark_worker(ctx: DistContext, config: DDPBenchmarkConfig, warm_up: boo
         return _benchmark_flavours(ctx, config, warm_up)
 
 
-def _sizes_worker(ctx: DistContext, configs: Sequence[DDPBenchmarkConfig]) -> tuple[list[dict], dict[str, dict[str, pd.DataFrame]]]:
+def _sizes_worker(
+    ctx: DistContext, configs: Sequence[DDPBenchmarkConfig]
+) -> tuple[list[dict], dict[str, dict[str, pd.DataFrame]]]:
     """Every configuration in turn in these processes; the timelines by size, then flavour."""
     rows, timelines = [], {}
     for i, config in enumerate(configs):
@@ -225,25 +246,47 @@ def _sizes_worker(ctx: DistContext, configs: Sequence[DDPBenchmarkConfig]) -> tu
     return rows, timelines
 
 
-def _benchmark_flavours(ctx: DistContext, config: DDPBenchmarkConfig, warm_up: bool = True) -> tuple[list[dict], dict[str, pd.DataFrame]]:
+def _benchmark_flavours(
+    ctx: DistContext, config: DDPBenchmarkConfig, warm_up: bool = True
+) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     inputs, targets = local_batch(ctx, config)
     common = dict(
-        size=config.size, world_size=ctx.world_size, backend=ctx.backend, global_batch_size=config.global_batch_size,
-        context_length=config.context_length, warmup=config.warmup, steps=config.steps,
+        size=config.size,
+        world_size=ctx.world_size,
+        backend=ctx.backend,
+        global_batch_size=config.global_batch_size,
+        context_length=config.context_length,
+        warmup=config.warmup,
+        steps=config.steps,
         compute_priority=compute_priority(config, ctx.device),
     )
     # Untimed: the first model built in a process pays one-time costs (allocator growth, kernel
     # and thread-pool start-up) that would otherwise land on the first flavour measured.
     if warm_up:
-        _run_or_oom(ctx, replace(config, warmup=config.warmup + 1, steps=1, profile=()), DDPFlavour("no-communication"), inputs, targets)
+        _run_or_oom(
+            ctx,
+            replace(config, warmup=config.warmup + 1, steps=1, profile=()),
+            DDPFlavour("no-communication"),
+            inputs,
+            targets,
+        )
     rows, timelines = [], {}
     for flavour in config.variants():
         status, (info, times, timeline) = _run_or_oom(ctx, config, flavour, inputs, targets)
         statuses = gather_timings([status])
         per_rank = [gather_timings([t[i] for t in times]) for i in range(len(PHASE_COLUMNS))]
         if any(s != ["ok"] for s in statuses):
-            rows.append(dict(flavour=flavour.label, kind=flavour.name, bucket_size_mb=flavour.bucket_size_mb, max_ctas=flavour.max_ctas,
-                             tail_bucket_mb=flavour.tail_bucket_mb, status="OOM", **common))
+            rows.append(
+                dict(
+                    flavour=flavour.label,
+                    kind=flavour.name,
+                    bucket_size_mb=flavour.bucket_size_mb,
+                    max_ctas=flavour.max_ctas,
+                    tail_bucket_mb=flavour.tail_bucket_mb,
+                    status="OOM",
+                    **common,
+                )
+            )
             continue
         per_rank_steps = [list(zip(*(phase[r] for phase in per_rank))) for r in range(ctx.world_size)]
         rows.append({**_summarize(flavour, info, per_rank_steps), **common})
@@ -270,11 +313,15 @@ def benchmark_ddp(config: DDPBenchmarkConfig) -> tuple[pd.DataFrame, dict[str, p
     return df, timelines[config.size]
 
 
-def benchmark_ddp_sizes(configs: Sequence[DDPBenchmarkConfig]) -> tuple[pd.DataFrame, dict[str, dict[str, pd.DataFrame]]]:
+def benchmark_ddp_sizes(
+    configs: Sequence[DDPBenchmarkConfig],
+) -> tuple[pd.DataFrame, dict[str, dict[str, pd.DataFrame]]]:
     """All flavours of each configuration (one per model size, `per_size`) in one spawned run: the table,
     its `size` column telling them apart, and rank 0's profiled timelines by size, then flavour."""
     configs = one_per_size(configs)
-    rows, timelines = spawn(_sizes_worker, configs[0].world_size, args=(configs,), backend=configs[0].backend, timeout_s=1800)[0]
+    rows, timelines = spawn(
+        _sizes_worker, configs[0].world_size, args=(configs,), backend=configs[0].backend, timeout_s=1800
+    )[0]
     df = pd.DataFrame(rows)
     return pd.concat([add_overheads(df[df["size"] == c.size]) for c in configs], ignore_index=True), timelines
 
@@ -282,7 +329,9 @@ def benchmark_ddp_sizes(configs: Sequence[DDPBenchmarkConfig]) -> tuple[pd.DataF
 Config = TypeVar("Config")
 
 
-def per_size(config: Config, sizes: Sequence[str], later_warmup: int | None = None, later_steps: int | None = None) -> list[Config]:
+def per_size(
+    config: Config, sizes: Sequence[str], later_warmup: int | None = None, later_steps: int | None = None
+) -> list[Config]:
     """One copy of a benchmark configuration (any dataclass with size, warmup and steps) per model size; the
     sizes after the first take `later_warmup` and `later_steps` where given (a shorter run for a larger model)."""
     if not sizes:
@@ -333,6 +382,7 @@ def stream_priority_effect(prioritized: pd.DataFrame, default: pd.DataFrame) -> 
     """Per flavour measured in both runs (`add_overheads` tables): step, forward+backward and
     overhead at the default and at the highest compute-stream priority, and each overhead as a
     share of the naive overhead of its own run."""
+
     def columns(df: pd.DataFrame, tag: str) -> pd.DataFrame:
         ok = df[df.status == "ok"].set_index("flavour")
         naive = ok.loc["naive", "overhead_ms"] if "naive" in ok.index else math.nan
@@ -357,13 +407,21 @@ def describe_stream_priority_effect(effect: pd.DataFrame) -> str:
     if "no-communication" not in rows.index:
         return text
     base = rows.loc["no-communication"]
-    text += (f" The no-communication step moved {base.step_ms_highest - base.step_ms_default:+.1f} ms "
-             f"({base.step_ms_default:.1f} → {base.step_ms_highest:.1f} ms), with nothing running beside the compute.")
+    text += (
+        f" The no-communication step moved {base.step_ms_highest - base.step_ms_default:+.1f} ms "
+        f"({base.step_ms_default:.1f} → {base.step_ms_highest:.1f} ms), with nothing running beside the compute."
+    )
     overlapped = [f for f in rows.index if f not in ("no-communication", "naive")]
     if overlapped:
-        text += " Forward+backward slowdown against no communication, where the overlapped all-reduces act: " + "; ".join(
-            f"{f} {rows.loc[f].fwd_bwd_ms_default - base.fwd_bwd_ms_default:.1f} → "
-            f"{rows.loc[f].fwd_bwd_ms_highest - base.fwd_bwd_ms_highest:.1f} ms" for f in overlapped) + "."
+        text += (
+            " Forward+backward slowdown against no communication, where the overlapped all-reduces act: "
+            + "; ".join(
+                f"{f} {rows.loc[f].fwd_bwd_ms_default - base.fwd_bwd_ms_default:.1f} → "
+                f"{rows.loc[f].fwd_bwd_ms_highest - base.fwd_bwd_ms_highest:.1f} ms"
+                for f in overlapped
+            )
+            + "."
+        )
     return text
 
 
@@ -394,11 +452,24 @@ def plot_bucket_sweep(df: pd.DataFrame):
     ok = df[df.status == "ok"]
     sweep = ok[(ok.kind == "bucketed") & ok.bucket_size_mb.notna()].sort_values("bucket_size_mb")
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.errorbar(sweep.bucket_size_mb, sweep.step_ms, yerr=sweep.step_std_ms, marker="o", capsize=3, label="bucketed", color="black")
+    ax.errorbar(
+        sweep.bucket_size_mb,
+        sweep.step_ms,
+        yerr=sweep.step_std_ms,
+        marker="o",
+        capsize=3,
+        label="bucketed",
+        color="black",
+    )
     styles = ("-", "--", "-.", ":")
     for i, row in enumerate(ok[ok.kind != "bucketed"].itertuples()):
         ax.axhline(row.step_ms, linestyle=styles[i % len(styles)], color=f"C{i}", label=row.flavour)
-    ax.set(xscale="log", xlabel="bucket size (MB = 2^20 bytes)", ylabel="time per training step (ms)", title="Bucket size sweep")
+    ax.set(
+        xscale="log",
+        xlabel="bucket size (MB = 2^20 bytes)",
+        ylabel="time per training step (ms)",
+        title="Bucket size sweep",
+    )
     ax.legend(fontsize=8)
     return fig
 
@@ -412,14 +483,23 @@ def main() -> None:
     parser.add_argument("--bucket-sizes-mb", type=float, nargs="+", default=[1, 10, 100, 1000])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--default-stream-priority", action="store_true",
-                        help="run the steps at the default CUDA stream priority instead of above NCCL's")
+    parser.add_argument(
+        "--default-stream-priority",
+        action="store_true",
+        help="run the steps at the default CUDA stream priority instead of above NCCL's",
+    )
     parser.add_argument("--out", type=Path, default=Path("ddp_benchmark.csv"))
     a = parser.parse_args()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config = DDPBenchmarkConfig(
-        size=a.size, global_batch_size=a.global_batch_size, context_length=a.context_length, flavours=tuple(a.flavours),
-        bucket_sizes_mb=tuple(a.bucket_sizes_mb), warmup=a.warmup, steps=a.steps, world_size=world_size,
+        size=a.size,
+        global_batch_size=a.global_batch_size,
+        context_length=a.context_length,
+        flavours=tuple(a.flavours),
+        bucket_sizes_mb=tuple(a.bucket_sizes_mb),
+        warmup=a.warmup,
+        steps=a.steps,
+        world_size=world_size,
         prioritize_compute=not a.default_stream_priority,
     )
     rows, _ = launch_from_env(_benchmark_worker, (config,))

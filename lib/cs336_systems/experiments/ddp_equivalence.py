@@ -21,8 +21,8 @@ import torch.nn as nn
 
 from cs336_systems.distributed.compute_stream import prioritized_compute
 from cs336_systems.distributed.ddp_bucketed import DDPBucketed
-from cs336_systems.experiments.ddp_flavours import DDPFlavour
 from cs336_systems.distributed.launch import DistContext, spawn
+from cs336_systems.experiments.ddp_flavours import DDPFlavour
 from cs336_systems.experiments.toy_models import IN_FEATURES, OUT_FEATURES, ToyModel, ToyModelWithTiedWeights
 from cs336_systems.model import TransformerLM, cross_entropy
 
@@ -44,7 +44,9 @@ def _batch(model_name: str, batch_size: int, generator: torch.Generator) -> tupl
     if model_name.startswith("transformer"):
         tokens = torch.randint(0, TRANSFORMER_VOCAB, (batch_size, TRANSFORMER_CONTEXT + 1), generator=generator)
         return tokens[:, :-1], tokens[:, 1:]
-    return torch.randn(batch_size, IN_FEATURES, generator=generator), torch.randn(batch_size, OUT_FEATURES, generator=generator)
+    return torch.randn(batch_size, IN_FEATURES, generator=generator), torch.randn(
+        batch_size, OUT_FEATURES, generator=generator
+    )
 
 
 def _loss(model_name: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -59,7 +61,13 @@ def _max_difference(a: nn.Module, b: nn.Module) -> float:
 
 
 def train_and_compare(
-    ctx: DistContext, flavour: DDPFlavour, model_name: str, steps: int = 5, batch_per_rank: int = 4, lr: float = 0.1, seed: int = 0,
+    ctx: DistContext,
+    flavour: DDPFlavour,
+    model_name: str,
+    steps: int = 5,
+    batch_per_rank: int = 4,
+    lr: float = 0.1,
+    seed: int = 0,
     set_to_none: bool = True,
 ) -> dict:
     """Train `steps` SGD steps with `flavour` and with one process; this rank's differences.
@@ -88,7 +96,10 @@ def train_and_compare(
     in_buckets = isinstance(ddp, DDPBucketed) or None
     for _ in range(steps):
         x, y = (t.to(ctx.device) for t in _batch(model_name, batch_per_rank * ctx.world_size, generator))
-        for model, optimizer, xs, ys, sync in ((ddp, ddp_optimizer, x[mine], y[mine], True), (reference, ref_optimizer, x, y, False)):
+        for model, optimizer, xs, ys, sync in (
+            (ddp, ddp_optimizer, x[mine], y[mine], True),
+            (reference, ref_optimizer, x, y, False),
+        ):
             optimizer.zero_grad(set_to_none=set_to_none)
             _loss(model_name, model(xs), ys).backward()
             if sync:
@@ -117,7 +128,9 @@ def _grads_in_buckets(ddp: DDPBucketed) -> bool:
     return all(p.grad.untyped_storage().data_ptr() in storages for p in ddp.parameters() if p.grad is not None)
 
 
-def _equivalence_worker(ctx: DistContext, flavours: Sequence[DDPFlavour], model_names: Sequence[str], steps: int) -> list[dict]:
+def _equivalence_worker(
+    ctx: DistContext, flavours: Sequence[DDPFlavour], model_names: Sequence[str], steps: int
+) -> list[dict]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(1)
     # On a GPU, on the prioritized stream the benchmarks run on: the hooks then fire on that stream.
@@ -126,7 +139,11 @@ def _equivalence_worker(ctx: DistContext, flavours: Sequence[DDPFlavour], model_
 
 
 def check_equivalence(
-    flavours: Sequence[DDPFlavour], model_names: Sequence[str] = tuple(MODELS), steps: int = 5, world_size: int = 2, backend: str | None = "auto"
+    flavours: Sequence[DDPFlavour],
+    model_names: Sequence[str] = tuple(MODELS),
+    steps: int = 5,
+    world_size: int = 2,
+    backend: str | None = "auto",
 ) -> pd.DataFrame:
     """One row per (model, flavour, rank): weight differences to single-process training."""
     results = spawn(_equivalence_worker, world_size, args=(list(flavours), list(model_names), steps), backend=backend)
@@ -135,9 +152,17 @@ def check_equivalence(
 
 def summarize_equivalence(df: pd.DataFrame, tolerance: float = 1e-5) -> pd.DataFrame:
     """One row per (model, flavour): worst rank's differences and whether it matches within `tolerance`."""
-    worst = df.groupby(["model", "flavour"], sort=False).agg(
-        ranks=("rank", "nunique"), buckets=("buckets", "first"), diff_before_wrap=("diff_before_wrap", "max"),
-        diff_after_wrap=("diff_after_wrap", "max"), max_abs_diff=("max_abs_diff", "max"), max_update=("max_update", "max"),
-    ).reset_index()
+    worst = (
+        df.groupby(["model", "flavour"], sort=False)
+        .agg(
+            ranks=("rank", "nunique"),
+            buckets=("buckets", "first"),
+            diff_before_wrap=("diff_before_wrap", "max"),
+            diff_after_wrap=("diff_after_wrap", "max"),
+            max_abs_diff=("max_abs_diff", "max"),
+            max_update=("max_update", "max"),
+        )
+        .reset_index()
+    )
     worst["matches"] = (worst.max_abs_diff <= tolerance) & (worst.diff_after_wrap == 0)
     return worst

@@ -1,13 +1,13 @@
 """The data-parallel flavours compared in the notebooks, by name, and how to wrap a module in one.
 
-    no-communication  the same step with the gradient all-reduce skipped: the overhead baseline
-    naive             one blocking all-reduce per parameter after backward   (ddp_naive.py)
-    flat              one blocking all-reduce of all gradients concatenated (ddp_flat.py)
-    individual        one async all-reduce per parameter, launched by hooks  (ddp_individual.py)
-    bucketed          one async all-reduce per bucket of `bucket_size_mb`    (ddp_bucketed.py),
-                      optionally with a small final bucket (`tail_bucket_mb`) and on NCCL
-                      kernels of at most `max_ctas` thread blocks
-    torch-ddp         torch.nn.parallel.DistributedDataParallel, default settings (25 MiB buckets)
+no-communication  the same step with the gradient all-reduce skipped: the overhead baseline
+naive             one blocking all-reduce per parameter after backward   (ddp_naive.py)
+flat              one blocking all-reduce of all gradients concatenated (ddp_flat.py)
+individual        one async all-reduce per parameter, launched by hooks  (ddp_individual.py)
+bucketed          one async all-reduce per bucket of `bucket_size_mb`    (ddp_bucketed.py),
+                  optionally with a small final bucket (`tail_bucket_mb`) and on NCCL
+                  kernels of at most `max_ctas` thread blocks
+torch-ddp         torch.nn.parallel.DistributedDataParallel, default settings (25 MiB buckets)
 """
 
 from __future__ import annotations
@@ -71,30 +71,45 @@ class DDPFlavour:
             return TorchDDP(module, device_ids=[device.index] if device.type == "cuda" else None)
         if self.name == "bucketed":
             return DDPBucketed(module, self.bucket_size_mb, self.max_ctas, self.tail_bucket_mb)
-        wrappers = {"no-communication": NoCommunication, "naive": DDPNaive, "flat": DDPFlat, "individual": DDPIndividualParameters}
+        wrappers = {
+            "no-communication": NoCommunication,
+            "naive": DDPNaive,
+            "flat": DDPFlat,
+            "individual": DDPIndividualParameters,
+        }
         return wrappers[self.name](module)
 
 
 def flavour_of(row) -> DDPFlavour:
     """The flavour a row of a benchmark table (`kind` and option columns) was measured with;
     empty (NaN) option cells read as None."""
+
     def option(name: str):
         value = row.get(name)
         return None if value is None or value != value else value
 
     ctas = option("max_ctas")
-    return DDPFlavour(row["kind"], option("bucket_size_mb"), None if ctas is None else int(ctas), option("tail_bucket_mb"))
+    return DDPFlavour(
+        row["kind"], option("bucket_size_mb"), None if ctas is None else int(ctas), option("tail_bucket_mb")
+    )
 
 
 def expand_flavours(
-    names: Iterable[str], bucket_sizes_mb: Iterable[float | None] = (None,), max_ctas: Iterable[int | None] = (None,),
+    names: Iterable[str],
+    bucket_sizes_mb: Iterable[float | None] = (None,),
+    max_ctas: Iterable[int | None] = (None,),
     tail_bucket_mb: Iterable[float | None] = (None,),
 ) -> list[DDPFlavour]:
     """One DDPFlavour per name, and one per (bucket size, tail bucket, CTA limit) for "bucketed"."""
     out = []
     for name in names:
         if name == "bucketed":
-            out += [DDPFlavour(name, size, ctas, tail) for ctas in max_ctas for tail in tail_bucket_mb for size in bucket_sizes_mb]
+            out += [
+                DDPFlavour(name, size, ctas, tail)
+                for ctas in max_ctas
+                for tail in tail_bucket_mb
+                for size in bucket_sizes_mb
+            ]
         else:
             out.append(DDPFlavour(name))
     return out

@@ -21,8 +21,8 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
-from cs336_systems.experiments.ddp_benchmark import DDPBenchmarkConfig, benchmark_ddp
 from cs336_systems.distributed.launch import resolve_backend
+from cs336_systems.experiments.ddp_benchmark import DDPBenchmarkConfig, benchmark_ddp
 
 SCALING_FLAVOURS = ("no-communication", "naive", "bucketed", "torch-ddp")
 
@@ -52,12 +52,28 @@ def benchmark_scaling(
     frames = []
     for n in sorted(set(world_sizes)):
         if limit is not None and n > limit:
-            frames.append(pd.DataFrame([dict(world_size=n, flavour=f, status="not run",
-                                             note=f"needs {n} GPUs, this machine has {limit}") for f in flavours]))
+            frames.append(
+                pd.DataFrame(
+                    [
+                        dict(
+                            world_size=n, flavour=f, status="not run", note=f"needs {n} GPUs, this machine has {limit}"
+                        )
+                        for f in flavours
+                    ]
+                )
+            )
             continue
-        config = replace(base, world_size=n, global_batch_size=per_rank_batch * n, flavours=tuple(flavours),
-                         bucket_sizes_mb=(bucket_size_mb,), bucket_max_ctas=(max_ctas,),
-                         bucket_tail_mb=(tail_bucket_mb,), backend=resolve_backend(backend, n), profile=())
+        config = replace(
+            base,
+            world_size=n,
+            global_batch_size=per_rank_batch * n,
+            flavours=tuple(flavours),
+            bucket_sizes_mb=(bucket_size_mb,),
+            bucket_max_ctas=(max_ctas,),
+            bucket_tail_mb=(tail_bucket_mb,),
+            backend=resolve_backend(backend, n),
+            profile=(),
+        )
         df, _ = benchmark_ddp(config)
         frames.append(df.assign(note=""))
     out = pd.concat(frames, ignore_index=True)
@@ -71,8 +87,13 @@ def benchmark_scaling(
 def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     """World size x flavour: step ms, overhead ms and efficiency side by side (runs that happened)."""
     ok = df[df.status == "ok"]
-    wide = ok.pivot_table(index="world_size", columns="flavour", values=["step_ms", "overhead_ms", "efficiency"], sort=False)
-    wide.columns = [f"{flavour} {value.removesuffix('_ms')}{' (ms)' if value.endswith('_ms') else ''}" for value, flavour in wide.columns]
+    wide = ok.pivot_table(
+        index="world_size", columns="flavour", values=["step_ms", "overhead_ms", "efficiency"], sort=False
+    )
+    wide.columns = [
+        f"{flavour} {value.removesuffix('_ms')}{' (ms)' if value.endswith('_ms') else ''}"
+        for value, flavour in wide.columns
+    ]
     order = [c for f in ok.flavour.unique() for c in wide.columns if c.startswith(f + " ")]
     return wide[order].reset_index()
 
@@ -85,9 +106,17 @@ def plot_scaling(df: pd.DataFrame, title: str = ""):
     ok = df[df.status == "ok"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     sns.lineplot(data=ok, x="world_size", y="step_ms", hue="flavour", marker="o", ax=left)
-    left.set(xlabel="ranks (GPUs)", ylabel="time per training step (ms)", xticks=sorted(ok.world_size.unique()), title=title)
-    sns.lineplot(data=ok[ok.flavour != "no-communication"], x="world_size", y="efficiency", hue="flavour", marker="o", ax=right)
+    left.set(
+        xlabel="ranks (GPUs)", ylabel="time per training step (ms)", xticks=sorted(ok.world_size.unique()), title=title
+    )
+    sns.lineplot(
+        data=ok[ok.flavour != "no-communication"], x="world_size", y="efficiency", hue="flavour", marker="o", ax=right
+    )
     right.axhline(1.0, color="grey", lw=1, ls="--")
-    right.set(xlabel="ranks (GPUs)", ylabel="no-communication step / step", xticks=sorted(ok.world_size.unique()),
-              title="scaling efficiency (1 = communication hidden)")
+    right.set(
+        xlabel="ranks (GPUs)",
+        ylabel="no-communication step / step",
+        xticks=sorted(ok.world_size.unique()),
+        title="scaling efficiency (1 = communication hidden)",
+    )
     return fig

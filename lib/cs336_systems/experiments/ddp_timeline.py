@@ -33,7 +33,11 @@ def _is_communication(name: str) -> bool:
 
 
 def _gpu_phase_spans(spans: list[dict], phases: list[dict]) -> list[tuple]:
-    launches = {e["args"]["correlation"]: e["ts"] for e in spans if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
+    launches = {
+        e["args"]["correlation"]: e["ts"]
+        for e in spans
+        if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})
+    }
     kernels = [e for e in spans if e.get("cat") in GPU_CATEGORIES and e.get("args", {}).get("correlation") in launches]
     rows = []
     for phase in phases:
@@ -62,7 +66,8 @@ def timeline_events(trace: dict) -> pd.DataFrame:
         rows = [("step phases", "phase", e["name"], e["ts"], e["dur"]) for e in phases]
         rows += [
             (f"thread {e['tid']}", "communication", e["name"], e["ts"], e["dur"])
-            for e in spans if e.get("cat") == "user_annotation" and e["name"].startswith(COLLECTIVE_PREFIXES)
+            for e in spans
+            if e.get("cat") == "user_annotation" and e["name"].startswith(COLLECTIVE_PREFIXES)
         ]
     df = pd.DataFrame(rows, columns=["lane", "kind", "name", "start_us", "dur_us"])
     if not df.empty:
@@ -107,8 +112,15 @@ def plot_timeline(events: pd.DataFrame, title: str = "", ax=None):
         for kind, group in spans.groupby("kind"):
             if kind == "phase":
                 for _, span in group.iterrows():
-                    ax.broken_barh([(span.start_us / 1e3, span.dur_us / 1e3)], (y - 0.4, 0.8), color=PHASE_COLOURS[span["name"]], alpha=0.8)
-                    ax.text((span.start_us + span.dur_us / 2) / 1e3, y, span["name"], ha="center", va="center", fontsize=7)
+                    ax.broken_barh(
+                        [(span.start_us / 1e3, span.dur_us / 1e3)],
+                        (y - 0.4, 0.8),
+                        color=PHASE_COLOURS[span["name"]],
+                        alpha=0.8,
+                    )
+                    ax.text(
+                        (span.start_us + span.dur_us / 2) / 1e3, y, span["name"], ha="center", va="center", fontsize=7
+                    )
             else:
                 bars = list(zip(group.start_us / 1e3, group.dur_us / 1e3))
                 ax.broken_barh(bars, (y - 0.4, 0.8), color=COLOURS[kind])
@@ -125,8 +137,14 @@ def plot_timelines(timelines: dict[str, pd.DataFrame]):
     import matplotlib.pyplot as plt
 
     heights = [events.lane.nunique() + 1 for events in timelines.values()]
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 0.55 * sum(heights) + 1.5), sharex=True,
-                             gridspec_kw=dict(height_ratios=heights), squeeze=False)
+    fig, axes = plt.subplots(
+        len(timelines),
+        1,
+        figsize=(12, 0.55 * sum(heights) + 1.5),
+        sharex=True,
+        gridspec_kw=dict(height_ratios=heights),
+        squeeze=False,
+    )
     for ax, (title, events) in zip(axes[:, 0], timelines.items()):
         plot_timeline(events, title, ax=ax)
     fig.tight_layout()

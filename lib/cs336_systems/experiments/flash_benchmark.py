@@ -80,8 +80,13 @@ def naive_peak_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype:
 
 
 def _three_passes(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, measure: Callable[[Callable[[], object]], list[float]],
+    impl: Implementation,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool,
+    measure: Callable[[Callable[[], object]], list[float]],
 ) -> dict[str, list[float]]:
     """The forward, the backward alone (on one recorded forward) and the forward+backward, each timed by
     `measure`, with q, k, v's gradients None afterwards."""
@@ -97,17 +102,28 @@ def _three_passes(
 
 
 def time_passes(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, settings: TimingSettings,
+    impl: Implementation,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool,
+    settings: TimingSettings,
 ) -> dict[str, list[float]]:
     """Measured run times (ms) of the forward, the backward alone, and the forward+backward."""
-    return _three_passes(impl, q, k, v, grad_out, is_causal,
-                         lambda fn: measure_times_ms(fn, q.device, settings, (q, k, v)))
+    return _three_passes(
+        impl, q, k, v, grad_out, is_causal, lambda fn: measure_times_ms(fn, q.device, settings, (q, k, v))
+    )
 
 
 def device_passes(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, settings: TimingSettings,
+    impl: Implementation,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool,
+    settings: TimingSettings,
 ) -> dict[str, list[float]]:
     """`time_passes`'s three calls, each timed as a replayed CUDA graph (`measure_device_ms`).
 
@@ -119,8 +135,9 @@ def device_passes(
     side.wait_stream(torch.cuda.current_stream())
     try:
         with torch.cuda.stream(side):
-            return _three_passes(impl, q, k, v, grad_out, is_causal,
-                                 lambda fn: measure_device_ms(fn, settings, (q, k, v)))
+            return _three_passes(
+                impl, q, k, v, grad_out, is_causal, lambda fn: measure_device_ms(fn, settings, (q, k, v))
+            )
     finally:
         torch.cuda.current_stream().wait_stream(side)
 
@@ -182,15 +199,29 @@ def _guarded(impl: Implementation, q, k, v, step: Callable[[], dict], caught: li
 
 
 def check_implementation(
-    impl: Implementation, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, reference: dict[str, torch.Tensor], settings: TimingSettings,
+    impl: Implementation,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool,
+    reference: dict[str, torch.Tensor],
+    settings: TimingSettings,
 ) -> dict:
     """Status and error against the reference of one implementation on one input, and its device times
     (CUDA), or the row of a failure the sweep records."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        row = _guarded(impl, q, k, v, lambda: _error_columns(
-            relative_errors(impl, q, k, v, grad_out, is_causal, reference), TOLERANCE[q.dtype].sweeps), caught)
+        row = _guarded(
+            impl,
+            q,
+            k,
+            v,
+            lambda: _error_columns(
+                relative_errors(impl, q, k, v, grad_out, is_causal, reference), TOLERANCE[q.dtype].sweeps
+            ),
+            caught,
+        )
     if "max_rel_error" in row:
         row.update(_device_columns(impl, q, k, v, grad_out, is_causal, settings))
     return row
@@ -209,8 +240,13 @@ def _time_columns(times: dict[str, list[float]]) -> dict:
 
 
 def timed_in_rounds(
-    impls: Sequence[Implementation], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-    is_causal: bool, settings: TimingSettings,
+    impls: Sequence[Implementation],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool,
+    settings: TimingSettings,
 ) -> dict[str, dict]:
     """Per implementation, the latency columns (`{pass}_ms`, `runs`) or a failure row, timed in
     `settings.rounds` interleaved rounds: in round r the implementations take turns starting with the
@@ -223,16 +259,21 @@ def timed_in_rounds(
     implementation's runs, and the median over rounds holds. A failure in any round makes the
     implementation's row that failure."""
     rounds = max(1, settings.rounds)
-    share = replace(settings, rep_ms=settings.rep_ms / rounds, min_runs=max(1, -(-settings.min_runs // rounds)),
-                    cpu_steps=max(1, -(-settings.cpu_steps // rounds)))
+    share = replace(
+        settings,
+        rep_ms=settings.rep_ms / rounds,
+        min_runs=max(1, -(-settings.min_runs // rounds)),
+        cpu_steps=max(1, -(-settings.cpu_steps // rounds)),
+    )
     runs: dict[str, dict[str, list[float]]] = {impl.name: {p: [] for p in PASSES} for impl in impls}
     failed: dict[str, dict] = {}
     for order in round_orders(impls, rounds):
         for impl in order:
             if impl.name in failed:
                 continue
-            timed = _guarded(impl, q, k, v, lambda impl=impl: dict(
-                times=time_passes(impl, q, k, v, grad_out, is_causal, share)), [])
+            timed = _guarded(
+                impl, q, k, v, lambda impl=impl: dict(times=time_passes(impl, q, k, v, grad_out, is_causal, share)), []
+            )
             if "times" not in timed:
                 failed[impl.name] = timed
                 continue
@@ -284,12 +325,21 @@ def flash_benchmark(
         here, checked = {}, []
         for impl in impls:
             bar.set_postfix_str(f"{impl.name} {_dtype_name(dtype)} d={d} N={n}")
-            row = dict(impl=impl.name, batch=batch, heads=heads, seq_len=n, head_dim=d, dtype=_dtype_name(dtype),
-                       is_causal=is_causal)
+            row = dict(
+                impl=impl.name,
+                batch=batch,
+                heads=heads,
+                seq_len=n,
+                head_dim=d,
+                dtype=_dtype_name(dtype),
+                is_causal=is_causal,
+            )
             peak = naive_peak_bytes(batch, heads, n, d, dtype)
             if impl.name == "pytorch" and memory_budget_bytes is not None and peak > memory_budget_bytes:
-                row.update(status="skipped: memory",
-                           note=f"predicted peak {peak / 2**30:.1f} GiB > budget {memory_budget_bytes / 2**30:.1f} GiB")
+                row.update(
+                    status="skipped: memory",
+                    note=f"predicted peak {peak / 2**30:.1f} GiB > budget {memory_budget_bytes / 2**30:.1f} GiB",
+                )
             else:
                 row.update(check_implementation(impl, q, k, v, grad_out, is_causal, reference, settings))
                 if "max_rel_error" in row:
@@ -312,9 +362,22 @@ def flash_benchmark(
 
 
 RESULT_COLUMNS = [
-    "impl", "backend", "batch", "heads", "seq_len", "head_dim", "dtype", "is_causal", "status",
-    *(f"{p}_ms" for p in PASSES), *(f"{p}_device_ms" for p in PASSES), *(f"{p}_tflops" for p in PASSES),
-    "max_rel_error", "worst_tensor", "runs", "note",
+    "impl",
+    "backend",
+    "batch",
+    "heads",
+    "seq_len",
+    "head_dim",
+    "dtype",
+    "is_causal",
+    "status",
+    *(f"{p}_ms" for p in PASSES),
+    *(f"{p}_device_ms" for p in PASSES),
+    *(f"{p}_tflops" for p in PASSES),
+    "max_rel_error",
+    "worst_tensor",
+    "runs",
+    "note",
 ]
 
 
@@ -352,13 +415,21 @@ def comparison_table(df: pd.DataFrame) -> pd.DataFrame:
     table = pd.concat([df[df.impl.isin(["triton", "pytorch"])], fastest_sdpa(df)], ignore_index=True)
     order = {"triton": 0, "pytorch": 1, "sdpa": 2}
     return table.sort_values(
-        ["dtype", "head_dim", "seq_len", "impl"], key=lambda c: c.map(order) if c.name == "impl" else c, ignore_index=True
+        ["dtype", "head_dim", "seq_len", "impl"],
+        key=lambda c: c.map(order) if c.name == "impl" else c,
+        ignore_index=True,
     )
 
 
 def compare_latencies(
-    df: pd.DataFrame, impl: str, baseline: str, factor: float = 1.0, *,
-    min_seq_len: int = 0, dtypes: Iterable[str] | None = None, value: str = "ms",
+    df: pd.DataFrame,
+    impl: str,
+    baseline: str,
+    factor: float = 1.0,
+    *,
+    min_seq_len: int = 0,
+    dtypes: Iterable[str] | None = None,
+    value: str = "ms",
 ) -> pd.DataFrame:
     """`impl` against `baseline` at every grid point where the baseline ran (status "ok"), per pass.
 
@@ -378,9 +449,19 @@ def compare_latencies(
         for p in PASSES:
             ms, base_ms = float(getattr(r, f"{p}_{value}")), float(getattr(r, f"{p}_{value}_baseline"))
             ratio = ms / base_ms if r.status == "ok" else float("nan")
-            rows.append({"dtype": r.dtype, "head_dim": r.head_dim, "seq_len": r.seq_len, "pass": p,
-                         "status": r.status, "ms": ms, "baseline_ms": base_ms, "ratio": ratio,
-                         "slower": r.status != "ok" or ratio > factor})
+            rows.append(
+                {
+                    "dtype": r.dtype,
+                    "head_dim": r.head_dim,
+                    "seq_len": r.seq_len,
+                    "pass": p,
+                    "status": r.status,
+                    "ms": ms,
+                    "baseline_ms": base_ms,
+                    "ratio": ratio,
+                    "slower": r.status != "ok" or ratio > factor,
+                }
+            )
     return pd.DataFrame(rows, columns=[*keys, "pass", "status", "ms", "baseline_ms", "ratio", "slower"])
 
 
@@ -398,11 +479,20 @@ def bar_verdict(name: str, cmp: pd.DataFrame, shown: int = 15) -> tuple[str, str
     text = f"**{name}: {verdict}** — {points} points compared (× 3 passes), {len(bad)} offending"
     text += f", {unmeasured} point-passes without both times." if unmeasured else "."
     if not bad.empty:
-        text += " Offending: " + ", ".join(
-            f"{r['dtype']} d = {r['head_dim']} N = {r['seq_len']:,} {r['pass'].replace('_', '+')}: "
-            + (f"{fmt_ms(r['ms'])} vs {fmt_ms(r['baseline_ms'])} ({r['ratio']:.2f}×)" if r["status"] == "ok"
-               else f"ours {r['status']}")
-            for r in bad.head(shown).to_dict("records")) + (" …" if len(bad) > shown else "") + "."
+        text += (
+            " Offending: "
+            + ", ".join(
+                f"{r['dtype']} d = {r['head_dim']} N = {r['seq_len']:,} {r['pass'].replace('_', '+')}: "
+                + (
+                    f"{fmt_ms(r['ms'])} vs {fmt_ms(r['baseline_ms'])} ({r['ratio']:.2f}×)"
+                    if r["status"] == "ok"
+                    else f"ours {r['status']}"
+                )
+                for r in bad.head(shown).to_dict("records")
+            )
+            + (" …" if len(bad) > shown else "")
+            + "."
+        )
     return verdict, text
 
 
@@ -414,8 +504,13 @@ def eager_and_device(df: pd.DataFrame, impls: Iterable[str] = ("triton", "sdpa_f
     ok = df[df.impl.isin(list(impls)) & (df.status == "ok")]
     parts = []
     for p in PASSES:
-        part = ok[keys].assign(**{"pass": p, "ms": pd.to_numeric(ok[f"{p}_ms"], errors="coerce"),
-                                  "device_ms": pd.to_numeric(ok[f"{p}_device_ms"], errors="coerce")})
+        part = ok[keys].assign(
+            **{
+                "pass": p,
+                "ms": pd.to_numeric(ok[f"{p}_ms"], errors="coerce"),
+                "device_ms": pd.to_numeric(ok[f"{p}_device_ms"], errors="coerce"),
+            }
+        )
         parts.append(part)
     both = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*keys, "pass", "ms", "device_ms"])
     both = both.dropna(subset=["ms", "device_ms"]).reset_index(drop=True)
@@ -428,8 +523,9 @@ IMPL_LABELS = {"triton": "ours (Triton)", "pytorch": "PyTorch, materialised", "s
 
 def latency_pivot(table: pd.DataFrame) -> pd.DataFrame:
     """The comparison table wide: one row per configuration, one column per pass × implementation (ms)."""
-    wide = table.pivot_table(index=["dtype", "head_dim", "seq_len"], columns="impl", aggfunc="first",
-                             values=[f"{p}_ms" for p in PASSES])
+    wide = table.pivot_table(
+        index=["dtype", "head_dim", "seq_len"], columns="impl", aggfunc="first", values=[f"{p}_ms" for p in PASSES]
+    )
     wide = wide.reindex(columns=[(f"{p}_ms", i) for p in PASSES for i in IMPL_LABELS if (f"{p}_ms", i) in wide])
     short = {"forward_ms": "fwd", "backward_ms": "bwd", "forward_backward_ms": "fwd+bwd"}
     wide.columns = [f"{short[p]} {i} (ms)" for p, i in wide.columns]
@@ -441,8 +537,12 @@ def latencies_long(table: pd.DataFrame, value: str = "ms") -> pd.DataFrame:
     """One row per implementation × configuration × pass (`value` "ms" or "tflops"), for plotting."""
     ok = table[table.status.isin(["ok", "wrong"])]
     cols = {f"{p}_{value}": p.replace("_", "+") for p in PASSES}
-    long = ok.melt(id_vars=["impl", "backend", "seq_len", "head_dim", "dtype"], value_vars=list(cols),
-                   var_name="pass", value_name=value)
+    long = ok.melt(
+        id_vars=["impl", "backend", "seq_len", "head_dim", "dtype"],
+        value_vars=list(cols),
+        var_name="pass",
+        value_name=value,
+    )
     long["pass"] = long["pass"].map(cols)
     long["implementation"] = long.impl.map(IMPL_LABELS).fillna(long.impl)
     long[value] = long[value].astype(float)

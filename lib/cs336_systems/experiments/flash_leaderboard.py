@@ -39,10 +39,10 @@ import torch
 from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.attention.reference import TOLERANCE, reference_gradients
 from cs336_systems.benchmarking.attention_registry import Implementation, implementation, relative_errors
-from cs336_systems.benchmarking.timing import TimingSettings, measure_times_ms, round_orders
-from cs336_systems.experiments.flash_benchmark import attention_flops, attention_min_bytes, failure_row
 from cs336_systems.benchmarking.gpu_telemetry import GpuTelemetry
 from cs336_systems.benchmarking.harness import free_device_memory
+from cs336_systems.benchmarking.timing import TimingSettings, measure_times_ms, round_orders
+from cs336_systems.experiments.flash_benchmark import attention_flops, attention_min_bytes, failure_row
 
 LEADERBOARD_IMPLS = ("triton", "sdpa_flash", "sdpa_cudnn")
 LEADERBOARD_COLUMNS = ["impl", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "tflops", "device"]
@@ -91,8 +91,10 @@ class LeaderboardConfig:
     def describe(self) -> str:
         dtype = str(self.dtype).removeprefix("torch.")
         layout = "; q, k, v views of (1, N, heads x d) projections" if self.layout == "projections" else ""
-        return (f"batch 1, {self.heads} heads, sequence {self.seq_len:,}, head dimension {self.head_dim}, {dtype}"
-                f"{', causal' if self.is_causal else ''}{layout}")
+        return (
+            f"batch 1, {self.heads} heads, sequence {self.seq_len:,}, head dimension {self.head_dim}, {dtype}"
+            f"{', causal' if self.is_causal else ''}{layout}"
+        )
 
 
 LEADERBOARD = LeaderboardConfig()
@@ -109,8 +111,16 @@ def floors(config: LeaderboardConfig, peak_tflops: float, bandwidth_gb_s: float)
     for p in flops:
         compute_ms = flops[p] / (peak_tflops * 1e12) * 1e3
         memory_ms = nbytes[p] / (bandwidth_gb_s * 1e9) * 1e3
-        rows.append({"pass": p, "GFLOP": flops[p] / 1e9, "MB": nbytes[p] / 1e6, "FLOP floor (ms)": compute_ms,
-                     "byte floor (ms)": memory_ms, "FLOP per byte": flops[p] / nbytes[p]})
+        rows.append(
+            {
+                "pass": p,
+                "GFLOP": flops[p] / 1e9,
+                "MB": nbytes[p] / 1e6,
+                "FLOP floor (ms)": compute_ms,
+                "byte floor (ms)": memory_ms,
+                "FLOP per byte": flops[p] / nbytes[p],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -135,7 +145,11 @@ def leaderboard_inputs(config: LeaderboardConfig, device: torch.device | str, se
 
 
 def time_leaderboard(
-    apply: Callable, qkv: torch.Tensor, is_causal: bool, settings: TimingSettings, fwd_settings: TimingSettings,
+    apply: Callable,
+    qkv: torch.Tensor,
+    is_causal: bool,
+    settings: TimingSettings,
+    fwd_settings: TimingSettings,
     config: LeaderboardConfig = LEADERBOARD,
 ) -> dict[str, list[float]]:
     """Every measured run (ms) of forward+backward ("fwd_bwd") and of the forward alone ("fwd"), q, k, v
@@ -162,9 +176,16 @@ def pooled_latencies(rounds: Sequence[dict[str, list[float]]]) -> dict[str, floa
     fwd = [t for r in rounds for t in r["fwd"]]
     fwd_ms, fwd_bwd_ms = statistics.median(fwd), statistics.median(fwd_bwd)
     per_round = [statistics.median(r["fwd_bwd"]) for r in rounds]
-    return dict(fwd_ms=fwd_ms, bwd_ms=fwd_bwd_ms - fwd_ms, fwd_bwd_ms=fwd_bwd_ms,
-                fwd_bwd_mean_ms=statistics.fmean(fwd_bwd), runs=len(fwd_bwd), rounds=len(rounds),
-                fwd_bwd_round_min_ms=min(per_round), fwd_bwd_round_max_ms=max(per_round))
+    return dict(
+        fwd_ms=fwd_ms,
+        bwd_ms=fwd_bwd_ms - fwd_ms,
+        fwd_bwd_ms=fwd_bwd_ms,
+        fwd_bwd_mean_ms=statistics.fmean(fwd_bwd),
+        runs=len(fwd_bwd),
+        rounds=len(rounds),
+        fwd_bwd_round_min_ms=min(per_round),
+        fwd_bwd_round_max_ms=max(per_round),
+    )
 
 
 def leaderboard_implementation(name: str, compile: bool) -> Implementation:
@@ -249,8 +270,9 @@ def leaderboard_table(
                 start = time.time()
                 try:
                     with impl.context():
-                        times = time_leaderboard(impl.apply, qkv, config.is_causal, share(settings),
-                                                 share(fwd_settings), config)
+                        times = time_leaderboard(
+                            impl.apply, qkv, config.is_causal, share(settings), share(fwd_settings), config
+                        )
                 except Exception as err:  # noqa: BLE001 - as above; a failed implementation leaves the rounds
                     failure = failure_row(err, impl)
                     if failure is None:
@@ -262,8 +284,18 @@ def leaderboard_table(
                 runs[name].append(times)
                 spans[name].append((start, time.time()))
                 fwd_ms, fwd_bwd_ms = statistics.median(times["fwd"]), statistics.median(times["fwd_bwd"])
-                per_round.append(dict(impl=name, round=r, place=place, fwd_ms=fwd_ms, fwd_bwd_ms=fwd_bwd_ms,
-                                      bwd_ms=fwd_bwd_ms - fwd_ms, runs=len(times["fwd_bwd"]), span=spans[name][-1]))
+                per_round.append(
+                    dict(
+                        impl=name,
+                        round=r,
+                        place=place,
+                        fwd_ms=fwd_ms,
+                        fwd_bwd_ms=fwd_bwd_ms,
+                        bwd_ms=fwd_bwd_ms - fwd_ms,
+                        runs=len(times["fwd_bwd"]),
+                        span=spans[name][-1],
+                    )
+                )
     for entry in per_round:
         entry.update({k: v for k, v in telemetry.window(*entry.pop("span")).items() if k in CLOCK_COLUMNS})
     fwd_bwd_flops = config.flops()["forward_backward"]
@@ -276,14 +308,29 @@ def leaderboard_table(
             row["ceiling_fraction"] = row["tflops"] / ceiling_tflops
     free_device_memory()
     df = pd.DataFrame(list(rows.values()))
-    columns = [*LEADERBOARD_COLUMNS, "fwd_bwd_mean_ms", "ceiling_fraction", "max_rel_error", "runs", "rounds",
-               "fwd_bwd_round_min_ms", "fwd_bwd_round_max_ms", *CLOCK_COLUMNS, "compiled", "status", "note"]
+    columns = [
+        *LEADERBOARD_COLUMNS,
+        "fwd_bwd_mean_ms",
+        "ceiling_fraction",
+        "max_rel_error",
+        "runs",
+        "rounds",
+        "fwd_bwd_round_min_ms",
+        "fwd_bwd_round_max_ms",
+        *CLOCK_COLUMNS,
+        "compiled",
+        "status",
+        "note",
+    ]
     for col in columns:
         if col not in df:
             df[col] = pd.NA
-    return LeaderboardRuns(df[columns], pd.DataFrame(per_round, columns=["impl", "round", "place", "fwd_ms",
-                                                                        "fwd_bwd_ms", "bwd_ms", "runs",
-                                                                        *CLOCK_COLUMNS]))
+    return LeaderboardRuns(
+        df[columns],
+        pd.DataFrame(
+            per_round, columns=["impl", "round", "place", "fwd_ms", "fwd_bwd_ms", "bwd_ms", "runs", *CLOCK_COLUMNS]
+        ),
+    )
 
 
 # (latency column, baseline implementation, largest allowed ratio ours / baseline)
@@ -301,7 +348,9 @@ LEADERBOARD_2026_BARS = (
 
 
 def leaderboard_bars(
-    df: pd.DataFrame, per_round: pd.DataFrame | None = None, ours: str = "triton",
+    df: pd.DataFrame,
+    per_round: pd.DataFrame | None = None,
+    ours: str = "triton",
     bars: Iterable[tuple[str, str, float]] = LEADERBOARD_BARS,
 ) -> pd.DataFrame:
     """Each bar: ours / baseline against its limit; "pass", "fail", or "not measured" with the reason.
@@ -326,11 +375,28 @@ def leaderboard_bars(
                 wide = per_round.pivot(index="round", columns="impl", values=column)
                 if {ours, baseline} <= set(wide.columns):
                     ratios = (wide[ours] / wide[baseline]).dropna()
-                    row.update(round_ratio_min=ratios.min(), round_ratio_max=ratios.max(),
-                               rounds_within=int((ratios <= limit).sum()), rounds=len(ratios))
+                    row.update(
+                        round_ratio_min=ratios.min(),
+                        round_ratio_max=ratios.max(),
+                        rounds_within=int((ratios <= limit).sum()),
+                        rounds=len(ratios),
+                    )
         rows.append(row)
-    return pd.DataFrame(rows, columns=["bar", "ours_ms", "baseline_ms", "ratio", "limit", "verdict", "round_ratio_min",
-                                       "round_ratio_max", "rounds_within", "rounds"])
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "bar",
+            "ours_ms",
+            "baseline_ms",
+            "ratio",
+            "limit",
+            "verdict",
+            "round_ratio_min",
+            "round_ratio_max",
+            "rounds_within",
+            "rounds",
+        ],
+    )
 
 
 def leaderboard_bars_text(bars: pd.DataFrame) -> str:
@@ -344,8 +410,10 @@ def leaderboard_bars_text(bars: pd.DataFrame) -> str:
         if b.ratio == b.ratio:  # not NaN: both were measured
             detail = f"{fmt_ms(b.ours_ms)} vs {fmt_ms(b.baseline_ms)}, {b.ratio:.3f}×"
             if b.rounds == b.rounds:
-                detail += (f"; round by round {b.round_ratio_min:.3f}–{b.round_ratio_max:.3f}×, within the limit in "
-                           f"{b.rounds_within:.0f} of {b.rounds:.0f} rounds")
+                detail += (
+                    f"; round by round {b.round_ratio_min:.3f}–{b.round_ratio_max:.3f}×, within the limit in "
+                    f"{b.rounds_within:.0f} of {b.rounds:.0f} rounds"
+                )
             part += f" ({detail})"
         parts.append(part)
     return "; ".join(parts) + "."
@@ -365,11 +433,13 @@ def clock_text(df: pd.DataFrame, ours: str = "triton", baseline: str = "sdpa_cud
     time_ratio = mine[column] / theirs[column]
     cycle_ratio = time_ratio * mine.sm_mhz / theirs.sm_mhz
     what = column.removesuffix("_ms").replace("_", "+")
-    return (f"While timed, the GPU's SM clock had a median of **{mine.sm_mhz:.0f} MHz for {ours}** and "
-            f"**{theirs.sm_mhz:.0f} MHz for {baseline}**, at {mine.power_w:.0f} and {theirs.power_w:.0f} W, with the "
-            f"clock held down by the board's power cap in {mine.power_capped:.0%} and {theirs.power_capped:.0%} of "
-            f"the samples. In clock cycles (time × clock), {ours}'s {what} took {cycle_ratio:.3f}× {baseline}'s; "
-            f"in time, {time_ratio:.3f}×.")
+    return (
+        f"While timed, the GPU's SM clock had a median of **{mine.sm_mhz:.0f} MHz for {ours}** and "
+        f"**{theirs.sm_mhz:.0f} MHz for {baseline}**, at {mine.power_w:.0f} and {theirs.power_w:.0f} W, with the "
+        f"clock held down by the board's power cap in {mine.power_capped:.0%} and {theirs.power_capped:.0%} of "
+        f"the samples. In clock cycles (time × clock), {ours}'s {what} took {cycle_ratio:.3f}× {baseline}'s; "
+        f"in time, {time_ratio:.3f}×."
+    )
 
 
 def read_tuning_record(path: str | Path) -> pd.DataFrame:

@@ -47,11 +47,11 @@ import torch.nn as nn
 
 from cs336_systems.accounting.sharding import memory_per_rank, setup_for_model
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
-from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
-from cs336_systems.experiments.fsdp_timeline import forward_overlap
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, shardable_weight
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
+from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
+from cs336_systems.experiments.fsdp_timeline import forward_overlap
 from cs336_systems.experiments.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
@@ -70,7 +70,11 @@ class FSDPBenchmarkConfig:
     global_batch_size: int = 4
     context_length: int = 512
     runs: tuple[tuple[str, str], ...] = (
-        ("replicated", "fp32"), ("fsdp", "fp32"), ("fsdp2", "fp32"), ("fsdp", "bf16"), ("fsdp2", "bf16"),
+        ("replicated", "fp32"),
+        ("fsdp", "fp32"),
+        ("fsdp2", "fp32"),
+        ("fsdp", "bf16"),
+        ("fsdp2", "bf16"),
     )
     profile_run: tuple[str, str] | None = ("fsdp", "bf16")
     profile_size: str | None = None  # the model size whose profile_run is profiled (None: every size)
@@ -90,13 +94,19 @@ class FSDPBenchmarkConfig:
 
     def __post_init__(self):
         if self.world_size < 1 or self.global_batch_size % self.world_size:
-            raise ValueError(f"global batch size {self.global_batch_size} must split evenly over world size {self.world_size}")
+            raise ValueError(
+                f"global batch size {self.global_batch_size} must split evenly over world size {self.world_size}"
+            )
         for strategy, dtype in self.runs:
             if strategy not in STRATEGIES or dtype not in DTYPES:
-                raise ValueError(f"unknown run ({strategy!r}, {dtype!r}); strategies {STRATEGIES}, dtypes {tuple(DTYPES)}")
+                raise ValueError(
+                    f"unknown run ({strategy!r}, {dtype!r}); strategies {STRATEGIES}, dtypes {tuple(DTYPES)}"
+                )
             if strategy == "replicated" and dtype != "fp32":
                 raise ValueError("the replicated baseline runs in fp32 only")
-        if self.profile_run is not None and (self.profile_run[0] != "fsdp" or tuple(self.profile_run) not in set(self.runs)):
+        if self.profile_run is not None and (
+            self.profile_run[0] != "fsdp" or tuple(self.profile_run) not in set(self.runs)
+        ):
             raise ValueError(f"profile_run {self.profile_run} must be one of the runs {self.runs} with strategy 'fsdp'")
         if self.warmup < 1 or self.steps < 1:
             raise ValueError(f"need warmup >= 1 and steps >= 1, got warmup={self.warmup}, steps={self.steps}")
@@ -116,7 +126,9 @@ class FSDPBenchmarkConfig:
 
 
 # ---- 1. equality -----------------------------------------------------------------------------
-def mixed_precision_step(master: nn.Module, optimizer: torch.optim.Optimizer, inputs, targets, dtype: torch.dtype) -> None:
+def mixed_precision_step(
+    master: nn.Module, optimizer: torch.optim.Optimizer, inputs, targets, dtype: torch.dtype
+) -> None:
     """One non-parallel step: the weights FSDP shards cast to `dtype` for compute, fp32 gradients and update."""
     working = master
     if dtype != torch.float32:
@@ -134,7 +146,9 @@ def mixed_precision_step(master: nn.Module, optimizer: torch.optim.Optimizer, in
 
 def _equality(ctx: DistContext, config: FSDPBenchmarkConfig, dtype_name: str) -> dict:
     dtype = DTYPES[dtype_name]
-    mcfg = ModelConfig.from_size(config.equality_size, context_length=config.equality_context_length, vocab_size=config.vocab_size)
+    mcfg = ModelConfig.from_size(
+        config.equality_size, context_length=config.equality_context_length, vocab_size=config.vocab_size
+    )
     torch.manual_seed(config.seed)
     reference = TransformerLM.from_config(mcfg, device=ctx.device)
     start = copy.deepcopy(reference)
@@ -144,7 +158,9 @@ def _equality(ctx: DistContext, config: FSDPBenchmarkConfig, dtype_name: str) ->
     per_rank = config.global_batch_size // ctx.world_size
     for step in range(config.equality_steps):
         generator = torch.Generator().manual_seed(config.seed + 1 + step)
-        tokens = torch.randint(0, mcfg.vocab_size, (config.global_batch_size, mcfg.context_length + 1), generator=generator).to(ctx.device)
+        tokens = torch.randint(
+            0, mcfg.vocab_size, (config.global_batch_size, mcfg.context_length + 1), generator=generator
+        ).to(ctx.device)
         mixed_precision_step(reference, opt_ref, tokens[:, :-1], tokens[:, 1:], dtype)
         mine = tokens[ctx.rank * per_rank : (ctx.rank + 1) * per_rank]
         cross_entropy(fsdp(mine[:, :-1]), mine[:, 1:]).backward()
@@ -153,7 +169,11 @@ def _equality(ctx: DistContext, config: FSDPBenchmarkConfig, dtype_name: str) ->
         opt.zero_grad(set_to_none=True)
     full, expected = fsdp.gather_full_params(), dict(reference.named_parameters())
     return dict(
-        compute_dtype=dtype_name, rank=ctx.rank, size=config.equality_size, steps=config.equality_steps, adam_eps=eps,
+        compute_dtype=dtype_name,
+        rank=ctx.rank,
+        size=config.equality_size,
+        steps=config.equality_steps,
+        adam_eps=eps,
         max_abs_diff=max((full[n] - p).abs().max().item() for n, p in expected.items()),
         max_update=max((p - q).abs().max().item() for p, q in zip(reference.parameters(), start.parameters())),
         tolerance=EQUALITY_TOLERANCE[dtype_name],
@@ -199,6 +219,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def local_tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of this rank's parameters, gradients and optimizer state (shards where sharded)."""
+
     def nbytes(t):
         t = _local(t)
         return t.numel() * t.element_size()
@@ -240,15 +261,25 @@ def _profile_forwards(ctx: DistContext, config: FSDPBenchmarkConfig, wrapped: nn
         busy = forward_overlap(events)["busy_fraction"] if events is not None else math.nan
         (status_0, busy_0), *others = gather_timings([status, busy])
         ok = status_0 == "ok" and all(o[0] == "ok" for o in others)
-        out.append(dict(size=config.size, strategy=config.profile_run[0], compute_dtype=config.profile_run[1],
-                        batch_per_rank=batch, context_length=config.context_length, status="ok" if ok else "OOM",
-                        events=events if ok else None))
+        out.append(
+            dict(
+                size=config.size,
+                strategy=config.profile_run[0],
+                compute_dtype=config.profile_run[1],
+                batch_per_rank=batch,
+                context_length=config.context_length,
+                status="ok" if ok else "OOM",
+                events=events if ok else None,
+            )
+        )
         if not ok or (config.profile_until_busy is not None and busy_0 >= config.profile_until_busy):
             break  # a larger batch would not fit, or would only confirm what this one shows
     return out
 
 
-def _run(ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_name: str, inputs, targets) -> tuple[dict, list, list[dict]]:
+def _run(
+    ctx: DistContext, config: FSDPBenchmarkConfig, strategy: str, dtype_name: str, inputs, targets
+) -> tuple[dict, list, list[dict]]:
     # Memory is counted above what was allocated before this run (earlier runs' leftovers, if any).
     free_device_memory()
     baseline = allocated_bytes(ctx.device)
@@ -283,14 +314,20 @@ def _worker(ctx: DistContext, configs: Sequence[FSDPBenchmarkConfig]) -> dict:
     if ctx.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
     first = configs[0]
-    equality = [row for d in first.equality_dtypes for rows in gather_timings([_equality(ctx, first, d)]) for row in rows]
+    equality = [
+        row for d in first.equality_dtypes for rows in gather_timings([_equality(ctx, first, d)]) for row in rows
+    ]
     runs, profiles = [], []
     for config in configs:
         size_runs, size_profiles = _measure_size(ctx, config)
         runs.append(size_runs)
         profiles += size_profiles
-    return dict(equality=pd.DataFrame(equality), runs=pd.concat(runs, ignore_index=True), profiles=profiles,
-                config=asdict(first))
+    return dict(
+        equality=pd.DataFrame(equality),
+        runs=pd.concat(runs, ignore_index=True),
+        profiles=profiles,
+        config=asdict(first),
+    )
 
 
 def _measure_size(ctx: DistContext, config: FSDPBenchmarkConfig) -> tuple[pd.DataFrame, list[dict]]:
@@ -310,15 +347,23 @@ def _measure_size(ctx: DistContext, config: FSDPBenchmarkConfig) -> tuple[pd.Dat
         infos = gather_timings([info])
         per_rank = gather_timings([sum(t) for t in times] + [t[i] for i in range(len(PHASES)) for t in times])
         statuses = gather_timings([status])
-        row = dict(strategy=strategy, compute_dtype=dtype_name, status="ok" if all(s == ["ok"] for s in statuses) else "OOM")
+        row = dict(
+            strategy=strategy, compute_dtype=dtype_name, status="ok" if all(s == ["ok"] for s in statuses) else "OOM"
+        )
         if row["status"] == "ok":
             row.update(_summarize(per_rank, config.steps))
             for key in infos[0][0]:
                 row[key] = max(i[0][key] for i in infos)  # the most loaded rank
         rows.append(row)
-    common = dict(size=config.size, world_size=ctx.world_size, backend=ctx.backend,
-                  global_batch_size=config.global_batch_size, context_length=config.context_length,
-                  warmup=config.warmup, steps=config.steps)
+    common = dict(
+        size=config.size,
+        world_size=ctx.world_size,
+        backend=ctx.backend,
+        global_batch_size=config.global_batch_size,
+        context_length=config.context_length,
+        warmup=config.warmup,
+        steps=config.steps,
+    )
     return pd.DataFrame(rows).assign(**common), profiles
 
 
@@ -351,8 +396,14 @@ def expected_saving(config: FSDPBenchmarkConfig | Sequence[FSDPBenchmarkConfig])
         rows = []
         for strategy, label in (("ddp", "replicated"), ("fsdp", "fsdp")):
             parts = memory_per_rank(strategy, setup)
-            rows.append(dict(size=c.size, strategy=label, **{f"{k}_GB": v / 1e9 for k, v in parts.items()},
-                             total_GB=sum(parts.values()) / 1e9))
+            rows.append(
+                dict(
+                    size=c.size,
+                    strategy=label,
+                    **{f"{k}_GB": v / 1e9 for k, v in parts.items()},
+                    total_GB=sum(parts.values()) / 1e9,
+                )
+            )
         df = pd.DataFrame(rows)
         df["saving_GB"] = df["total_GB"].iloc[0] - df["total_GB"]
         frames.append(df)
@@ -380,8 +431,10 @@ def plot_runs(runs: pd.DataFrame, title: str = ""):
 
     ok = runs[runs["status"] == "ok"].reset_index(drop=True)
     several = "size" in ok and ok["size"].nunique() > 1  # one group of bars per size
-    labels = [f"{s}\n{d}" + (f"\n{z}" if several else "") for s, d, z in
-              zip(ok["strategy"], ok["compute_dtype"], ok["size"] if "size" in ok else ok["strategy"])]
+    labels = [
+        f"{s}\n{d}" + (f"\n{z}" if several else "")
+        for s, d, z in zip(ok["strategy"], ok["compute_dtype"], ok["size"] if "size" in ok else ok["strategy"])
+    ]
     fig, (left, right) = plt.subplots(1, 2, figsize=(max(11, 1.2 * len(ok) + 3), 3.8))
     bottom = pd.Series(0.0, index=ok.index)
     for phase, label in zip(PHASES, ("forward+backward", "gradient sync (exposed)", "optimizer step")):

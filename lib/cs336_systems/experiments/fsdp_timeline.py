@@ -42,7 +42,9 @@ def _first_kernels(kernels: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"start": starts, "end": ends, "lane": lanes}, index=ranges.index)
 
 
-def _match_gathers_by_order(spans: pd.DataFrame, range_rows: pd.Series, gathers: pd.DataFrame, nccl: pd.DataFrame) -> None:
+def _match_gathers_by_order(
+    spans: pd.DataFrame, range_rows: pd.Series, gathers: pd.DataFrame, nccl: pd.DataFrame
+) -> None:
     """Fill spans a launch did not match (a trace without the NCCL launches' correlation) by order:
     the NCCL stream runs the all-gathers in the order the "fsdp all-gather" ranges issued them."""
     missing = spans["start"].isna() & range_rows.notna()
@@ -74,27 +76,41 @@ def forward_gather_timing(events: pd.DataFrame, tolerance_us: float | None = Non
     if forwards.empty:
         raise ValueError("no 'fsdp forward' ranges in the trace: was the profiled model wrapped in FSDP?")
     forwards["module"] = forwards["name"].str.removeprefix("fsdp forward ")
-    gathers = ranges[ranges["name"].str.startswith("fsdp all-gather ")].assign(module=lambda d: d["name"].str.removeprefix("fsdp all-gather "))
-    waits = ranges[ranges["name"].str.startswith("fsdp wait ")].assign(module=lambda d: d["name"].str.removeprefix("fsdp wait "))
+    gathers = ranges[ranges["name"].str.startswith("fsdp all-gather ")].assign(
+        module=lambda d: d["name"].str.removeprefix("fsdp all-gather ")
+    )
+    waits = ranges[ranges["name"].str.startswith("fsdp wait ")].assign(
+        module=lambda d: d["name"].str.removeprefix("fsdp wait ")
+    )
     kernels = events[events["kind"].isin(GPU_KINDS)]
     gpu = not kernels.empty
     rows = []
     for _, f in forwards.sort_values("ts_us").iterrows():
         g = gathers[(gathers["module"] == f["module"]) & (gathers["ts_us"] <= f["ts_us"])].tail(1)
         w = waits[(waits["module"] == f["module"]) & (waits["ts_us"] <= f["ts_us"])].tail(1)
-        rows.append(dict(module=f["module"], forward_cpu_start=f["ts_us"], forward_cpu_end=f["end_us"],
-                         gather_range=g.index[0] if len(g) else None,
-                         gather_cpu_start=g["ts_us"].iloc[0] if len(g) else math.nan,
-                         gather_cpu_end=g["end_us"].iloc[0] if len(g) else math.nan,
-                         wait_cpu_start=w["ts_us"].iloc[0] if len(w) else math.nan,
-                         wait_cpu_end=w["end_us"].iloc[0] if len(w) else math.nan))
+        rows.append(
+            dict(
+                module=f["module"],
+                forward_cpu_start=f["ts_us"],
+                forward_cpu_end=f["end_us"],
+                gather_range=g.index[0] if len(g) else None,
+                gather_cpu_start=g["ts_us"].iloc[0] if len(g) else math.nan,
+                gather_cpu_end=g["end_us"].iloc[0] if len(g) else math.nan,
+                wait_cpu_start=w["ts_us"].iloc[0] if len(w) else math.nan,
+                wait_cpu_end=w["end_us"].iloc[0] if len(w) else math.nan,
+            )
+        )
     df = pd.DataFrame(rows)
     if gpu:
         nccl = kernels[kernels["name"].str.lower().str.contains("nccl")]
         compute = kernels[~kernels.index.isin(nccl.index)]
-        gather_spans = _first_kernels(nccl, df.rename(columns={"gather_cpu_start": "ts_us", "gather_cpu_end": "end_us"}))
+        gather_spans = _first_kernels(
+            nccl, df.rename(columns={"gather_cpu_start": "ts_us", "gather_cpu_end": "end_us"})
+        )
         _match_gathers_by_order(gather_spans, df["gather_range"], gathers, nccl)
-        forward_spans = _first_kernels(compute, df.rename(columns={"forward_cpu_start": "ts_us", "forward_cpu_end": "end_us"}))
+        forward_spans = _first_kernels(
+            compute, df.rename(columns={"forward_cpu_start": "ts_us", "forward_cpu_end": "end_us"})
+        )
         df["gather_start"], df["gather_end"] = gather_spans["start"], gather_spans["end"]
         df["compute_start"], df["compute_end"] = forward_spans["start"], forward_spans["end"]
         ready = []
@@ -131,18 +147,36 @@ def plot_gather_schedule(timing: pd.DataFrame, first: int = 16, title: str = "")
     for i, r in df.iterrows():
         y = len(df) - 1 - i
         if not math.isnan(r["gather_start_ms"]):
-            ax.broken_barh([(r["gather_start_ms"], r["gather_end_ms"] - r["gather_start_ms"])], (y - 0.35, 0.3), facecolor="#de8f05")
-        ax.broken_barh([(r["compute_start_ms"], r["compute_end_ms"] - r["compute_start_ms"])], (y + 0.02, 0.33), facecolor="#0173b2")
+            ax.broken_barh(
+                [(r["gather_start_ms"], r["gather_end_ms"] - r["gather_start_ms"])],
+                (y - 0.35, 0.3),
+                facecolor="#de8f05",
+            )
+        ax.broken_barh(
+            [(r["compute_start_ms"], r["compute_end_ms"] - r["compute_start_ms"])],
+            (y + 0.02, 0.33),
+            facecolor="#0173b2",
+        )
         if r["exposed_ms"] > 0:
-            ax.broken_barh([(r["compute_start_ms"] - r["exposed_ms"], r["exposed_ms"])], (y + 0.02, 0.33), facecolor="#d55e00", hatch="//")
+            ax.broken_barh(
+                [(r["compute_start_ms"] - r["exposed_ms"], r["exposed_ms"])],
+                (y + 0.02, 0.33),
+                facecolor="#d55e00",
+                hatch="//",
+            )
     ax.set_yticks(range(len(df)), list(df["module"])[::-1], fontsize=7)
     ax.set_xlabel(f"time (ms, {df['clock'].iloc[0]})")
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color="#de8f05", label="all-gather of the module's weight"),
-                       Patch(color="#0173b2", label="the module's forward"),
-                       Patch(color="#d55e00", label="waiting for the gather (exposed)")],
-              fontsize=8, loc="lower right")
+    ax.legend(
+        handles=[
+            Patch(color="#de8f05", label="all-gather of the module's weight"),
+            Patch(color="#0173b2", label="the module's forward"),
+            Patch(color="#d55e00", label="waiting for the gather (exposed)"),
+        ],
+        fontsize=8,
+        loc="lower right",
+    )
     ax.set_title(title)
     ax.grid(axis="y", visible=False)
     fig.tight_layout()
@@ -162,9 +196,14 @@ def forward_overlap(events: pd.DataFrame) -> dict[str, float]:
         return dict.fromkeys(OVERLAP_COLUMNS, math.nan)
     per_device = communication_overlap(events)
     d = per_device.loc[per_device["compute_ms"].idxmax()]
-    return dict(forward_ms=d.span_ms, busy_fraction=d.compute_ms / d.span_ms if d.span_ms else math.nan,
-                gather_ms=d.communication_ms, hidden_ms=d.hidden_ms, hidden_fraction=d.hidden_fraction,
-                exposed_ms=d.exposed_ms)
+    return dict(
+        forward_ms=d.span_ms,
+        busy_fraction=d.compute_ms / d.span_ms if d.span_ms else math.nan,
+        gather_ms=d.communication_ms,
+        hidden_ms=d.hidden_ms,
+        hidden_fraction=d.hidden_fraction,
+        exposed_ms=d.exposed_ms,
+    )
 
 
 def summarize_profiles(profiles: list[dict], busy_threshold: float = 0.8) -> pd.DataFrame:
@@ -181,11 +220,19 @@ def summarize_profiles(profiles: list[dict], busy_threshold: float = 0.8) -> pd.
         if p["status"] == "ok" and events is not None:
             timing = forward_gather_timing(events)
             late = timing[~timing.in_time & timing.gather_found]
-            row.update(forward_overlap(events), gathers=len(timing), gathers_in_time=int(timing.in_time.sum()),
-                       late_ms=float(late.exposed_ms.sum()))
+            row.update(
+                forward_overlap(events),
+                gathers=len(timing),
+                gathers_in_time=int(timing.in_time.sum()),
+                late_ms=float(late.exposed_ms.sum()),
+            )
         rows.append(row)
-    df = pd.DataFrame(rows, columns=["size", "strategy", "compute_dtype", "batch_per_rank", "context_length", "status",
-                                      "tokens_per_rank"] if not rows else None)
+    df = pd.DataFrame(
+        rows,
+        columns=["size", "strategy", "compute_dtype", "batch_per_rank", "context_length", "status", "tokens_per_rank"]
+        if not rows
+        else None,
+    )
     for col in (*OVERLAP_COLUMNS, "gathers", "gathers_in_time", "late_ms"):
         if col not in df:
             df[col] = math.nan
@@ -195,7 +242,10 @@ def summarize_profiles(profiles: list[dict], busy_threshold: float = 0.8) -> pd.
     measured = df[(df["status"] == "ok") & df["gathers"].notna()]
     if len(measured):
         bound = measured[measured["gpu_bound"]]
-        pick = bound.index[0] if len(bound) else (
-            measured["busy_fraction"].idxmax() if measured["busy_fraction"].notna().any() else measured.index[0])
+        pick = (
+            bound.index[0]
+            if len(bound)
+            else (measured["busy_fraction"].idxmax() if measured["busy_fraction"].notna().any() else measured.index[0])
+        )
         df.loc[pick, "shown"] = True
     return df

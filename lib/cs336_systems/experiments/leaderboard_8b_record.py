@@ -51,26 +51,68 @@ _PLAN = dict(recompute="plan", loss="fused", optimizer="fused_adamw", state_dtyp
 _KEPT_ATTENTION = dict(_PLAN, keep_attention=True)
 _OURS = dict(_KEPT_ATTENTION, activation_memory_budget=ACTIVATION_MEMORY_BUDGET)
 RECORD = (
-    RecordRow("torch_native", "the baseline: SDPA, every block recomputed, the LM head's full logits and "
-              "F.cross_entropy, torch.optim.AdamW(fused=True)", "sdpa", _BASELINE),
+    RecordRow(
+        "torch_native",
+        "the baseline: SDPA, every block recomputed, the LM head's full logits and "
+        "F.cross_entropy, torch.optim.AdamW(fused=True)",
+        "sdpa",
+        _BASELINE,
+    ),
     RecordRow("flash_attention", "our FlashAttention (flash_triton) instead of SDPA", "flash_triton", _BASELINE),
-    RecordRow("fused_loss", "the fused LM head + cross-entropy: token chunks, never the [N, V] logits", "flash_triton",
-              dict(_BASELINE, loss="fused")),
-    RecordRow("fused_adamw", "our FusedAdamW, bf16 states stochastically rounded (one launch per group)",
-              "flash_triton", dict(_BASELINE, loss="fused", optimizer="fused_adamw", state_dtype=torch.bfloat16)),
-    RecordRow("recompute_plan", "the recompute plan: the last blocks keep their activations, as many as memory "
-              "allows (one compiled block's activations measured on the device)", "flash_triton", _PLAN),
-    RecordRow("kept_attention", "selective recompute: recomputed blocks keep attention's output and logsumexp, so "
-              "their recompute skips the attention forward; the plan counts the kept outputs", "flash_triton",
-              _KEPT_ATTENTION),
-    RecordRow("ours", f"the compiled blocks' partitioner saves less (activation memory budget "
-              f"{ACTIVATION_MEMORY_BUDGET}), recomputing cheap work inside each block's backward: smaller blocks, "
-              f"so the plan keeps more of them", "flash_triton", _OURS),
-    RecordRow("ours_fp32_states", "ours with fp32 AdamW states (exact AdamW): 16 more bytes a parameter "
-              "leave room for fewer kept blocks", "flash_triton", dict(_OURS, state_dtype=torch.float32)),
+    RecordRow(
+        "fused_loss",
+        "the fused LM head + cross-entropy: token chunks, never the [N, V] logits",
+        "flash_triton",
+        dict(_BASELINE, loss="fused"),
+    ),
+    RecordRow(
+        "fused_adamw",
+        "our FusedAdamW, bf16 states stochastically rounded (one launch per group)",
+        "flash_triton",
+        dict(_BASELINE, loss="fused", optimizer="fused_adamw", state_dtype=torch.bfloat16),
+    ),
+    RecordRow(
+        "recompute_plan",
+        "the recompute plan: the last blocks keep their activations, as many as memory "
+        "allows (one compiled block's activations measured on the device)",
+        "flash_triton",
+        _PLAN,
+    ),
+    RecordRow(
+        "kept_attention",
+        "selective recompute: recomputed blocks keep attention's output and logsumexp, so "
+        "their recompute skips the attention forward; the plan counts the kept outputs",
+        "flash_triton",
+        _KEPT_ATTENTION,
+    ),
+    RecordRow(
+        "ours",
+        f"the compiled blocks' partitioner saves less (activation memory budget "
+        f"{ACTIVATION_MEMORY_BUDGET}), recomputing cheap work inside each block's backward: smaller blocks, "
+        f"so the plan keeps more of them",
+        "flash_triton",
+        _OURS,
+    ),
+    RecordRow(
+        "ours_fp32_states",
+        "ours with fp32 AdamW states (exact AdamW): 16 more bytes a parameter leave room for fewer kept blocks",
+        "flash_triton",
+        dict(_OURS, state_dtype=torch.float32),
+    ),
 )
-RECORD_COLUMNS = ["variant", "change", "step_ms", "peak_gib", "tflops", "ceiling_fraction", "vs_baseline",
-                  "blocks_recomputed", "attention_kept", "status", "note"]
+RECORD_COLUMNS = [
+    "variant",
+    "change",
+    "step_ms",
+    "peak_gib",
+    "tflops",
+    "ceiling_fraction",
+    "vs_baseline",
+    "blocks_recomputed",
+    "attention_kept",
+    "status",
+    "note",
+]
 
 
 def release(step: TrainStep | None = None) -> None:
@@ -84,8 +126,9 @@ def release(step: TrainStep | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-def time_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, rep_ms: int, warmup_ms: int,
-              cpu_steps: int = 2) -> float:
+def time_step(
+    step: TrainStep, x: torch.Tensor, y: torch.Tensor, rep_ms: int, warmup_ms: int, cpu_steps: int = 2
+) -> float:
     """Milliseconds per step as the handout's test takes them (do_bench's mean) on CUDA; on CPU the
     median of `cpu_steps` timed calls after an untimed first."""
     if x.device.type == "cuda":
@@ -96,8 +139,17 @@ def time_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, rep_ms: int, wa
     return float(pd.Series(times).median())
 
 
-def run_record(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, rows=RECORD, *, compile_blocks: bool,
-               rep_ms: int = 5000, warmup_ms: int = 1000, ceiling_tflops: float | None = None) -> pd.DataFrame:
+def run_record(
+    model: TransformerLM,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rows=RECORD,
+    *,
+    compile_blocks: bool,
+    rep_ms: int = 5000,
+    warmup_ms: int = 1000,
+    ceiling_tflops: float | None = None,
+) -> pd.DataFrame:
     """One row per `RecordRow` (`RECORD_COLUMNS`): step time, peak memory, useful TFLOP/s, the fraction of
     the matmul ceiling, the ratio to the first row's time, and how many blocks the step recomputed."""
     cfg = model.config
@@ -122,9 +174,12 @@ def run_record(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, rows=RECO
             step = build_train_step(model, config)
             ms = time_step(step, x, y, rep_ms, warmup_ms)
             plan = step.plans.get((x.shape[0], x.shape[1]))
-            record.update(step_ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
-                          blocks_recomputed=plan.recomputed_blocks if plan else 0,
-                          attention_kept=bool(plan and plan.keep_attention))
+            record.update(
+                step_ms=ms,
+                tflops=flops / (ms * 1e-3) / 1e12,
+                blocks_recomputed=plan.recomputed_blocks if plan else 0,
+                attention_kept=bool(plan and plan.keep_attention),
+            )
             if x.device.type == "cuda":
                 record["peak_gib"] = torch.cuda.max_memory_allocated(x.device) / GIB
         except torch.OutOfMemoryError as err:
@@ -145,13 +200,28 @@ def run_record(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, rows=RECO
     return df[RECORD_COLUMNS]
 
 
-LEADERBOARD_COLUMNS = ["variant", "step_ms", "peak_gib", "tflops", "ceiling_tflops", "world_size", "device",
-                       "rep_ms", "warmup_ms"]
+LEADERBOARD_COLUMNS = [
+    "variant",
+    "step_ms",
+    "peak_gib",
+    "tflops",
+    "ceiling_tflops",
+    "world_size",
+    "device",
+    "rep_ms",
+    "warmup_ms",
+]
 
 
-def leaderboard_rows(record: pd.DataFrame, ceiling_tflops: float | None, world_size: int, device: str,
-                     torchrun_results: pd.DataFrame | None = None, rep_ms: int | None = None,
-                     warmup_ms: int | None = None) -> pd.DataFrame:
+def leaderboard_rows(
+    record: pd.DataFrame,
+    ceiling_tflops: float | None,
+    world_size: int,
+    device: str,
+    torchrun_results: pd.DataFrame | None = None,
+    rep_ms: int | None = None,
+    warmup_ms: int | None = None,
+) -> pd.DataFrame:
     """The committed `leaderboard_8b.csv`: the baseline and the final step of the record (timed by
     `do_bench(rep=rep_ms, warmup=warmup_ms)`), then the runs of `torchrun_step` that succeeded (their own
     world size, device and do_bench settings)."""
@@ -163,14 +233,17 @@ def leaderboard_rows(record: pd.DataFrame, ceiling_tflops: float | None, world_s
     picked["warmup_ms"] = warmup_ms
     parts = [picked[LEADERBOARD_COLUMNS]]
     if torchrun_results is not None and len(torchrun_results):
-        ran = torchrun_results[torchrun_results.status == "ok"].rename(columns=dict(ms="step_ms", useful_tflops="tflops"))
+        ran = torchrun_results[torchrun_results.status == "ok"].rename(
+            columns=dict(ms="step_ms", useful_tflops="tflops")
+        )
         if len(ran):
             parts.append(ran.assign(ceiling_tflops=ceiling_tflops).reindex(columns=LEADERBOARD_COLUMNS))
     return pd.concat(parts, ignore_index=True)
 
 
-def memory_plan(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, config: StepConfig
-                ) -> tuple[pd.DataFrame, MemoryTerms]:
+def memory_plan(
+    model: TransformerLM, x: torch.Tensor, y: torch.Tensor, config: StepConfig
+) -> tuple[pd.DataFrame, MemoryTerms]:
     """The memory of `config`'s step, analytic against measured, in GiB, and the plan's terms
     (`TrainStep.memory_terms`): parameters, gradients, AdamW states, one block's saved activations
     (measured, `measure_block_memory`) times the blocks that keep them, the recomputed blocks' inputs and
@@ -190,8 +263,12 @@ def memory_plan(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, config: 
         peak = torch.cuda.max_memory_allocated(x.device) if x.device.type == "cuda" else pd.NA
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
-        states = sum(t.numel() * t.element_size() for s in step.optimizer.state.values() for t in s.values()
-                     if isinstance(t, torch.Tensor) and t.dim() > 0)
+        states = sum(
+            t.numel() * t.element_size()
+            for s in step.optimizer.state.values()
+            for t in s.values()
+            if isinstance(t, torch.Tensor) and t.dim() > 0
+        )
         state_size = torch.tensor([], dtype=config.state_dtype).element_size()
         kept, recomputed = plan.kept_blocks, plan.recomputed_blocks
         analytic_states = 2 * sum(p.numel() for p in model.parameters()) * state_size
@@ -202,14 +279,23 @@ def memory_plan(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, config: 
             ("AdamW states", analytic_states, states),
             (f"saved activations ({kept} blocks keep theirs)", kept * terms.block, kept * terms.block),
             (f"recomputed blocks' inputs ({recomputed})", recomputed * terms.checkpoint, pd.NA),
-            (f"recomputed blocks' attention outputs ({recomputed if attention else 0} kept)", recomputed * attention, pd.NA),
+            (
+                f"recomputed blocks' attention outputs ({recomputed if attention else 0} kept)",
+                recomputed * attention,
+                pd.NA,
+            ),
             ("loss workspace and residual streams", terms.fixed - 2 * params - analytic_states, pd.NA),
             ("one block's working memory (measured)", terms.transient, terms.transient),
-            ("peak (analytic: recompute_cost; measured: a second step's)",
-             recompute_cost(len(plan.recompute), kept, terms, plan.keep_attention), peak),
+            (
+                "peak (analytic: recompute_cost; measured: a second step's)",
+                recompute_cost(len(plan.recompute), kept, terms, plan.keep_attention),
+                peak,
+            ),
         ]
-        table = pd.DataFrame([(n, a / GIB, m / GIB if m is not pd.NA else pd.NA) for n, a, m in rows],
-                             columns=["item", "analytic_gib", "measured_gib"])
+        table = pd.DataFrame(
+            [(n, a / GIB, m / GIB if m is not pd.NA else pd.NA) for n, a, m in rows],
+            columns=["item", "analytic_gib", "measured_gib"],
+        )
         return table, terms
     finally:
         release(step)
@@ -229,7 +315,9 @@ def kernel_category(name: str) -> str:
     return _STEP_CATEGORIES.get(category_of(name), "elementwise / other")
 
 
-def profile_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, warmup: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+def profile_step(
+    step: TrainStep, x: torch.Tensor, y: torch.Tensor, warmup: int = 1
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One step after `warmup` steps: the time of each phase (`PHASES`, between CUDA events the step records
     at its phase boundaries; wall time on CPU), then one step under torch.profiler for the GPU kernels' time
     by category (`kernel_category`)."""
@@ -242,8 +330,9 @@ def profile_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, warmup: int 
     times = phase_times(step.phase_marks)
     step.phase_marks = None
     total_ms = sum(times.values())
-    phases = pd.DataFrame([dict(phase=p, ms=times[p], share=times[p] / total_ms) for p in PHASES],
-                          columns=["phase", "ms", "share"])
+    phases = pd.DataFrame(
+        [dict(phase=p, ms=times[p], share=times[p] / total_ms) for p in PHASES], columns=["phase", "ms", "share"]
+    )
     kernels: dict[str, float] = {}
     if x.device.type == "cuda":
         torch.cuda.synchronize(x.device)
@@ -255,9 +344,13 @@ def profile_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, warmup: int 
                 category = kernel_category(e.name)
                 kernels[category] = kernels.get(category, 0.0) + e.time_range.elapsed_us() / 1e3
     total = sum(kernels.values())
-    kernel_df = pd.DataFrame([dict(category=c, ms=t, share=t / total if total else float("nan"))
-                              for c, t in sorted(kernels.items(), key=lambda kv: -kv[1])],
-                             columns=["category", "ms", "share"])
+    kernel_df = pd.DataFrame(
+        [
+            dict(category=c, ms=t, share=t / total if total else float("nan"))
+            for c, t in sorted(kernels.items(), key=lambda kv: -kv[1])
+        ],
+        columns=["category", "ms", "share"],
+    )
     return phases, kernel_df
 
 
@@ -281,11 +374,12 @@ def loss_curves(make_model, x: torch.Tensor, y: torch.Tensor, steps: int = 50, l
     from cs336_systems.attention.naive import naive_attention
 
     variants = {
-        "plain (naive attention, F.cross_entropy, torch AdamW)": (naive_attention, dict(
-            recompute="none", loss="cross_entropy", optimizer="torch_adamw")),
+        "plain (naive attention, F.cross_entropy, torch AdamW)": (
+            naive_attention,
+            dict(recompute="none", loss="cross_entropy", optimizer="torch_adamw"),
+        ),
         "ours, fp32 states": ("flash_triton", dict(recompute="none", state_dtype=torch.float32)),
-        "ours, bf16 states (stochastic rounding)": ("flash_triton", dict(recompute="none",
-                                                                         state_dtype=torch.bfloat16)),
+        "ours, bf16 states (stochastic rounding)": ("flash_triton", dict(recompute="none", state_dtype=torch.bfloat16)),
     }
     rows = []
     for name, (attention, options) in variants.items():
@@ -297,9 +391,20 @@ def loss_curves(make_model, x: torch.Tensor, y: torch.Tensor, steps: int = 50, l
     return pd.DataFrame(rows)
 
 
-def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms: int, warmup_ms: int,
-                  compile_blocks: bool, state_dtype: str = "bf16", timeout_s: float = 900.0,
-                  trace: str | None = None, cold_cache: bool = False) -> dict:
+def torchrun_step(
+    variant: str,
+    nproc: int,
+    *,
+    layers: int,
+    context: int,
+    rep_ms: int,
+    warmup_ms: int,
+    compile_blocks: bool,
+    state_dtype: str = "bf16",
+    timeout_s: float = 900.0,
+    trace: str | None = None,
+    cold_cache: bool = False,
+) -> dict:
     """`torchrun --nproc-per-node nproc -m cs336_systems.training.leaderboard_8b` (the handout's command
     on `nproc` GPUs, batch 1 per GPU) in a subprocess: rank 0's result, with `status` "ok", or "failed"
     and the end of its output as `note`, and the command's wall seconds (`wall_s`). `trace`: the command's
@@ -316,10 +421,28 @@ def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms
 
     with tempfile.TemporaryDirectory(prefix="cs336_torchrun_") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m",
-               "cs336_systems.training.leaderboard_8b", "--variant", variant, "--layers", str(layers),
-               "--context", str(context), "--rep", str(rep_ms), "--warmup", str(warmup_ms),
-               "--state-dtype", state_dtype, "--json", str(out)] + (["--compile-blocks"] if compile_blocks else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "cs336_systems.training.leaderboard_8b",
+            "--variant",
+            variant,
+            "--layers",
+            str(layers),
+            "--context",
+            str(context),
+            "--rep",
+            str(rep_ms),
+            "--warmup",
+            str(warmup_ms),
+            "--state-dtype",
+            state_dtype,
+            "--json",
+            str(out),
+        ] + (["--compile-blocks"] if compile_blocks else [])
         cmd += ["--trace", str(trace)] if trace else []
         lib = str(Path(cs336_systems.__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [lib, os.environ.get("PYTHONPATH")])))
@@ -330,8 +453,13 @@ def torchrun_step(variant: str, nproc: int, *, layers: int, context: int, rep_ms
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
-            return dict(variant=variant, world_size=nproc, status="failed", note=f"timed out after {timeout_s:.0f} s",
-                        wall_s=timeout_s)
+            return dict(
+                variant=variant,
+                world_size=nproc,
+                status="failed",
+                note=f"timed out after {timeout_s:.0f} s",
+                wall_s=timeout_s,
+            )
         wall_s = time.perf_counter() - start
         if proc.returncode or not out.exists():
             lines = (proc.stdout + "\n" + proc.stderr).strip().splitlines()
@@ -355,16 +483,24 @@ def two_gpu_profile(trace) -> tuple[pd.DataFrame, pd.DataFrame, object]:
     return stream_summary(events), communication_overlap(events), fig
 
 
-def kept_blocks_table(model: TransformerLM, terms: MemoryTerms, batch: int, seq: int, budget_bytes: int | None,
-                      world_sizes=(1,), state_dtypes=(torch.bfloat16,)) -> pd.DataFrame:
+def kept_blocks_table(
+    model: TransformerLM,
+    terms: MemoryTerms,
+    batch: int,
+    seq: int,
+    budget_bytes: int | None,
+    world_sizes=(1,),
+    state_dtypes=(torch.bfloat16,),
+) -> pd.DataFrame:
     """Per rank, for each world size and AdamW state dtype: the fixed memory (parameters and gradients
     whole, states 1/N) and the plan within `budget_bytes` (one GPU's; None: every block keeps its
     activations; None in the columns: not even recomputing every block fits), the other terms `terms`'."""
     rows = []
     for world in world_sizes:
         for state_dtype in state_dtypes:
-            fixed = fixed_memory_bytes(model, state_dtype, batch, seq, world_size=world,
-                                       bucket_bytes=StepConfig().bucket_bytes)
+            fixed = fixed_memory_bytes(
+                model, state_dtype, batch, seq, world_size=world, bucket_bytes=StepConfig().bucket_bytes
+            )
             kept, keep_attention = model.config.num_layers, False
             if budget_bytes is not None:
                 try:
@@ -372,9 +508,15 @@ def kept_blocks_table(model: TransformerLM, terms: MemoryTerms, batch: int, seq:
                     kept, keep_attention = plan.kept_blocks, plan.keep_attention
                 except ValueError:
                     kept = keep_attention = None
-            rows.append(dict(world_size=world, state_dtype=str(state_dtype).removeprefix("torch."),
-                             fixed_gib_per_rank=fixed / GIB, blocks_keeping_activations=kept,
-                             attention_kept=keep_attention))
+            rows.append(
+                dict(
+                    world_size=world,
+                    state_dtype=str(state_dtype).removeprefix("torch."),
+                    fixed_gib_per_rank=fixed / GIB,
+                    blocks_keeping_activations=kept,
+                    attention_kept=keep_attention,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -388,21 +530,36 @@ def _data_parallel_rank(ctx, make, x, y, config):
     loss = float(step.step(x[mine], y[mine]))
     seconds = time.perf_counter() - start
     states = sum(1 for s in step.optimizer.local_optimizer.state.values() if s)
-    return dict(rank=ctx.rank, loss=loss, seconds=seconds, owned_states=states,
-                weights=torch.cat([p.detach().flatten() for p in model.parameters()]))
+    return dict(
+        rank=ctx.rank,
+        loss=loss,
+        seconds=seconds,
+        owned_states=states,
+        weights=torch.cat([p.detach().flatten() for p in model.parameters()]),
+    )
 
 
-def data_parallel_check(make, x: torch.Tensor, y: torch.Tensor, config: StepConfig, world_size: int = 2,
-                        backend: str = "gloo") -> pd.DataFrame:
+def data_parallel_check(
+    make, x: torch.Tensor, y: torch.Tensor, config: StepConfig, world_size: int = 2, backend: str = "gloo"
+) -> pd.DataFrame:
     """The data-parallel step on `world_size` local processes (each its slice of the batch, one step): per
     rank its loss, wall time, how many parameters' AdamW states it keeps, and whether its weights after the
     step equal rank 0's bit for bit. `make()` builds the model (the same seed on every rank)."""
     from cs336_systems.distributed import spawn
 
     ranks = spawn(_data_parallel_rank, world_size, args=(make, x, y, config), backend=backend, timeout_s=600)
-    return pd.DataFrame([dict(rank=r["rank"], loss=r["loss"], seconds=r["seconds"], owned_states=r["owned_states"],
-                              same_weights_as_rank0=bool(torch.equal(r["weights"], ranks[0]["weights"])))
-                         for r in ranks])
+    return pd.DataFrame(
+        [
+            dict(
+                rank=r["rank"],
+                loss=r["loss"],
+                seconds=r["seconds"],
+                owned_states=r["owned_states"],
+                same_weights_as_rank0=bool(torch.equal(r["weights"], ranks[0]["weights"])),
+            )
+            for r in ranks
+        ]
+    )
 
 
 def scaled_down_model(seed: int = 0) -> TransformerLM:

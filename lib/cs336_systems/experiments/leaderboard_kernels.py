@@ -24,6 +24,7 @@ from collections.abc import Iterable
 import pandas as pd
 import torch
 
+from cs336_systems.benchmarking.harness import free_device_memory
 from cs336_systems.benchmarking.timing import round_orders
 from cs336_systems.experiments.flash_leaderboard import (
     LEADERBOARD,
@@ -32,7 +33,6 @@ from cs336_systems.experiments.flash_leaderboard import (
     leaderboard_implementation,
     leaderboard_inputs,
 )
-from cs336_systems.benchmarking.harness import free_device_memory
 
 LOSS_KERNEL = re.compile(r"reduce_kernel")
 FILL_KERNEL = re.compile(r"FillFunctor")
@@ -50,7 +50,7 @@ def short_kernel_name(name: str, limit: int = 70) -> str:
     generic elementwise and reduction kernels (which say what they compute only there)."""
     text = name.removeprefix("void ").replace("(anonymous namespace)::", "").strip()
     head = re.split(r"[<(]", text, maxsplit=1)[0]
-    base, rest = head.split("::")[-1], text[len(head):]
+    base, rest = head.split("::")[-1], text[len(head) :]
     hint = re.search(r"(\w*(?:Functor\w*|_copy_kernel_cuda|ReduceOp|Func)\w*)", rest)
     short = f"{base} [{hint.group(1)}]" if hint and base.endswith(("kernel", "_vectorized")) else base
     return short[:limit]
@@ -64,8 +64,10 @@ def classify_kernels(names: list[str]) -> list[tuple[str, str]]:
     and the accumulation."""
     loss = next((i for i, name in enumerate(names) if LOSS_KERNEL.search(name)), None)
     if loss is None:
-        raise ValueError(f"no loss reduction (a kernel matching {LOSS_KERNEL.pattern!r}) among the step's "
-                         f"{len(names)} kernels: {[short_kernel_name(n) for n in names]}")
+        raise ValueError(
+            f"no loss reduction (a kernel matching {LOSS_KERNEL.pattern!r}) among the step's "
+            f"{len(names)} kernels: {[short_kernel_name(n) for n in names]}"
+        )
     ones = next((i for i in range(loss + 1, len(names)) if FILL_KERNEL.search(names[i])), None)
     memset = loss - 1 if loss > 0 and names[loss - 1].startswith("Memset") else None
     out = []
@@ -81,7 +83,9 @@ def classify_kernels(names: list[str]) -> list[tuple[str, str]]:
             if role:
                 out.append(("harness", role))
             else:
-                out.append(("backward", "dense copy of the upstream gradient" if DENSE_COPY.search(name) else "attention"))
+                out.append(
+                    ("backward", "dense copy of the upstream gradient" if DENSE_COPY.search(name) else "attention")
+                )
     return out
 
 
@@ -99,8 +103,10 @@ def _profiled_step(step, lead_steps: int = 0, kernels: int | None = None) -> lis
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0),
-                    key=lambda e: e.time_range.start)
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0),
+        key=lambda e: e.time_range.start,
+    )
     if kernels is not None:
         events = events[-kernels:]
     if not events:
@@ -140,6 +146,7 @@ def leaderboard_kernels(
             with impl.context():
                 o = impl.apply(q, k, v, config.is_causal)
             o.sum().backward()
+
         return step
 
     names = list(impls)
@@ -157,12 +164,22 @@ def leaderboard_kernels(
     for name in names:
         kernels = alone[name]
         if any([kernel for kernel, _, _ in r] != kernels for r in recorded[name]):
-            raise RuntimeError(f"{name}: the profiled steps launched different kernels: "
-                               f"{[[short_kernel_name(k_) for k_, _, _ in r] for r in recorded[name]]}")
+            raise RuntimeError(
+                f"{name}: the profiled steps launched different kernels: "
+                f"{[[short_kernel_name(k_) for k_, _, _ in r] for r in recorded[name]]}"
+            )
         for position, (kernel, (phase, role)) in enumerate(zip(kernels, classify_kernels(kernels))):
-            rows.append(dict(impl=name, position=position, phase=phase, role=role, kernel=short_kernel_name(kernel),
-                             start_ms=statistics.median(r[position][1] for r in recorded[name]),
-                             ms=statistics.median(r[position][2] for r in recorded[name])))
+            rows.append(
+                dict(
+                    impl=name,
+                    position=position,
+                    phase=phase,
+                    role=role,
+                    kernel=short_kernel_name(kernel),
+                    start_ms=statistics.median(r[position][1] for r in recorded[name]),
+                    ms=statistics.median(r[position][2] for r in recorded[name]),
+                )
+            )
     qkv.grad = None
     del step_fns
     free_device_memory()
@@ -181,12 +198,18 @@ def kernel_phase_summary(kernels: pd.DataFrame) -> pd.DataFrame:
         row["span_ms"] = float(last.start_ms + last.ms)
         row["gaps_ms"] = row["span_ms"] - row["kernels_ms"]
         rows.append(row)
-    return pd.DataFrame(rows, columns=["impl", "forward_ms", "backward_ms", "harness_ms", "kernels_ms", "span_ms",
-                                       "gaps_ms"])
+    return pd.DataFrame(
+        rows, columns=["impl", "forward_ms", "backward_ms", "harness_ms", "kernels_ms", "span_ms", "gaps_ms"]
+    )
 
 
-def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int, lead_steps: int = LEAD_STEPS,
-                        timed_ms: pd.Series | None = None) -> str:
+def kernel_profile_text(
+    kernels: pd.DataFrame,
+    phases: pd.DataFrame,
+    steps: int,
+    lead_steps: int = LEAD_STEPS,
+    timed_ms: pd.Series | None = None,
+) -> str:
     """The report's reading of `leaderboard_kernels` and `kernel_phase_summary`: each implementation's harness
     kernels, ours against SDPA-cuDNN kernel by kernel where both were profiled, the dense copies of the
     broadcast upstream gradient, and where given the timed forward+backward per implementation (`timed_ms`)
@@ -194,28 +217,43 @@ def kernel_profile_text(kernels: pd.DataFrame, phases: pd.DataFrame, steps: int,
     from cs336_systems.report.tables import fmt_ms
 
     by = phases.set_index("impl")
-    behind = f", each queued right behind {lead_steps} unprofiled steps (a busy GPU, as in the timed runs)" if lead_steps else ""
-    text = [f"Medians of {steps} profiled steps{behind}. The harness's kernels take "
-            + ", ".join(f"{fmt_ms(r.harness_ms)} ({r.Index})" for r in by.itertuples()) + "."]
+    behind = (
+        f", each queued right behind {lead_steps} unprofiled steps (a busy GPU, as in the timed runs)"
+        if lead_steps
+        else ""
+    )
+    text = [
+        f"Medians of {steps} profiled steps{behind}. The harness's kernels take "
+        + ", ".join(f"{fmt_ms(r.harness_ms)} ({r.Index})" for r in by.itertuples())
+        + "."
+    ]
     if {"triton", "sdpa_cudnn"} <= set(by.index):
         o, c = by.loc["triton"], by.loc["sdpa_cudnn"]
         attention = (o.forward_ms + o.backward_ms) / (c.forward_ms + c.backward_ms)
-        text.append(f"Ours against SDPA-cuDNN, kernels only: forward {fmt_ms(o.forward_ms)} against {fmt_ms(c.forward_ms)} "
-                    f"({o.forward_ms / c.forward_ms:.3f}×), backward {fmt_ms(o.backward_ms)} against "
-                    f"{fmt_ms(c.backward_ms)} ({o.backward_ms / c.backward_ms:.3f}×), attention kernels together "
-                    f"**{attention:.3f}×**; with the harness's kernels the sums are {fmt_ms(o.kernels_ms)} against "
-                    f"{fmt_ms(c.kernels_ms)} ({o.kernels_ms / c.kernels_ms:.3f}×).")
+        text.append(
+            f"Ours against SDPA-cuDNN, kernels only: forward {fmt_ms(o.forward_ms)} against {fmt_ms(c.forward_ms)} "
+            f"({o.forward_ms / c.forward_ms:.3f}×), backward {fmt_ms(o.backward_ms)} against "
+            f"{fmt_ms(c.backward_ms)} ({o.backward_ms / c.backward_ms:.3f}×), attention kernels together "
+            f"**{attention:.3f}×**; with the harness's kernels the sums are {fmt_ms(o.kernels_ms)} against "
+            f"{fmt_ms(c.kernels_ms)} ({o.kernels_ms / c.kernels_ms:.3f}×)."
+        )
     copies = kernels[kernels.role == "dense copy of the upstream gradient"].groupby("impl").ms.sum()
     per_impl = [f"{fmt_ms(copies[impl])} ({impl})" if impl in copies.index else f"none ({impl})" for impl in by.index]
-    text.append("The dense copy of the broadcast upstream gradient (`o.sum()` backpropagates a stride-0 tensor), "
-                "counted in the backward: " + ", ".join(per_impl) + ".")
-    text.append("The spans in the second table include the gaps between kernels, where the GPU waited for the host; "
-                "the profiler adds its own host time per launch, so those gaps are not the timed runs'.")
+    text.append(
+        "The dense copy of the broadcast upstream gradient (`o.sum()` backpropagates a stride-0 tensor), "
+        "counted in the backward: " + ", ".join(per_impl) + "."
+    )
+    text.append(
+        "The spans in the second table include the gaps between kernels, where the GPU waited for the host; "
+        "the profiler adds its own host time per launch, so those gaps are not the timed runs'."
+    )
     if timed_ms is not None:
         pairs = [(impl, by.loc[impl].kernels_ms, float(timed_ms[impl])) for impl in by.index if impl in timed_ms.index]
-        text.append("The profiled kernels' sum against the timed forward+backward: " + ", ".join(
-            f"{fmt_ms(k)} against {fmt_ms(t)} ({k / t:.3f}×, {impl})" for impl, k, t in pairs)
+        text.append(
+            "The profiled kernels' sum against the timed forward+backward: "
+            + ", ".join(f"{fmt_ms(k)} against {fmt_ms(t)} ({k / t:.3f}×, {impl})" for impl, k, t in pairs)
             + ". A few profiled steps need not run at the clock of the timed rounds (the GPU's power cap sets it "
-              "from the work of the last moments), so the bars read the timed rounds and this profile says where "
-              "a step's time goes.")
+            "from the work of the last moments), so the bars read the timed rounds and this profile says where "
+            "a step's time goes."
+        )
     return " ".join(text)

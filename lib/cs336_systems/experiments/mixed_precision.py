@@ -45,12 +45,20 @@ def accumulation_table(n: int = 1000, value: float = 0.01) -> pd.DataFrame:
     for acc, add, upcast, handout in ACCUMULATION_CASES:
         result = accumulate(acc, add, upcast, n, value)
         stored = torch.tensor(value, dtype=DTYPES[add]).double().item()
-        rows.append(dict(
-            accumulator=acc, addend=add, explicit_upcast=upcast, in_handout=handout, result=result,
-            abs_error=abs(result - exact), rel_error=abs(result - exact) / exact,
-            addend_as_stored=stored, addend_rounding_error=stored - value,
-            accumulator_spacing_at_result=spacing(exact, DTYPES[acc]),
-        ))
+        rows.append(
+            dict(
+                accumulator=acc,
+                addend=add,
+                explicit_upcast=upcast,
+                in_handout=handout,
+                result=result,
+                abs_error=abs(result - exact),
+                rel_error=abs(result - exact) / exact,
+                addend_as_stored=stored,
+                addend_rounding_error=stored - value,
+                accumulator_spacing_at_result=spacing(exact, DTYPES[acc]),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -70,7 +78,9 @@ class ToyModel(nn.Module):
         return self.fc2(x)
 
 
-def observe_autocast_dtypes(device: torch.device | str, dtype: torch.dtype = torch.float16, batch: int = 8) -> pd.DataFrame:
+def observe_autocast_dtypes(
+    device: torch.device | str, dtype: torch.dtype = torch.float16, batch: int = 8
+) -> pd.DataFrame:
     """Dtypes seen by forward hooks and after backward when ToyModel (fp32) runs under autocast(dtype)."""
     device = torch.device(device)
     torch.manual_seed(0)
@@ -84,6 +94,7 @@ def observe_autocast_dtypes(device: torch.device | str, dtype: torch.dtype = tor
             if name == "fc1":
                 seen.append(("model parameters inside autocast (fc1.weight)", module.weight.dtype))
             seen.append((f"output of {name}", output.dtype))
+
         return hook
 
     handles = [getattr(model, n).register_forward_hook(record(n)) for n in ("fc1", "ln", "fc2")]
@@ -99,7 +110,9 @@ def observe_autocast_dtypes(device: torch.device | str, dtype: torch.dtype = tor
             h.remove()
     grad_dtypes = sorted({str(p.grad.dtype) for p in model.parameters()})
     rows = [dict(component=c, dtype=str(d).replace("torch.", "")) for c, d in seen]
-    rows.append(dict(component="gradients (all parameters)", dtype=", ".join(g.replace("torch.", "") for g in grad_dtypes)))
+    rows.append(
+        dict(component="gradients (all parameters)", dtype=", ".join(g.replace("torch.", "") for g in grad_dtypes))
+    )
     return pd.DataFrame(rows)
 
 
@@ -113,7 +126,9 @@ def layer_norm_steps(x: torch.Tensor, eps: float = 1e-5) -> dict[str, torch.Tens
     return dict(mean=mean, sum_of_squares=sum_sq, variance=var, eps=eps_t, output=out)
 
 
-def layer_norm_sensitivity(d_model: int = 1024, scales=(1.0, 16.0, 256.0, 4096.0), offsets=(0.0, 100.0), seed: int = 0) -> pd.DataFrame:
+def layer_norm_sensitivity(
+    d_model: int = 1024, scales=(1.0, 16.0, 256.0, 4096.0), offsets=(0.0, 100.0), seed: int = 0
+) -> pd.DataFrame:
     """Each step of layer norm in fp16 / bf16 / fp32 against fp64, for inputs of growing scale and offset.
 
     Shows where low precision breaks: sums of squares overflow fp16's 65504, the variance of an

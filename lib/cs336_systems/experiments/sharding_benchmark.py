@@ -35,14 +35,19 @@ import torch.nn as nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from cs336_systems.accounting.sharding import (
-    ShardingSetup, communication_table, memory_per_rank, memory_table, setup_for_model, transformer_parameter_shapes,
+    ShardingSetup,
+    communication_table,
+    memory_per_rank,
+    memory_table,
+    setup_for_model,
+    transformer_parameter_shapes,
     zero_paper_memory,
 )
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
-from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_greedy
+from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 
@@ -70,12 +75,18 @@ class ShardingBenchmarkConfig:
 
     def __post_init__(self):
         if self.world_size < 1 or self.global_batch_size % self.world_size:
-            raise ValueError(f"global batch size {self.global_batch_size} must split evenly over world size {self.world_size}")
+            raise ValueError(
+                f"global batch size {self.global_batch_size} must split evenly over world size {self.world_size}"
+            )
         unknown = set(self.optimizers) - set(OPTIMIZERS)
         if unknown or "unsharded" not in self.optimizers:
-            raise ValueError(f"optimizers {self.optimizers}: choose from {', '.join(OPTIMIZERS)}, 'unsharded' (the reference) included")
+            raise ValueError(
+                f"optimizers {self.optimizers}: choose from {', '.join(OPTIMIZERS)}, 'unsharded' (the reference) included"
+            )
         if self.warmup < 1 or self.steps < 1:
-            raise ValueError(f"need warmup >= 1 (the AdamW state must exist) and steps >= 1, got {self.warmup}, {self.steps}")
+            raise ValueError(
+                f"need warmup >= 1 (the AdamW state must exist) and steps >= 1, got {self.warmup}, {self.steps}"
+            )
 
     def model_config(self, size: str | None = None) -> ModelConfig:
         return ModelConfig.from_size(size or self.size, context_length=self.context_length, vocab_size=self.vocab_size)
@@ -118,15 +129,22 @@ def allocated_bytes(device: torch.device) -> float:
 
 
 def memory_point(
-    point: str, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, baseline: float = 0.0,
+    point: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    baseline: float = 0.0,
 ) -> dict:
     """One row: allocated now and peak since the last point (then reset), both above `baseline` (the
     bytes already allocated before this run built its model), and the live tensors' bytes."""
     synchronize(device)
     row = dict(point=point, **tensor_bytes(model, optimizer))
     if device.type == "cuda":
-        row.update(allocated=torch.cuda.memory_allocated(device) - baseline,
-                   peak=torch.cuda.max_memory_allocated(device) - baseline, baseline=baseline)
+        row.update(
+            allocated=torch.cuda.memory_allocated(device) - baseline,
+            peak=torch.cuda.max_memory_allocated(device) - baseline,
+            baseline=baseline,
+        )
         torch.cuda.reset_peak_memory_stats(device)
     else:
         row.update(allocated=math.nan, peak=math.nan, baseline=math.nan)
@@ -140,7 +158,9 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def local_batch(ctx: DistContext, vocab_size: int, global_batch: int, context_length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def local_batch(
+    ctx: DistContext, vocab_size: int, global_batch: int, context_length: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank r's rows of one global batch of token ids (identical on every rank before slicing)."""
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab_size, (global_batch, context_length + 1), generator=generator)
@@ -161,7 +181,9 @@ def _equality(ctx: DistContext, config: ShardingBenchmarkConfig) -> list[dict]:
         ddp = DDPIndividualParameters(model)
         runs[kind] = (model, ddp, make_optimizer(kind, model.parameters(), lr=1e-2))
     for step in range(config.equality_steps):
-        inputs, targets = local_batch(ctx, mcfg.vocab_size, config.global_batch_size, mcfg.context_length, config.seed + step)
+        inputs, targets = local_batch(
+            ctx, mcfg.vocab_size, config.global_batch_size, mcfg.context_length, config.seed + step
+        )
         for model, ddp, optimizer in runs.values():
             cross_entropy(ddp(inputs), targets).backward()
             ddp.finish_gradient_synchronization()
@@ -170,14 +192,21 @@ def _equality(ctx: DistContext, config: ShardingBenchmarkConfig) -> list[dict]:
     reference = runs["unsharded"][0]
     moved = max((p - q).abs().max().item() for p, q in zip(reference.parameters(), start.parameters()))
     return [
-        dict(optimizer=kind, rank=ctx.rank, size=config.equality_size, steps=config.equality_steps,
-             max_abs_diff=max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())),
-             max_update=moved)
+        dict(
+            optimizer=kind,
+            rank=ctx.rank,
+            size=config.equality_size,
+            steps=config.equality_steps,
+            max_abs_diff=max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())),
+            max_update=moved,
+        )
         for kind, (model, _, _) in runs.items()
     ]
 
 
-def _run_optimizer(ctx: DistContext, config: ShardingBenchmarkConfig, kind: str, inputs, targets) -> tuple[list[dict], list[tuple]]:
+def _run_optimizer(
+    ctx: DistContext, config: ShardingBenchmarkConfig, kind: str, inputs, targets
+) -> tuple[list[dict], list[tuple]]:
     """Memory rows at the three points and the measured step phases for one optimizer."""
     free_device_memory()
     baseline = allocated_bytes(ctx.device)
@@ -212,8 +241,12 @@ def _worker(ctx: DistContext, configs: Sequence[ShardingBenchmarkConfig]) -> dic
         size_memory, size_timing = _measure_size(ctx, config)
         memory.append(size_memory)
         timing.append(size_timing)
-    return dict(equality=pd.DataFrame(equality), memory=pd.concat(memory, ignore_index=True),
-                timing=pd.concat(timing, ignore_index=True), config=asdict(configs[0]))
+    return dict(
+        equality=pd.DataFrame(equality),
+        memory=pd.concat(memory, ignore_index=True),
+        timing=pd.concat(timing, ignore_index=True),
+        config=asdict(configs[0]),
+    )
 
 
 def _measure_size(ctx: DistContext, config: ShardingBenchmarkConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -232,11 +265,22 @@ def _measure_size(ctx: DistContext, config: ShardingBenchmarkConfig) -> tuple[pd
         memory_rows += [row for rows in gather_timings(memory) for row in rows]
         per_rank = gather_timings([sum(t) for t in times] + [t[i] for i in range(len(PHASES)) for t in times])
         statuses = gather_timings([status])
-        timing_rows.append(_timing_row(kind, per_rank, config.steps, "ok" if all(s == ["ok"] for s in statuses) else "OOM"))
-    common = dict(size=config.size, world_size=ctx.world_size, backend=ctx.backend,
-                  global_batch_size=config.global_batch_size, context_length=config.context_length)
-    return (pd.DataFrame(memory_rows).assign(**common) if memory_rows else pd.DataFrame(columns=["optimizer", "point", "rank", "size"]),
-            pd.DataFrame(timing_rows).assign(**common, warmup=config.warmup, steps=config.steps))
+        timing_rows.append(
+            _timing_row(kind, per_rank, config.steps, "ok" if all(s == ["ok"] for s in statuses) else "OOM")
+        )
+    common = dict(
+        size=config.size,
+        world_size=ctx.world_size,
+        backend=ctx.backend,
+        global_batch_size=config.global_batch_size,
+        context_length=config.context_length,
+    )
+    return (
+        pd.DataFrame(memory_rows).assign(**common)
+        if memory_rows
+        else pd.DataFrame(columns=["optimizer", "point", "rank", "size"]),
+        pd.DataFrame(timing_rows).assign(**common, warmup=config.warmup, steps=config.steps),
+    )
 
 
 def _timing_row(kind: str, per_rank: list[list[float]], steps: int, status: str) -> dict:
@@ -265,8 +309,18 @@ def run_setup(configs: Sequence, backend: str) -> pd.DataFrame:
     rows = []
     for c in configs:
         params = setup_for_model(c.model_config(), c.world_size).num_params
-        rows.append(dict(size=c.size, parameters=params, context_length=c.context_length, global_batch_size=c.global_batch_size,
-                         world_size=c.world_size, backend=backend, warmup=c.warmup, steps=c.steps))
+        rows.append(
+            dict(
+                size=c.size,
+                parameters=params,
+                context_length=c.context_length,
+                global_batch_size=c.global_batch_size,
+                world_size=c.world_size,
+                backend=backend,
+                warmup=c.warmup,
+                steps=c.steps,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -287,13 +341,20 @@ def analytic_breakdown(config: ShardingBenchmarkConfig) -> pd.DataFrame:
     for kind in config.optimizers:
         for rank in range(config.world_size):
             own = setup.num_params if kind == "unsharded" else loads[rank]
-            parts = memory_per_rank("optimizer_sharding", ShardingSetup(setup.num_params, config.world_size, owned_params=own))
+            parts = memory_per_rank(
+                "optimizer_sharding", ShardingSetup(setup.num_params, config.world_size, owned_params=own)
+            )
             for point in POINTS:
-                rows.append(dict(
-                    optimizer=kind, rank=rank, point=point, parameters=parts["parameters"],
-                    gradients=0 if point == "after init" else parts["gradients"],
-                    optimizer_state=0 if point == "after init" else parts["optimizer_state"],
-                ))
+                rows.append(
+                    dict(
+                        optimizer=kind,
+                        rank=rank,
+                        point=point,
+                        parameters=parts["parameters"],
+                        gradients=0 if point == "after init" else parts["gradients"],
+                        optimizer_state=0 if point == "after init" else parts["optimizer_state"],
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -308,11 +369,15 @@ def analysis_tables(sizes: Sequence[str], context_length: int, world_size: int) 
 
     def stack(table) -> pd.DataFrame:
         return pd.concat([table(setup).assign(size=s) for s, setup in setups.items()], ignore_index=True).pipe(
-            lambda df: df[["size", *[c for c in df if c != "size"]]])
+            lambda df: df[["size", *[c for c in df if c != "size"]]]
+        )
 
-    return dict(memory=stack(lambda x: memory_table(x, ANALYSIS_STRATEGIES)),
-                communication=stack(lambda x: communication_table(x, ANALYSIS_STRATEGIES)),
-                zero_paper=stack(lambda x: zero_paper_memory(x.num_params, world_size)), setups=setups)
+    return dict(
+        memory=stack(lambda x: memory_table(x, ANALYSIS_STRATEGIES)),
+        communication=stack(lambda x: communication_table(x, ANALYSIS_STRATEGIES)),
+        zero_paper=stack(lambda x: zero_paper_memory(x.num_params, world_size)),
+        setups=setups,
+    )
 
 
 UNITS = {"GB": 1e9, "MB": 1e6}
@@ -331,7 +396,17 @@ def breakdown_table(memory: pd.DataFrame, config: ShardingBenchmarkConfig, unit:
     df["size"] = pd.Categorical(df["size"], sizes, ordered=True)
     df["point"] = pd.Categorical(df["point"], POINTS, ordered=True)
     df["optimizer"] = pd.Categorical(df["optimizer"], OPTIMIZERS, ordered=True)
-    columns = ["size", "optimizer", "point", "rank", "allocated", "peak", *PARTS, "rest", *(f"expected_{p}" for p in PARTS)]
+    columns = [
+        "size",
+        "optimizer",
+        "point",
+        "rank",
+        "allocated",
+        "peak",
+        *PARTS,
+        "rest",
+        *(f"expected_{p}" for p in PARTS),
+    ]
     return df.sort_values(["size", "optimizer", "point", "rank"])[columns].reset_index(drop=True)
 
 

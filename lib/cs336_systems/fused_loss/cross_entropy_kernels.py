@@ -38,8 +38,13 @@ NUM_WARPS = 8
 
 @triton.jit
 def cross_entropy_rows_kernel(
-    logits_ptr, stride_row, targets_ptr, loss_ptr,
-    V, scale, ignore_index,
+    logits_ptr,
+    stride_row,
+    targets_ptr,
+    loss_ptr,
+    V,
+    scale,
+    ignore_index,
     BLOCK_V: tl.constexpr,
     WRITE_GRAD: tl.constexpr,
 ):
@@ -92,8 +97,13 @@ def block_v_for(V: int, block_v: int | None = None) -> int:
 
 
 def launch_cross_entropy_rows(
-    logits: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor, scale: float, ignore_index: int,
-    write_grad: bool, block_v: int | None = None,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    loss: torch.Tensor,
+    scale: float,
+    ignore_index: int,
+    write_grad: bool,
+    block_v: int | None = None,
 ) -> None:
     """Run the kernel on a (rows, V) logits chunk (unit column stride): per-row loss into `loss`
     (fp32, rows), and, with `write_grad`, d(scale * sum of losses)/d logits over `logits` in place."""
@@ -101,6 +111,14 @@ def launch_cross_entropy_rows(
     if rows == 0:
         return
     cross_entropy_rows_kernel[(rows,)](
-        logits, logits.stride(0), targets, loss, V, float(scale), int(ignore_index),
-        BLOCK_V=block_v_for(V, block_v), WRITE_GRAD=bool(write_grad), num_warps=NUM_WARPS,
+        logits,
+        logits.stride(0),
+        targets,
+        loss,
+        V,
+        float(scale),
+        int(ignore_index),
+        BLOCK_V=block_v_for(V, block_v),
+        WRITE_GRAD=bool(write_grad),
+        num_warps=NUM_WARPS,
     )

@@ -43,8 +43,9 @@ def default_chunk_tokens(vocab_size: int, budget_bytes: int = LOGITS_BUDGET_BYTE
     return max(CHUNK_MULTIPLE, rows // CHUNK_MULTIPLE * CHUNK_MULTIPLE)
 
 
-def check_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reduction: str,
-                 chunk_tokens: int | None) -> None:
+def check_inputs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, reduction: str, chunk_tokens: int | None
+) -> None:
     """ValueError naming the problem for shapes, dtypes, devices and options the function does not take."""
     for name, t in (("hidden", hidden), ("weight", weight), ("targets", targets)):
         if not isinstance(t, torch.Tensor):
@@ -54,13 +55,16 @@ def check_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     if hidden.dim() < 1:
         raise ValueError("hidden must have a last dimension D: shape (..., D), got a 0-d tensor")
     if hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"hidden's last dimension D={hidden.shape[-1]} does not match weight's D={weight.shape[1]} "
-                         f"(weight is (V, D) = {tuple(weight.shape)})")
+        raise ValueError(
+            f"hidden's last dimension D={hidden.shape[-1]} does not match weight's D={weight.shape[1]} "
+            f"(weight is (V, D) = {tuple(weight.shape)})"
+        )
     if weight.shape[0] == 0:
         raise ValueError("weight has V = 0 rows: a vocabulary needs at least one class")
     if tuple(targets.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(f"targets shape {tuple(targets.shape)} must equal hidden's leading shape "
-                         f"{tuple(hidden.shape[:-1])}")
+        raise ValueError(
+            f"targets shape {tuple(targets.shape)} must equal hidden's leading shape {tuple(hidden.shape[:-1])}"
+        )
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must hold integer class ids (int64), got dtype {targets.dtype}")
     if hidden.dtype not in SUPPORTED_DTYPES:
@@ -68,11 +72,14 @@ def check_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     if weight.dtype != hidden.dtype:
         raise ValueError(f"hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype")
     if not (hidden.device == weight.device == targets.device):
-        raise ValueError(f"hidden, weight and targets must be on one device, got {hidden.device}, "
-                         f"{weight.device}, {targets.device}")
+        raise ValueError(
+            f"hidden, weight and targets must be on one device, got {hidden.device}, {weight.device}, {targets.device}"
+        )
     if hidden.device.type != "cuda" and not kernel_interpreted():
-        raise ValueError(f"tensors on {hidden.device}: the Triton kernel needs CUDA tensors "
-                         f"(or TRITON_INTERPRET=1 set before triton is imported)")
+        raise ValueError(
+            f"tensors on {hidden.device}: the Triton kernel needs CUDA tensors "
+            f"(or TRITON_INTERPRET=1 set before triton is imported)"
+        )
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
@@ -88,8 +95,10 @@ def count_targets(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> 
     n_kept, n_bad = torch.stack([kept.sum(), bad.sum()]).tolist()
     if n_bad:
         first = int(targets[bad][0])
-        raise ValueError(f"target id {first} is out of range for vocabulary size V={vocab_size}: ids must be in "
-                         f"[0, {vocab_size}) or equal ignore_index={ignore_index} ({n_bad} bad target(s))")
+        raise ValueError(
+            f"target id {first} is out of range for vocabulary size V={vocab_size}: ids must be in "
+            f"[0, {vocab_size}) or equal ignore_index={ignore_index} ({n_bad} bad target(s))"
+        )
     return int(n_kept)
 
 
@@ -104,9 +113,18 @@ def accumulate_grad_weight(acc: torch.Tensor, dlogits: torch.Tensor, hidden_c: t
         acc.add_(torch.mm(dlogits.T, hidden_c))
 
 
-def fused_forward(hidden2d: torch.Tensor, weight: torch.Tensor, targets1d: torch.Tensor, *, chunk_tokens: int,
-                  reduction: str, ignore_index: int, grad_hidden: bool, grad_weight: bool,
-                  block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def fused_forward(
+    hidden2d: torch.Tensor,
+    weight: torch.Tensor,
+    targets1d: torch.Tensor,
+    *,
+    chunk_tokens: int,
+    reduction: str,
+    ignore_index: int,
+    grad_hidden: bool,
+    grad_weight: bool,
+    block_v: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(loss, d loss/d hidden2d in hidden's dtype or None, d loss/d weight in fp32 or None), chunk by chunk.
 
     hidden2d (N, D), weight (V, D), targets1d (N,) contiguous; inputs already checked."""
@@ -122,7 +140,7 @@ def fused_forward(hidden2d: torch.Tensor, weight: torch.Tensor, targets1d: torch
 
     losses = torch.empty(N, dtype=torch.float32, device=device)
     d_hidden = torch.empty((N, D), dtype=dtype, device=device) if grad_hidden else None
-    single_chunk = N <= chunk_tokens
+    single_chunk = chunk_tokens >= N
     d_weight = None
     if grad_weight and not single_chunk:
         d_weight = torch.zeros((V, D), dtype=torch.float32, device=device)
@@ -133,8 +151,9 @@ def fused_forward(hidden2d: torch.Tensor, weight: torch.Tensor, targets1d: torch
         hidden_c = hidden2d[start:stop]
         logits = buffer[: stop - start]
         torch.mm(hidden_c, weight_t, out=logits)
-        launch_cross_entropy_rows(logits, targets1d[start:stop], losses[start:stop], scale, ignore_index,
-                                  write_grad, block_v)
+        launch_cross_entropy_rows(
+            logits, targets1d[start:stop], losses[start:stop], scale, ignore_index, write_grad, block_v
+        )
         if grad_hidden:
             torch.mm(logits, weight, out=d_hidden[start:stop])
         if grad_weight:
@@ -160,8 +179,16 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden2d, weight, targets1d, chunk_tokens, reduction, ignore_index, grad_hidden, grad_weight):
         loss, d_hidden, d_weight = fused_forward(
-            hidden2d, weight, targets1d, chunk_tokens=chunk_tokens, reduction=reduction, ignore_index=ignore_index,
-            grad_hidden=grad_hidden, grad_weight=grad_weight, block_v=LinearCrossEntropy.block_v)
+            hidden2d,
+            weight,
+            targets1d,
+            chunk_tokens=chunk_tokens,
+            reduction=reduction,
+            ignore_index=ignore_index,
+            grad_hidden=grad_hidden,
+            grad_weight=grad_weight,
+            block_v=LinearCrossEntropy.block_v,
+        )
         # saved (not ctx attributes) so autograd frees them after the backward, unless the graph is retained
         ctx.save_for_backward(d_hidden, d_weight)
         ctx.weight_dtype = weight.dtype
@@ -182,9 +209,15 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 @torch.compiler.disable
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         chunk_tokens: int | None = None, reduction: str = "mean",
-                         ignore_index: int = -100) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+) -> torch.Tensor:
     """Cross-entropy of the logits hidden @ weight^T against targets, never materialising [N, V].
 
     hidden (..., D) fp32/bf16/fp16; weight (V, D), the LM head's `Linear` weight, same dtype;
@@ -201,6 +234,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     grad_enabled = torch.is_grad_enabled()
     grad_hidden = grad_enabled and hidden.requires_grad
     grad_weight = grad_enabled and weight.requires_grad
-    loss = LinearCrossEntropy.apply(hidden2d, weight, targets1d, chunk, reduction, ignore_index,
-                                    grad_hidden, grad_weight)
+    loss = LinearCrossEntropy.apply(
+        hidden2d, weight, targets1d, chunk, reduction, ignore_index, grad_hidden, grad_weight
+    )
     return loss

@@ -85,8 +85,13 @@ class FusedAdamW(torch.optim.Optimizer):
         if not 0 <= seed < 2**31:
             raise ValueError(f"FusedAdamW: seed must be in [0, 2**31), got {seed}")
         defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, state_dtype=state_dtype,
-            stochastic_rounding=stochastic_rounding, seed=seed,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            state_dtype=state_dtype,
+            stochastic_rounding=stochastic_rounding,
+            seed=seed,
         )
         self._tables: dict[tuple, LaunchTables] = {}
         super().__init__(params, defaults)
@@ -121,11 +126,17 @@ class FusedAdamW(torch.optim.Optimizer):
                 shape = p.shape
                 for key in ("exp_avg", "exp_avg_sq"):  # a group's state_dtype changed, or a foreign state
                     moment = state[key]
-                    if (moment.shape != shape or moment.dtype != state_dtype or moment.device != p.device
-                            or not moment.is_contiguous()):
+                    if (
+                        moment.shape != shape
+                        or moment.dtype != state_dtype
+                        or moment.device != p.device
+                        or not moment.is_contiguous()
+                    ):
                         # the kernel reads p.numel() elements of the state: another shape must not reach it
                         check_state_shape(moment, p, key, i, index)
-                        state[key] = moment.to(device=p.device, dtype=state_dtype, memory_format=torch.contiguous_format)
+                        state[key] = moment.to(
+                            device=p.device, dtype=state_dtype, memory_format=torch.contiguous_format
+                        )
                 state["step"] += 1
                 kind = (index, p.device, p.dtype, grad.dtype, state_dtype, int(state["step"].item()))
                 launches.setdefault(kind, []).append((p, grad, state["exp_avg"], state["exp_avg_sq"], offset))
@@ -138,19 +149,35 @@ class FusedAdamW(torch.optim.Optimizer):
         group = self.param_groups[index]
         if device.type == "cpu" and not kernels_interpreted():
             raise RuntimeError(
-                "FusedAdamW: CPU parameters need the Triton interpreter (set TRITON_INTERPRET=1 before triton is imported)")
+                "FusedAdamW: CPU parameters need the Triton interpreter (set TRITON_INTERPRET=1 before triton is imported)"
+            )
         if device.type != "cpu" and kernels_interpreted():
-            raise RuntimeError(f"FusedAdamW: the Triton interpreter is on (TRITON_INTERPRET=1) but the parameters are on {device}")
+            raise RuntimeError(
+                f"FusedAdamW: the Triton interpreter is on (TRITON_INTERPRET=1) but the parameters are on {device}"
+            )
         block = block_size(device, max(p.numel() for p, *_ in members))
         tables = self._tables_for(kind[:5], members, block)
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         seed = (group["seed"] << 32) | (t & 0xFFFFFFFF)
         adamw_multi_tensor_kernel[(tables.n_blocks,)](
-            tables.address_table, tables.numels, tables.global_offsets, tables.block_table,
-            len(members), tables.n_blocks,
-            1.0 - lr * wd, 1.0 - b1, b2, 1.0 - b2, eps, lr / (1.0 - b1**t), math.sqrt(1.0 - b2**t), seed,
-            P_DTYPE=triton_dtype(param_dtype), S_DTYPE=triton_dtype(state_dtype),
-            STOCHASTIC=bool(group["stochastic_rounding"]), BLOCK=block,
+            tables.address_table,
+            tables.numels,
+            tables.global_offsets,
+            tables.block_table,
+            len(members),
+            tables.n_blocks,
+            1.0 - lr * wd,
+            1.0 - b1,
+            b2,
+            1.0 - b2,
+            eps,
+            lr / (1.0 - b1**t),
+            math.sqrt(1.0 - b2**t),
+            seed,
+            P_DTYPE=triton_dtype(param_dtype),
+            S_DTYPE=triton_dtype(state_dtype),
+            STOCHASTIC=bool(group["stochastic_rounding"]),
+            BLOCK=block,
         )
 
     def _tables_for(self, layout: tuple, members: list[tuple], block: int) -> LaunchTables:
@@ -167,10 +194,12 @@ class FusedAdamW(torch.optim.Optimizer):
                 self._tables.clear()
             table = block_table(numels, block)
             tables = LaunchTables(
-                addresses=(), address_table=torch.empty(0),
+                addresses=(),
+                address_table=torch.empty(0),
                 numels=torch.tensor(numels, dtype=torch.int64).to(device),
                 global_offsets=torch.tensor(offsets, dtype=torch.int64).to(device),
-                block_table=table.to(device), n_blocks=table.numel() // 2,
+                block_table=table.to(device),
+                n_blocks=table.numel() // 2,
             )
             self._tables[key] = tables
         if tables.addresses != addresses:
@@ -197,7 +226,9 @@ class FusedAdamW(torch.optim.Optimizer):
                 original = saved.get(position[id(p)])
                 for key in ("exp_avg", "exp_avg_sq"):
                     source = original[key] if original is not None else state[key]
-                    state[key] = source.to(device=p.device, dtype=group["state_dtype"], memory_format=torch.contiguous_format).clone()
+                    state[key] = source.to(
+                        device=p.device, dtype=group["state_dtype"], memory_format=torch.contiguous_format
+                    ).clone()
                 state["step"] = state["step"].detach().to("cpu", torch.float32).clone()
         self._tables.clear()
 
@@ -206,8 +237,10 @@ def check_state_shape(moment: torch.Tensor, p: torch.Tensor, key: str, param: in
     """ValueError where a state tensor's shape is not its parameter's (as torch.optim.AdamW's step refuses it);
     `param` is the parameter's position in its group `index`."""
     if moment.shape != p.shape:
-        raise ValueError(f"FusedAdamW: state {key!r} of parameter {param} in group {index} has shape "
-                         f"{tuple(moment.shape)}, the parameter {tuple(p.shape)}")
+        raise ValueError(
+            f"FusedAdamW: state {key!r} of parameter {param} in group {index} has shape "
+            f"{tuple(moment.shape)}, the parameter {tuple(p.shape)}"
+        )
 
 
 def check_group(group: dict, index: int) -> None:
@@ -218,12 +251,15 @@ def check_group(group: dict, index: int) -> None:
     if len(device_types) > 1:
         raise ValueError(
             f"FusedAdamW: parameter group {index} has parameters on several device types ({', '.join(device_types)}); "
-            "put each device type's parameters in a group of its own")
+            "put each device type's parameters in a group of its own"
+        )
     for p in group["params"]:
         if p.dtype not in PARAM_DTYPES:
             raise TypeError(f"FusedAdamW: parameters must be float32 or bfloat16; group {index} has one of {p.dtype}")
         if not p.is_contiguous():
-            raise ValueError(f"FusedAdamW: parameters must be contiguous; group {index} has one of shape {tuple(p.shape)} that is not")
+            raise ValueError(
+                f"FusedAdamW: parameters must be contiguous; group {index} has one of shape {tuple(p.shape)} that is not"
+            )
 
 
 def check_grad(p: torch.Tensor, index: int) -> torch.Tensor:
@@ -232,9 +268,13 @@ def check_grad(p: torch.Tensor, index: int) -> torch.Tensor:
     if grad.is_sparse:
         raise RuntimeError("FusedAdamW does not support sparse gradients (use torch.optim.SparseAdam)")
     if grad.dtype != p.dtype:
-        raise TypeError(f"FusedAdamW: a gradient's dtype ({grad.dtype}) differs from its parameter's ({p.dtype}) in group {index}")
+        raise TypeError(
+            f"FusedAdamW: a gradient's dtype ({grad.dtype}) differs from its parameter's ({p.dtype}) in group {index}"
+        )
     if grad.device != p.device:
         raise ValueError(f"FusedAdamW: a gradient is on {grad.device}, its parameter on {p.device}")
     if grad.shape != p.shape:
-        raise ValueError(f"FusedAdamW: a gradient's shape {tuple(grad.shape)} differs from its parameter's {tuple(p.shape)}")
+        raise ValueError(
+            f"FusedAdamW: a gradient's shape {tuple(grad.shape)} differs from its parameter's {tuple(p.shape)}"
+        )
     return grad if grad.is_contiguous() else grad.contiguous()

@@ -101,9 +101,24 @@ def store_rounded(ptr, offs, mask, x, rbits, STORE_BF16: tl.constexpr, STOCHASTI
 
 @triton.jit
 def adamw_block(
-    p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, global_index,
-    decay, one_minus_b1, b2, one_minus_b2, eps, step_size, bc2_sqrt, seed,
-    P_BF16: tl.constexpr, S_BF16: tl.constexpr, STOCHASTIC: tl.constexpr,
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    offs,
+    mask,
+    global_index,
+    decay,
+    one_minus_b1,
+    b2,
+    one_minus_b2,
+    eps,
+    step_size,
+    bc2_sqrt,
+    seed,
+    P_BF16: tl.constexpr,
+    S_BF16: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
 ):
     """One block of the AdamW update (the math of the module docstring) at offsets `offs`."""
     p = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
@@ -135,9 +150,20 @@ def adamw_multi_tensor_kernel(
     numels_ptr,  # int64 [T]
     global_offsets_ptr,  # int64 [T]: index of each tensor's first element among all parameters
     block_table_ptr,  # int32 [2, n_blocks]: tensor index, block index inside the tensor
-    n_tensors, n_blocks,
-    decay, one_minus_b1, b2, one_minus_b2, eps, step_size, bc2_sqrt, seed,
-    P_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr,
+    n_tensors,
+    n_blocks,
+    decay,
+    one_minus_b1,
+    b2,
+    one_minus_b2,
+    eps,
+    step_size,
+    bc2_sqrt,
+    seed,
+    P_DTYPE: tl.constexpr,
+    S_DTYPE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = tl.load(block_table_ptr + pid)
@@ -151,23 +177,66 @@ def adamw_multi_tensor_kernel(
     mask = offs < numel
     global_index = tl.load(global_offsets_ptr + t) + offs
     adamw_block(
-        p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, global_index,
-        decay, one_minus_b1, b2, one_minus_b2, eps, step_size, bc2_sqrt, seed,
-        P_DTYPE == tl.bfloat16, S_DTYPE == tl.bfloat16, STOCHASTIC,
+        p_ptr,
+        g_ptr,
+        m_ptr,
+        v_ptr,
+        offs,
+        mask,
+        global_index,
+        decay,
+        one_minus_b1,
+        b2,
+        one_minus_b2,
+        eps,
+        step_size,
+        bc2_sqrt,
+        seed,
+        tl.bfloat16 == P_DTYPE,
+        tl.bfloat16 == S_DTYPE,
+        STOCHASTIC,
     )
 
 
 @triton.jit(do_not_specialize=["numel", "global_offset", "seed"])
 def adamw_single_tensor_kernel(
-    p_ptr, g_ptr, m_ptr, v_ptr, numel, global_offset,
-    decay, one_minus_b1, b2, one_minus_b2, eps, step_size, bc2_sqrt, seed,
-    STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr,
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    numel,
+    global_offset,
+    decay,
+    one_minus_b1,
+    b2,
+    one_minus_b2,
+    eps,
+    step_size,
+    bc2_sqrt,
+    seed,
+    STOCHASTIC: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """The same update, one tensor per launch (a reference: the optimizer launches the multi-tensor kernel)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = offs < numel
     adamw_block(
-        p_ptr, g_ptr, m_ptr, v_ptr, offs, mask, global_offset + offs,
-        decay, one_minus_b1, b2, one_minus_b2, eps, step_size, bc2_sqrt, seed,
-        p_ptr.dtype.element_ty == tl.bfloat16, m_ptr.dtype.element_ty == tl.bfloat16, STOCHASTIC,
+        p_ptr,
+        g_ptr,
+        m_ptr,
+        v_ptr,
+        offs,
+        mask,
+        global_offset + offs,
+        decay,
+        one_minus_b1,
+        b2,
+        one_minus_b2,
+        eps,
+        step_size,
+        bc2_sqrt,
+        seed,
+        p_ptr.dtype.element_ty == tl.bfloat16,
+        m_ptr.dtype.element_ty == tl.bfloat16,
+        STOCHASTIC,
     )

@@ -15,13 +15,28 @@ from __future__ import annotations
 
 import re
 
-CATEGORIES = ("matmul", "attention", "softmax", "reduction", "elementwise", "copy", "communication", "optimizer", "other")
+CATEGORIES = (
+    "matmul",
+    "attention",
+    "softmax",
+    "reduction",
+    "elementwise",
+    "copy",
+    "communication",
+    "optimizer",
+    "other",
+)
 
 # Patterns are tried in order; the first that matches names the category.
 _CATEGORY_PATTERNS: list[tuple[str, re.Pattern]] = [
     # Autograd nodes on a CPU trace ("autograd::engine::evaluate_function: MmBackward0") are
     # sorted by the operation they differentiate; view nodes move no data.
-    ("other", re.compile(r"(^|: )(View|UnsafeView|Permute|Transpose|Squeeze|Unsqueeze|Expand|Reshape|Alias|T|Slice|Select|AsStrided)Backward\d*$")),
+    (
+        "other",
+        re.compile(
+            r"(^|: )(View|UnsafeView|Permute|Transpose|Squeeze|Unsqueeze|Expand|Reshape|Alias|T|Slice|Select|AsStrided)Backward\d*$"
+        ),
+    ),
     ("matmul", re.compile(r"(^|: )(Mm|Bmm|Addmm|Baddbmm|Matmul|Linear)Backward\d*$")),
     ("reduction", re.compile(r"(^|: )(Sum|Mean|Amax|Max|Min|Logsumexp|Norm)Backward\d*$")),
     ("copy", re.compile(r"(^|: )(Gather|Index|Embedding|Cat|Stack|Copy|ToCopy|Clone)Backward\d*$")),
@@ -38,8 +53,20 @@ _CATEGORY_PATTERNS: list[tuple[str, re.Pattern]] = [
     ),
     ("softmax", re.compile(r"softmax", re.I)),
     ("optimizer", re.compile(r"multi_tensor_apply|fused_adam|adamw|_foreach_", re.I)),
-    ("reduction", re.compile(r"reduce_kernel|reduction|aten::(sum|mean|amax|amin|max|min|norm|logsumexp|var|std)$|triton_(per|red)_", re.I)),
-    ("copy", re.compile(r"memcpy|memset|copy|cat_|CatArray|aten::(copy_|to|_to_copy|contiguous|clone|cat|stack)$|index|gather|scatter|embedding", re.I)),
+    (
+        "reduction",
+        re.compile(
+            r"reduce_kernel|reduction|aten::(sum|mean|amax|amin|max|min|norm|logsumexp|var|std)$|triton_(per|red)_",
+            re.I,
+        ),
+    ),
+    (
+        "copy",
+        re.compile(
+            r"memcpy|memset|copy|cat_|CatArray|aten::(copy_|to|_to_copy|contiguous|clone|cat|stack)$|index|gather|scatter|embedding",
+            re.I,
+        ),
+    ),
     (
         "elementwise",
         re.compile(
@@ -53,11 +80,21 @@ _CATEGORY_PATTERNS: list[tuple[str, re.Pattern]] = [
 ]
 
 # Generic wrapper kernels whose own name says little; the functor inside says what they compute.
-_GENERIC = re.compile(r"elementwise_kernel|unrolled_elementwise|reduce_kernel|index_elementwise|kernel2?$|Kernel2?$", re.I)
-_FUNCTOR = re.compile(
-    r"(\w+Functor\w*|\w+Ops?\b|\w+_kernel_cuda\w*|\w+_kernel_impl\w*|\w+Epilogue)", re.I
+_GENERIC = re.compile(
+    r"elementwise_kernel|unrolled_elementwise|reduce_kernel|index_elementwise|kernel2?$|Kernel2?$", re.I
 )
-_SKIP_FUNCTORS = {"gpu_kernel_impl", "gpu_kernel_impl_nocast", "BinaryFunctor", "UnaryFunctor", "ReduceOp", "AUnaryFunctor", "BUnaryFunctor", "CUDAFunctorOnSelf_add", "CUDAFunctorOnOther_add"}
+_FUNCTOR = re.compile(r"(\w+Functor\w*|\w+Ops?\b|\w+_kernel_cuda\w*|\w+_kernel_impl\w*|\w+Epilogue)", re.I)
+_SKIP_FUNCTORS = {
+    "gpu_kernel_impl",
+    "gpu_kernel_impl_nocast",
+    "BinaryFunctor",
+    "UnaryFunctor",
+    "ReduceOp",
+    "AUnaryFunctor",
+    "BUnaryFunctor",
+    "CUDAFunctorOnSelf_add",
+    "CUDAFunctorOnOther_add",
+}
 
 
 def kernel_category(name: str) -> str:

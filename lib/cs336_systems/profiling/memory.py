@@ -34,7 +34,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cs336_systems.benchmarking.harness import BenchmarkConfig, TrainingSetup, autocast_context, build, free_device_memory
+from cs336_systems.benchmarking.harness import (
+    BenchmarkConfig,
+    TrainingSetup,
+    autocast_context,
+    build,
+    free_device_memory,
+)
 from cs336_systems.model import cross_entropy
 from cs336_systems.profiling.ranges import annotated
 
@@ -65,7 +71,9 @@ def phases_path(snapshot_path: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def record_memory_history(path: str | Path, max_entries: int = 1_000_000, stacks: str = "python") -> Iterator[PhaseRecorder]:
+def record_memory_history(
+    path: str | Path, max_entries: int = 1_000_000, stacks: str = "python"
+) -> Iterator[PhaseRecorder]:
     """Record CUDA allocations inside the block; dump the snapshot to `path` and phases beside it."""
     if not torch.cuda.is_available():
         raise ValueError("memory snapshots record the CUDA caching allocator; this machine has no CUDA device")
@@ -130,7 +138,9 @@ def load_snapshot(path: str | Path) -> tuple[dict, list[dict]]:
     if phases and times:
         inside = [p for p in phases if p["end_us"] >= min(times) and p["start_us"] <= max(times)]
         if len(inside) < len(phases):
-            warnings.warn(f"{len(phases) - len(inside)} phase mark(s) of {path} fall outside the snapshot's time range; dropped")
+            warnings.warn(
+                f"{len(phases) - len(inside)} phase mark(s) of {path} fall outside the snapshot's time range; dropped"
+            )
         phases = inside
     return snapshot, phases
 
@@ -185,7 +195,11 @@ def snapshot_allocations(snapshot: dict, device: int = 0) -> pd.DataFrame:
             continue
         for block in seg.get("blocks", []):
             if block.get("state") == "active_allocated" and block.get("address") not in open_by_addr:
-                rows.append(_allocation(dict(addr=block["address"], size=block["size"]), -1, block.get("frames", []), before=True))
+                rows.append(
+                    _allocation(
+                        dict(addr=block["address"], size=block["size"]), -1, block.get("frames", []), before=True
+                    )
+                )
     df = pd.DataFrame(rows, columns=["addr", "size", "start", "end", "start_us", "end_us", "label", "stack"])
     df.attrs["event_times_us"] = np.asarray(times, dtype=float)
     return df
@@ -194,13 +208,24 @@ def snapshot_allocations(snapshot: dict, device: int = 0) -> pd.DataFrame:
 def _allocation(entry: dict, index: int, frames: list, before: bool = False) -> dict:
     label = BEFORE_RECORDING if before and not frames else frame_label(frames)
     stack = " <- ".join(f"{Path(str(f['filename'])).name}:{f['line']} {f['name']}" for f in frames[:8])
-    return dict(addr=entry["addr"], size=int(entry["size"]), start=index, end=np.nan,
-                start_us=entry.get("time_us", np.nan) if index >= 0 else np.nan, end_us=np.nan, label=label, stack=stack)
+    return dict(
+        addr=entry["addr"],
+        size=int(entry["size"]),
+        start=index,
+        end=np.nan,
+        start_us=entry.get("time_us", np.nan) if index >= 0 else np.nan,
+        end_us=np.nan,
+        label=label,
+        stack=stack,
+    )
 
 
 def active_memory(allocations: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
     """Active bytes per group after each event (rows: event index -1..n-1, columns: groups)."""
-    n = len(allocations.attrs.get("event_times_us", [])) or int(np.nanmax(allocations[["start", "end"]].to_numpy(dtype=float), initial=0)) + 1
+    n = (
+        len(allocations.attrs.get("event_times_us", []))
+        or int(np.nanmax(allocations[["start", "end"]].to_numpy(dtype=float), initial=0)) + 1
+    )
     out = {}
     for group, allocs in allocations.groupby(groups, sort=False):
         delta = np.zeros(n + 2)
@@ -214,8 +239,12 @@ def active_memory(allocations: pd.DataFrame, groups: pd.Series) -> pd.DataFrame:
 def largest_allocations(allocations: pd.DataFrame, top: int = 10) -> pd.DataFrame:
     """The largest allocation sizes: size (MiB), how many were made, and the source lines that made them."""
     table = (
-        allocations.groupby(["size", "label"]).size().rename("count").reset_index()
-        .sort_values(["size", "count"], ascending=[False, False]).head(top)
+        allocations.groupby(["size", "label"])
+        .size()
+        .rename("count")
+        .reset_index()
+        .sort_values(["size", "count"], ascending=[False, False])
+        .head(top)
     )
     table.insert(0, "size_mib", table.pop("size") / 2**20)
     return table.reset_index(drop=True)
@@ -269,8 +298,14 @@ def plot_active_memory(
     colours.update({label: palette[i % len(palette)] for i, label in enumerate(coloured)})
     own = ax is None
     fig, ax = plt.subplots(figsize=(12, 5)) if own else (ax.figure, ax)
-    ax.stackplot(xs, active.to_numpy().T, labels=[_legend_label(g, largest) for g in order],
-                 colors=[colours[g] for g in order], step="post", linewidth=0)
+    ax.stackplot(
+        xs,
+        active.to_numpy().T,
+        labels=[_legend_label(g, largest) for g in order],
+        colors=[colours[g] for g in order],
+        step="post",
+        linewidth=0,
+    )
     top_y = float(active.sum(axis=1).max()) * 1.08
     for p in phases:
         start, end = _phase_x(p, times, x)
@@ -310,11 +345,18 @@ def phase_peaks(allocations: pd.DataFrame, phases: Sequence[dict]) -> pd.DataFra
     times = allocations.attrs["event_times_us"]
     rows = []
     for p in phases:
-        first = int(np.searchsorted(times, p["start_us"]))           # first event in the phase
+        first = int(np.searchsorted(times, p["start_us"]))  # first event in the phase
         last = int(np.searchsorted(times, p["end_us"], side="right"))  # one past its last event
         # total[i + 1] is the active memory after event i; total[0] is before the first event.
         at_start = total[first]
         inside = total[first + 1 : last + 1]
-        rows.append(dict(phase=p["name"], start_bytes=int(at_start), peak_bytes=int(max(inside.max(initial=0), at_start)),
-                         end_bytes=int(total[last]), events=last - first))
+        rows.append(
+            dict(
+                phase=p["name"],
+                start_bytes=int(at_start),
+                peak_bytes=int(max(inside.max(initial=0), at_start)),
+                end_bytes=int(total[last]),
+                events=last - first,
+            )
+        )
     return pd.DataFrame(rows)

@@ -31,10 +31,10 @@ MODEL = "model"
 class SnapshotRun:
     context_length: int
     mode: str
-    status: str          # "ok" or "OOM"
-    path: Path | None    # the snapshot (up to the failure for an OOM); None when not even the model fit
-    warmup: int          # warm-up steps before the recorded one
-    failed_phase: str    # the phase running when memory ran out; "" when the step fit
+    status: str  # "ok" or "OOM"
+    path: Path | None  # the snapshot (up to the failure for an OOM); None when not even the model fit
+    warmup: int  # warm-up steps before the recorded one
+    failed_phase: str  # the phase running when memory ran out; "" when the step fit
 
 
 def record_snapshot_run(config: BenchmarkConfig, path: str | Path) -> SnapshotRun:
@@ -50,8 +50,9 @@ def record_snapshot_run(config: BenchmarkConfig, path: str | Path) -> SnapshotRu
     if not path.exists():
         return SnapshotRun(config.context_length, config.mode, "OOM", None, config.warmup, MODEL)
     phases = json.loads(phases_path(path).read_text()) if phases_path(path).exists() else []
-    return SnapshotRun(config.context_length, config.mode, "OOM", path, config.warmup,
-                       phases[-1]["name"] if phases else MODEL)
+    return SnapshotRun(
+        config.context_length, config.mode, "OOM", path, config.warmup, phases[-1]["name"] if phases else MODEL
+    )
 
 
 def _attempt(config: BenchmarkConfig, path: Path) -> bool:
@@ -70,10 +71,15 @@ def _attempt(config: BenchmarkConfig, path: Path) -> bool:
 
 
 def record_snapshots(
-    base: BenchmarkConfig, contexts: Sequence[int], path_for: Callable[[int, str], Path], modes: Sequence[str] = MODES,
+    base: BenchmarkConfig,
+    contexts: Sequence[int],
+    path_for: Callable[[int, str], Path],
+    modes: Sequence[str] = MODES,
 ) -> list[SnapshotRun]:
     """A snapshot of each mode at each context (`path_for(context, mode)` names its file)."""
-    return [record_snapshot_run(replace(base, context_length=c, mode=m), path_for(c, m)) for c in contexts for m in modes]
+    return [
+        record_snapshot_run(replace(base, context_length=c, mode=m), path_for(c, m)) for c in contexts for m in modes
+    ]
 
 
 def snapshot_table(runs: Sequence[SnapshotRun]) -> pd.DataFrame:
@@ -82,8 +88,13 @@ def snapshot_table(runs: Sequence[SnapshotRun]) -> pd.DataFrame:
     return pd.DataFrame(rows).rename(columns={"path": "snapshot"})
 
 
-def plot_timelines(runs: Sequence[SnapshotRun], contexts: Sequence[int], title: Callable[[str, int], str],
-                   modes: Sequence[str] = MODES, top: int = 8):
+def plot_timelines(
+    runs: Sequence[SnapshotRun],
+    contexts: Sequence[int],
+    title: Callable[[str, int], str],
+    modes: Sequence[str] = MODES,
+    top: int = 8,
+):
     """The active-memory timelines of `runs` in one figure: a row per mode, a column per context. A step that
     ran out of memory shows its snapshot up to the failure, named so in its title; one with no snapshot (not
     even the model fit) a sentence in its place."""
@@ -100,8 +111,15 @@ def plot_timelines(runs: Sequence[SnapshotRun], contexts: Sequence[int], title: 
             if r is not None and r.status != "ok":
                 name += f" — out of memory in its {r.failed_phase}" if r.failed_phase != MODEL else " — out of memory"
             if r is None or r.path is None:
-                ax.text(0.5, 0.5, "not recorded" if r is None else "out of memory before the step began: the model and "
-                        "its optimizer do not fit", ha="center", va="center")
+                ax.text(
+                    0.5,
+                    0.5,
+                    "not recorded"
+                    if r is None
+                    else "out of memory before the step began: the model and its optimizer do not fit",
+                    ha="center",
+                    va="center",
+                )
                 ax.set_title(name)
                 ax.axis("off")
             else:

@@ -25,7 +25,13 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from cs336_systems.benchmarking.harness import BenchmarkConfig, TrainingSetup, build, free_device_memory, is_out_of_memory
+from cs336_systems.benchmarking.harness import (
+    BenchmarkConfig,
+    TrainingSetup,
+    build,
+    free_device_memory,
+    is_out_of_memory,
+)
 from cs336_systems.profiling.trace import load_trace
 
 
@@ -46,10 +52,15 @@ class SavedTensorCounter:
         if new:
             self.storages[ptr] = storage.nbytes()
         made_by = self.made_by(t) if self.made_by else type(t.grad_fn).__name__ if t.grad_fn is not None else "leaf"
-        self.records.append(dict(
-            shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."), bytes=storage.nbytes(),
-            made_by=made_by, counted=new,
-        ))
+        self.records.append(
+            dict(
+                shape=tuple(t.shape),
+                dtype=str(t.dtype).removeprefix("torch."),
+                bytes=storage.nbytes(),
+                made_by=made_by,
+                counted=new,
+            )
+        )
         return t
 
     @property
@@ -58,8 +69,9 @@ class SavedTensorCounter:
 
 
 @contextlib.contextmanager
-def count_saved_tensors(exclude: Iterable[torch.Tensor] = (),
-                        made_by: Callable[[torch.Tensor], str] | None = None) -> Iterator[SavedTensorCounter]:
+def count_saved_tensors(
+    exclude: Iterable[torch.Tensor] = (), made_by: Callable[[torch.Tensor], str] | None = None
+) -> Iterator[SavedTensorCounter]:
     """Count the bytes autograd saves for backward inside the block (storages in `exclude` not counted);
     `made_by` names each saved tensor's maker in the records."""
     counter = SavedTensorCounter({t.untyped_storage().data_ptr() for t in exclude}, made_by=made_by)

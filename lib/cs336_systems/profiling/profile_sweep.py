@@ -31,7 +31,13 @@ from tqdm.auto import tqdm
 
 from cs336_systems.accounting.flops import attention_flops
 from cs336_systems.benchmarking.harness import BenchmarkConfig
-from cs336_systems.profiling.torch_profile import MEASURED, category_summary, kernel_summary, profile_benchmark, range_summary
+from cs336_systems.profiling.torch_profile import (
+    MEASURED,
+    category_summary,
+    kernel_summary,
+    profile_benchmark,
+    range_summary,
+)
 
 SCOPES = {
     "forward": dict(mode="forward", within=[MEASURED, "forward"], exclude=None),
@@ -44,12 +50,12 @@ ATTENTION_RANGES = ("computing attention scores", "computing softmax", "final ma
 
 @dataclass
 class ProfileSweep:
-    runs: pd.DataFrame            # one row per (size, context, mode): status, profiled step time, phase times
-    kernels: pd.DataFrame         # kernel summaries, with size, context_length and scope columns
-    categories: pd.DataFrame      # category summaries, same keys
-    attention: pd.DataFrame       # per (size, context): time per attention range and its FLOPs (forward)
+    runs: pd.DataFrame  # one row per (size, context, mode): status, profiled step time, phase times
+    kernels: pd.DataFrame  # kernel summaries, with size, context_length and scope columns
+    categories: pd.DataFrame  # category summaries, same keys
+    attention: pd.DataFrame  # per (size, context): time per attention range and its FLOPs (forward)
     traces: dict[tuple[str, int, str], Path] = field(default_factory=dict)
-    unit: str = "CUDA kernel"     # or "CPU operator" on a CPU-only trace
+    unit: str = "CUDA kernel"  # or "CPU operator" on a CPU-only trace
 
 
 def context_ladder(start: int, cap: int) -> list[int]:
@@ -79,8 +85,11 @@ def profile_sweep(
     already (another sweep's); they are not profiled again, but their status counts for stopping.
     """
     tables = _Tables()
-    seen = {} if known is None else {(r["size"], int(r["context_length"]), r["mode"]): r["status"]
-                                      for r in known.to_dict("records")}
+    seen = (
+        {}
+        if known is None
+        else {(r["size"], int(r["context_length"]), r["mode"]): r["status"] for r in known.to_dict("records")}
+    )
     order = sorted(contexts) if until_oom else list(contexts)
     bar = tqdm(total=len(sizes) * len(order) * 2, desc="profiling", disable=not progress, leave=False)
     for size in sizes:
@@ -117,7 +126,13 @@ class _Tables:
         size, context, mode = config.size, config.context_length, config.mode
         run = profile_benchmark(config, trace_path=path)
         key = dict(size=size, context_length=context)
-        row = {**key, "mode": mode, "status": run.status, "batch_size": config.batch_size, "precision": config.precision}
+        row = {
+            **key,
+            "mode": mode,
+            "status": run.status,
+            "batch_size": config.batch_size,
+            "precision": config.precision,
+        }
         self.runs.append(row)
         if run.status != "ok":
             return run.status
@@ -130,14 +145,23 @@ class _Tables:
         for phase in PHASES:
             if phases.loc[phase, "instances"]:
                 tag = phase.replace(" ", "_")
-                row.update({f"{tag}_wall_ms": phases.loc[phase, "wall_ms"], f"{tag}_compute_ms": phases.loc[phase, "compute_ms"],
-                            f"{tag}_gpu_span_ms": phases.loc[phase, "gpu_span_ms"]})
+                row.update(
+                    {
+                        f"{tag}_wall_ms": phases.loc[phase, "wall_ms"],
+                        f"{tag}_compute_ms": phases.loc[phase, "compute_ms"],
+                        f"{tag}_gpu_span_ms": phases.loc[phase, "gpu_span_ms"],
+                    }
+                )
         for scope, spec in SCOPES.items():
             if spec["mode"] != mode:
                 continue
             per = "forward" if scope == "forward" else None
-            self.kernels.append(kernel_summary(ev, spec["within"], per=per, exclude=spec["exclude"]).assign(**key, scope=scope))
-            self.categories.append(category_summary(ev, spec["within"], exclude=spec["exclude"]).assign(**key, scope=scope))
+            self.kernels.append(
+                kernel_summary(ev, spec["within"], per=per, exclude=spec["exclude"]).assign(**key, scope=scope)
+            )
+            self.categories.append(
+                category_summary(ev, spec["within"], exclude=spec["exclude"]).assign(**key, scope=scope)
+            )
         if mode == "forward":
             parts = range_summary(ev, ATTENTION_RANGES, within=[MEASURED, "forward"])
             flops = attention_flops(config.model_config(), config.batch_size, context)
@@ -146,8 +170,14 @@ class _Tables:
         return run.status
 
     def sweep(self) -> ProfileSweep:
-        return ProfileSweep(runs=pd.DataFrame(self.runs), kernels=_concat(self.kernels), categories=_concat(self.categories),
-                            attention=_concat(self.attention), traces=self.traces, unit=self.unit)
+        return ProfileSweep(
+            runs=pd.DataFrame(self.runs),
+            kernels=_concat(self.kernels),
+            categories=_concat(self.categories),
+            attention=_concat(self.attention),
+            traces=self.traces,
+            unit=self.unit,
+        )
 
 
 def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
@@ -158,9 +188,14 @@ def _concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
 def combine(*sweeps: ProfileSweep) -> ProfileSweep:
     """One sweep from several (a grid and the longest-context search beside it), rows in order."""
     profiled = [s for s in sweeps if len(s.kernels)]  # only a sweep that profiled something knows its unit
-    return ProfileSweep(runs=_concat([s.runs for s in sweeps]), kernels=_concat([s.kernels for s in sweeps]),
-                        categories=_concat([s.categories for s in sweeps]), attention=_concat([s.attention for s in sweeps]),
-                        traces={k: v for s in sweeps for k, v in s.traces.items()}, unit=(profiled or sweeps)[0].unit)
+    return ProfileSweep(
+        runs=_concat([s.runs for s in sweeps]),
+        kernels=_concat([s.kernels for s in sweeps]),
+        categories=_concat([s.categories for s in sweeps]),
+        attention=_concat([s.attention for s in sweeps]),
+        traces={k: v for s in sweeps for k, v in s.traces.items()},
+        unit=(profiled or sweeps)[0].unit,
+    )
 
 
 def longest_contexts(runs: pd.DataFrame, sizes: Sequence[str], contexts: Sequence[int]) -> pd.DataFrame:
@@ -176,13 +211,24 @@ def longest_contexts(runs: pd.DataFrame, sizes: Sequence[str], contexts: Sequenc
         tried = sorted({c for c, _ in status})
         fits = [c for c in tried if status.get((c, "forward")) == "ok" and status.get((c, "train-step")) == "ok"]
         oom = next((c for c in tried if status.get((c, "train-step")) not in (None, "ok")), None)
-        row = dict(size=size, fits=",".join(map(str, fits)), longest_fits=max(fits) if fits else None,
-                   out_of_memory=oom, forward_fits_there=None if oom is None else status.get((oom, "forward")) == "ok",
-                   tried_from=min(tried) if tried else None, tried_up_to=max(tried) if tried else None)
+        row = dict(
+            size=size,
+            fits=",".join(map(str, fits)),
+            longest_fits=max(fits) if fits else None,
+            out_of_memory=oom,
+            forward_fits_there=None if oom is None else status.get((oom, "forward")) == "ok",
+            tried_from=min(tried) if tried else None,
+            tried_up_to=max(tried) if tried else None,
+        )
         if oom is not None:
             at = mine[(mine.context_length == oom) & (mine["mode"] == "train-step")].iloc[0]
-            row.update({col: at[col] for col in ("predicted_peak_gib", "predicted_states_gib", "device_memory_gib")
-                        if col in at.index})
+            row.update(
+                {
+                    col: at[col]
+                    for col in ("predicted_peak_gib", "predicted_states_gib", "device_memory_gib")
+                    if col in at.index
+                }
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -194,7 +240,9 @@ def top_kernels(sweep: ProfileSweep, scope: str) -> pd.DataFrame:
         return pd.DataFrame(columns=["size", "context_length", "kernel", "category", "share", "instances"])
     top = k.loc[k.groupby(["size", "context_length"], sort=False)["total_ms"].idxmax()]
     columns = ["size", "context_length", "kernel", "category", "total_ms", "share", "instances"]
-    columns += ["instances_per_range"] if "instances_per_range" in top and top["instances_per_range"].notna().any() else []
+    columns += (
+        ["instances_per_range"] if "instances_per_range" in top and top["instances_per_range"].notna().any() else []
+    )
     return top[columns + ["name"]].reset_index(drop=True)
 
 

@@ -85,6 +85,7 @@ def _module_stack(root: nn.Module) -> Iterator[list[str]]:
     def enter(name: str) -> Callable:
         def hook(module, args) -> None:
             stack.append(name or "block")
+
         return hook
 
     def leave(module, args, output) -> None:
@@ -113,16 +114,22 @@ def saved_by_operation(block: nn.Module, x: torch.Tensor) -> tuple[pd.DataFrame,
         producers = _Producers(modules)
         with count_saved_tensors(exclude=block.parameters(), made_by=made_by) as counter, producers:
             out = block(inp)
-    rows = [dict(operation=r["made_by"], shape="×".join(map(str, r["shape"])), dtype=r["dtype"], bytes=r["bytes"])
-            for r in counter.records if r["counted"]]
+    rows = [
+        dict(operation=r["made_by"], shape="×".join(map(str, r["shape"])), dtype=r["dtype"], bytes=r["bytes"])
+        for r in counter.records
+        if r["counted"]
+    ]
     return pd.DataFrame(rows, columns=["operation", "shape", "dtype", "bytes"]), inp, out
 
 
 def by_operation(saved: pd.DataFrame) -> pd.DataFrame:
     """Saved bytes summed per operation, largest first, with each one's share of the total."""
-    table = (saved.groupby("operation", sort=False)
-             .agg(tensors=("bytes", "size"), bytes=("bytes", "sum"), shapes=("shape", lambda s: ", ".join(dict.fromkeys(s))))
-             .sort_values("bytes", ascending=False).reset_index())
+    table = (
+        saved.groupby("operation", sort=False)
+        .agg(tensors=("bytes", "size"), bytes=("bytes", "sum"), shapes=("shape", lambda s: ", ".join(dict.fromkeys(s))))
+        .sort_values("bytes", ascending=False)
+        .reset_index()
+    )
     table["share"] = table["bytes"] / table["bytes"].sum()
     return table
 
@@ -140,6 +147,7 @@ def allocation_changes(steps: dict[str, Callable[[], object]], device: torch.dev
             torch.cuda.synchronize(device)
             changes[name] = torch.cuda.memory_allocated(device) - before
         return changes
+
     def all_steps() -> None:
         for name, fn in steps.items():
             with torch.profiler.record_function(name):
@@ -155,8 +163,9 @@ def allocation_changes(steps: dict[str, Callable[[], object]], device: torch.dev
     return changes
 
 
-def block_memory(config: ModelConfig, batch: int, context: int, device: torch.device | str = "cpu",
-                 seed: int = 0) -> tuple[pd.DataFrame, dict]:
+def block_memory(
+    config: ModelConfig, batch: int, context: int, device: torch.device | str = "cpu", seed: int = 0
+) -> tuple[pd.DataFrame, dict]:
     """One fp32 TransformerBlock of `config` on a (batch, context, d_model) input: the saved bytes by
     operation (`by_operation`'s table) and a summary: saved bytes measured and counted analytically,
     the change of allocated memory over the forward and over the backward, the gradients the latter
@@ -186,11 +195,17 @@ def block_memory(config: ModelConfig, batch: int, context: int, device: torch.de
     # The input stays referenced after the backward (in a model it is the previous block's output).
     freed = saved_bytes - inp.untyped_storage().nbytes()
     summary = dict(
-        d_model=config.d_model, d_ff=config.d_ff, num_heads=config.num_heads, batch=batch, context=context,
+        d_model=config.d_model,
+        d_ff=config.d_ff,
+        num_heads=config.num_heads,
+        batch=batch,
+        context=context,
         saved_bytes=saved_bytes,
         analytic_saved_bytes=int(block_saved_tensors(config, batch, context)["bytes"].sum()),
-        forward_change_bytes=changes["block forward"], backward_change_bytes=changes["block backward"],
-        saved_freed_bytes=freed, inferred_gradient_bytes=changes["block backward"] + freed,
+        forward_change_bytes=changes["block forward"],
+        backward_change_bytes=changes["block backward"],
+        saved_freed_bytes=freed,
+        inferred_gradient_bytes=changes["block backward"] + freed,
         parameter_gradient_bytes=sum(p.grad.untyped_storage().nbytes() for p in block.parameters()),
         input_gradient_bytes=inp.grad.untyped_storage().nbytes(),
         parameter_bytes=sum(p.numel() * p.element_size() for p in block.parameters()),

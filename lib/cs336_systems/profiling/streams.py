@@ -65,9 +65,16 @@ def stream_summary(events: pd.DataFrame) -> pd.DataFrame:
         comm = group[group.communication]
         comm_us = np.ptp(merged_intervals(comm.ts_us, comm.end_us), axis=1).sum() if len(comm) else 0.0
         busy_us = float(np.ptp(busy, axis=1).sum())
-        rows.append(dict(lane=lane, device=group.device.iloc[0], kernels=len(group), busy_ms=busy_us / 1e3,
-                         communication_ms=float(comm_us) / 1e3,
-                         role="communication" if comm_us > busy_us / 2 else "compute"))
+        rows.append(
+            dict(
+                lane=lane,
+                device=group.device.iloc[0],
+                kernels=len(group),
+                busy_ms=busy_us / 1e3,
+                communication_ms=float(comm_us) / 1e3,
+                role="communication" if comm_us > busy_us / 2 else "compute",
+            )
+        )
     return pd.DataFrame(rows, columns=["lane", "device", "kernels", "busy_ms", "communication_ms", "role"])
 
 
@@ -81,9 +88,15 @@ def communication_overlap(events: pd.DataFrame) -> pd.DataFrame:
         compute = merged_intervals(group[~group.communication].ts_us, group[~group.communication].end_us)
         comm_us = float(np.ptp(comm, axis=1).sum()) if len(comm) else 0.0
         hidden_us = overlap_length(comm, compute)
-        rows.append(dict(device=device, span_ms=(group.end_us.max() - group.ts_us.min()) / 1e3,
-                         compute_ms=float(np.ptp(compute, axis=1).sum()) / 1e3 if len(compute) else 0.0,
-                         communication_ms=comm_us / 1e3, hidden_ms=hidden_us / 1e3,
-                         exposed_ms=(comm_us - hidden_us) / 1e3,
-                         hidden_fraction=hidden_us / comm_us if comm_us else float("nan")))
+        rows.append(
+            dict(
+                device=device,
+                span_ms=(group.end_us.max() - group.ts_us.min()) / 1e3,
+                compute_ms=float(np.ptp(compute, axis=1).sum()) / 1e3 if len(compute) else 0.0,
+                communication_ms=comm_us / 1e3,
+                hidden_ms=hidden_us / 1e3,
+                exposed_ms=(comm_us - hidden_us) / 1e3,
+                hidden_fraction=hidden_us / comm_us if comm_us else float("nan"),
+            )
+        )
     return pd.DataFrame(rows)

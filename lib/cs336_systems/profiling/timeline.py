@@ -23,9 +23,22 @@ from cs336_systems.profiling.trace import GPU_KINDS, load_trace, range_instances
 
 __all__ = ["CATEGORY_COLORS", "lane_events", "load_trace", "plot_timeline", "range_span", "timeline_window"]
 
-CATEGORY_COLORS = dict(zip(CATEGORIES, [
-    "#0173b2", "#56b4e9", "#cc78bc", "#029e73", "#de8f05", "#949494", "#d55e00", "#ece133", "#ca9161",
-]))
+CATEGORY_COLORS = dict(
+    zip(
+        CATEGORIES,
+        [
+            "#0173b2",
+            "#56b4e9",
+            "#cc78bc",
+            "#029e73",
+            "#de8f05",
+            "#949494",
+            "#d55e00",
+            "#ece133",
+            "#ca9161",
+        ],
+    )
+)
 
 
 def lane_events(events: pd.DataFrame, kinds: Sequence[str] | None = None) -> pd.DataFrame:
@@ -38,7 +51,9 @@ def lane_events(events: pd.DataFrame, kinds: Sequence[str] | None = None) -> pd.
     return drawn
 
 
-def timeline_window(events: pd.DataFrame, window: str | tuple[float, float] | None, gpu: bool, instance: int = 0) -> tuple[float, float]:
+def timeline_window(
+    events: pd.DataFrame, window: str | tuple[float, float] | None, gpu: bool, instance: int = 0
+) -> tuple[float, float]:
     """(start_us, end_us): a given pair, an instance of a named range, or the span of all events."""
     if window is None:
         return float(events["ts_us"].min()), float(events["end_us"].max())
@@ -47,7 +62,9 @@ def timeline_window(events: pd.DataFrame, window: str | tuple[float, float] | No
         if spans.empty:
             spans = range_instances(events, window)
         if len(spans) <= instance:
-            raise ValueError(f"the trace has {len(spans)} instance(s) of range {window!r}; asked for instance {instance}")
+            raise ValueError(
+                f"the trace has {len(spans)} instance(s) of range {window!r}; asked for instance {instance}"
+            )
         row = spans.iloc[instance]
         return float(row["ts_us"]), float(row["end_us"])
     start, end = window
@@ -56,7 +73,9 @@ def timeline_window(events: pd.DataFrame, window: str | tuple[float, float] | No
     return float(start), float(end)
 
 
-def range_span(events: pd.DataFrame, first: str, last: str, after_us: float = float("-inf"), gpu: bool = True) -> tuple[float, float]:
+def range_span(
+    events: pd.DataFrame, first: str, last: str, after_us: float = float("-inf"), gpu: bool = True
+) -> tuple[float, float]:
     """(start_us, end_us) from the first `first` range that starts after `after_us` (CPU time) to the
     end of the first `last` range after that; on the GPU copies of the ranges when the trace has one
     per CPU range (they line up with the kernels), else on the CPU ranges."""
@@ -111,7 +130,9 @@ def plot_timeline(
         spans = spans[(spans["end_us"] > t0) & (spans["ts_us"] < t1)]
         y = n_rows - 1 - row
         for start, end in zip(to_ms(spans["ts_us"].clip(lower=t0)), to_ms(spans["end_us"].clip(upper=t1))):
-            ax.broken_barh([(start, end - start)], (y - 0.4, 0.8), facecolor="#f2e6c9", edgecolor="#8c6d31", linewidth=0.8)
+            ax.broken_barh(
+                [(start, end - start)], (y - 0.4, 0.8), facecolor="#f2e6c9", edgecolor="#8c6d31", linewidth=0.8
+            )
             if end - start > 0.06 * (t1 - t0) / 1e3:
                 ax.text((start + end) / 2, y, name, ha="center", va="center", fontsize=8, clip_on=True)
         y_labels.append((y, name))
@@ -131,8 +152,14 @@ def plot_timeline(
     if ranges:
         ax.axhline(len(lane_names) - 0.5, color="black", linewidth=0.6)
     present = [c for c in CATEGORIES if c in set(categories)]
-    ax.legend(handles=[Patch(color=CATEGORY_COLORS[c], label=c) for c in present], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, title="GPU kernels" if gpu else "CPU operators")
+    ax.legend(
+        handles=[Patch(color=CATEGORY_COLORS[c], label=c) for c in present],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        frameon=False,
+        title="GPU kernels" if gpu else "CPU operators",
+    )
     ax.grid(axis="y", visible=False)
     if title:
         ax.set_title(title)

@@ -20,8 +20,7 @@ operators with their *self* time on a CPU trace (so nested operators are not cou
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +29,12 @@ import pandas as pd
 import torch
 
 from cs336_systems.benchmarking.harness import (
-    BenchmarkConfig, TrainingSetup, build, free_device_memory, is_out_of_memory, time_steps,
+    BenchmarkConfig,
+    TrainingSetup,
+    build,
+    free_device_memory,
+    is_out_of_memory,
+    time_steps,
 )
 from cs336_systems.profiling.kernel_names import kernel_category, short_kernel_name
 from cs336_systems.profiling.trace import GPU_KINDS, count_range_instances, events_in_ranges, load_trace
@@ -118,7 +122,9 @@ def profile_benchmark(
 
 
 def compute_events(
-    events: pd.DataFrame, within: Sequence[str] | str | None = None, exclude: Sequence[str] | str | None = None,
+    events: pd.DataFrame,
+    within: Sequence[str] | str | None = None,
+    exclude: Sequence[str] | str | None = None,
 ) -> pd.DataFrame:
     """Kernels (GPU trace) or CPU operators with their self time (CPU trace) inside every `within`
     range and outside every `exclude` range.
@@ -156,7 +162,12 @@ def kernel_summary(
     total = compute["time_us"].sum()
     summary = (
         compute.groupby("name")
-        .agg(kernel=("kernel", "first"), category=("category", "first"), total_us=("time_us", "sum"), instances=("time_us", "size"))
+        .agg(
+            kernel=("kernel", "first"),
+            category=("category", "first"),
+            total_us=("time_us", "sum"),
+            instances=("time_us", "size"),
+        )
         .reset_index()
         .sort_values("total_us", ascending=False, kind="stable")
     )
@@ -175,7 +186,9 @@ def kernel_summary(
 
 
 def category_summary(
-    events: pd.DataFrame, within: Sequence[str] | str | None = MEASURED, exclude: Sequence[str] | str | None = None,
+    events: pd.DataFrame,
+    within: Sequence[str] | str | None = MEASURED,
+    exclude: Sequence[str] | str | None = None,
 ) -> pd.DataFrame:
     """Total time and share per kernel category (matmul, elementwise, ...) inside the ranges."""
     compute = compute_events(events, within, exclude)
@@ -183,10 +196,14 @@ def category_summary(
     summary = compute.groupby("category")["time_us"].agg(total_us="sum", instances="size").reset_index()
     summary["total_ms"] = summary["total_us"] / 1e3
     summary["share"] = summary["total_us"] / total if total > 0 else np.nan
-    return summary.sort_values("total_us", ascending=False)[["category", "total_ms", "instances", "share"]].reset_index(drop=True)
+    return summary.sort_values("total_us", ascending=False)[["category", "total_ms", "instances", "share"]].reset_index(
+        drop=True
+    )
 
 
-def range_summary(events: pd.DataFrame, names: Sequence[str], within: Sequence[str] | str | None = MEASURED) -> pd.DataFrame:
+def range_summary(
+    events: pd.DataFrame, names: Sequence[str], within: Sequence[str] | str | None = MEASURED
+) -> pd.DataFrame:
     """Per named range (instances inside `within`): count, mean CPU wall ms, mean compute ms, mean GPU span ms.
 
     compute ms sums the kernels (or CPU operator self times) launched inside each instance; the
@@ -202,17 +219,24 @@ def range_summary(events: pd.DataFrame, names: Sequence[str], within: Sequence[s
         compute_ms, gpu_span_ms = [], []
         for _, r in spans.iterrows():
             inside = compute[
-                (compute["source"] == r["source"]) & (compute["host_pid"] == r["pid"])
-                & (compute["launch_ts_us"] >= r["ts_us"]) & (compute["launch_ts_us"] < r["end_us"])
+                (compute["source"] == r["source"])
+                & (compute["host_pid"] == r["pid"])
+                & (compute["launch_ts_us"] >= r["ts_us"])
+                & (compute["launch_ts_us"] < r["end_us"])
             ]
             compute_ms.append(inside["time_us"].sum() / 1e3)
-            gpu_span_ms.append((inside["end_us"].max() - inside["ts_us"].min()) / 1e3 if gpu and len(inside) else np.nan)
-        rows.append(dict(
-            range=name, instances=len(spans),
-            wall_ms=spans["dur_us"].mean() / 1e3 if len(spans) else np.nan,
-            compute_ms=float(np.mean(compute_ms)) if compute_ms else np.nan,
-            gpu_span_ms=float(np.nanmean(gpu_span_ms)) if gpu and compute_ms else np.nan,
-        ))
+            gpu_span_ms.append(
+                (inside["end_us"].max() - inside["ts_us"].min()) / 1e3 if gpu and len(inside) else np.nan
+            )
+        rows.append(
+            dict(
+                range=name,
+                instances=len(spans),
+                wall_ms=spans["dur_us"].mean() / 1e3 if len(spans) else np.nan,
+                compute_ms=float(np.mean(compute_ms)) if compute_ms else np.nan,
+                gpu_span_ms=float(np.nanmean(gpu_span_ms)) if gpu and compute_ms else np.nan,
+            )
+        )
     return pd.DataFrame(rows)
 
 

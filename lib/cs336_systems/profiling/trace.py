@@ -37,8 +37,25 @@ _KIND_BY_CAT = {
     "python_function": "python",
 }
 COLUMNS = [
-    "name", "cat", "kind", "ts_us", "dur_us", "end_us", "pid", "tid", "lane", "source", "device",
-    "correlation", "external_id", "launch_ts_us", "host_pid", "self_us", "depth", "bytes", "total_allocated",
+    "name",
+    "cat",
+    "kind",
+    "ts_us",
+    "dur_us",
+    "end_us",
+    "pid",
+    "tid",
+    "lane",
+    "source",
+    "device",
+    "correlation",
+    "external_id",
+    "launch_ts_us",
+    "host_pid",
+    "self_us",
+    "depth",
+    "bytes",
+    "total_allocated",
 ]
 
 
@@ -83,17 +100,39 @@ def load_trace(trace: str | Path | dict, source: str | None = None) -> pd.DataFr
         kind = "memory" if memory else _KIND_BY_CAT.get(cat, "other")
         rows.append(
             dict(
-                name=str(e.get("name", "")), cat=cat or "", kind=kind, ts_us=float(e.get("ts", 0.0)),
-                dur_us=float(e.get("dur", 0.0)), pid=e.get("pid"), tid=e.get("tid"),
-                device=args.get("device"), stream=args.get("stream"),
-                correlation=args.get("correlation"), external_id=args.get("External id"),
-                bytes=args.get("Bytes"), total_allocated=args.get("Total Allocated"),
+                name=str(e.get("name", "")),
+                cat=cat or "",
+                kind=kind,
+                ts_us=float(e.get("ts", 0.0)),
+                dur_us=float(e.get("dur", 0.0)),
+                pid=e.get("pid"),
+                tid=e.get("tid"),
+                device=args.get("device"),
+                stream=args.get("stream"),
+                correlation=args.get("correlation"),
+                external_id=args.get("External id"),
+                bytes=args.get("Bytes"),
+                total_allocated=args.get("Total Allocated"),
             )
         )
-    df = pd.DataFrame(rows, columns=[
-        "name", "cat", "kind", "ts_us", "dur_us", "pid", "tid", "device", "stream", "correlation",
-        "external_id", "bytes", "total_allocated",
-    ])
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            "name",
+            "cat",
+            "kind",
+            "ts_us",
+            "dur_us",
+            "pid",
+            "tid",
+            "device",
+            "stream",
+            "correlation",
+            "external_id",
+            "bytes",
+            "total_allocated",
+        ],
+    )
     df["source"] = source or ""
     df["end_us"] = df["ts_us"] + df["dur_us"]
     gpu = df["kind"].isin(GPU_KINDS)
@@ -163,7 +202,9 @@ def range_instances(events: pd.DataFrame, name: str, gpu: bool = False) -> pd.Da
     return events[(events["kind"] == kind) & (events["name"] == name)].sort_values("ts_us")
 
 
-def events_in_ranges(events: pd.DataFrame, names: Sequence[str] | str | None, kinds: Iterable[str] | None = None) -> pd.DataFrame:
+def events_in_ranges(
+    events: pd.DataFrame, names: Sequence[str] | str | None, kinds: Iterable[str] | None = None
+) -> pd.DataFrame:
     """Events (optionally only of `kinds`) whose launch time lies inside an instance of every named range.
 
     Ranges are matched within the same trace source and host process; a GPU event counts by the
@@ -181,7 +222,9 @@ def events_in_ranges(events: pd.DataFrame, names: Sequence[str] | str | None, ki
         inside = np.zeros(len(selected), dtype=bool)
         for (source, pid), rs in ranges.groupby(["source", "pid"]):
             mask = (selected["source"] == source).to_numpy() & (selected["host_pid"] == pid).to_numpy()
-            inside[mask] = _inside_intervals(selected["launch_ts_us"].to_numpy()[mask], rs["ts_us"].to_numpy(), rs["end_us"].to_numpy())
+            inside[mask] = _inside_intervals(
+                selected["launch_ts_us"].to_numpy()[mask], rs["ts_us"].to_numpy(), rs["end_us"].to_numpy()
+            )
         selected = selected[inside]
     return selected
 

@@ -52,8 +52,10 @@ class Answer:
         if self.table is not None and self.figure is not None:
             raise ValueError("an Answer is supported by one table or one figure, not both")
         if self.table is not None and len(self.table) > MAX_SUPPORT_ROWS:
-            raise ValueError(f"a support table has at most {MAX_SUPPORT_ROWS} rows (got {len(self.table)}): "
-                             "keep the sweep in the notebook and show the rows the answer rests on")
+            raise ValueError(
+                f"a support table has at most {MAX_SUPPORT_ROWS} rows (got {len(self.table)}): "
+                "keep the sweep in the notebook and show the rows the answer rests on"
+            )
 
 
 def _file_key(key: str) -> str:
@@ -69,8 +71,15 @@ def record_answer(results_dir: Path, notebook: str, key: str, answer: Answer) ->
         folder.mkdir(parents=True, exist_ok=True)
         table_path = f"{TABLES_FOLDER}/{_file_key(key)}.csv"
         answer.table.to_csv(results_dir / table_path, index=False)
-    record = dict(key=key, notebook=notebook, text=answer.text, table=table_path, figure=answer.figure or "",
-                  caveat=answer.caveat, reason=answer.reason)
+    record = dict(
+        key=key,
+        notebook=notebook,
+        text=answer.text,
+        table=table_path,
+        figure=answer.figure or "",
+        caveat=answer.caveat,
+        reason=answer.reason,
+    )
     path = results_dir / ANSWERS_FILE
     records = [r for r in load_answers(results_dir).values() if r["key"] != key]
     records.append(record)
@@ -85,8 +94,11 @@ def load_answers(results_dir: Path) -> dict[str, dict]:
     path = Path(results_dir) / ANSWERS_FILE
     if not path.exists():
         return {}
-    records = read_json(path, "delete it and re-run the notebooks, or rebuild it with "
-                              "`python -m cs336_systems.experiments.answers <report folder>`")
+    records = read_json(
+        path,
+        "delete it and re-run the notebooks, or rebuild it with "
+        "`python -m cs336_systems.experiments.answers <report folder>`",
+    )
     return {r["key"]: r for r in records}
 
 

@@ -40,7 +40,10 @@ def git_commit(root: Path | None = None) -> str:
     try:
         out = subprocess.run(
             ["git", "describe", "--always", "--dirty", "--abbrev=12"],
-            cwd=root or repo_root(), capture_output=True, text=True, timeout=10,
+            cwd=root or repo_root(),
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -75,7 +78,9 @@ def environment_info(profile: str | None = None) -> dict[str, str]:
         try:
             smi = subprocess.run(
                 ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=10,
+                capture_output=True,
+                text=True,
+                timeout=10,
             )
             info["driver"] = smi.stdout.strip().splitlines()[0] if smi.stdout.strip() else "unknown"
         except (OSError, subprocess.SubprocessError):
@@ -90,7 +95,7 @@ def environment_info(profile: str | None = None) -> dict[str, str]:
     info["platform"] = platform.platform()
     info["profile"] = resolve_profile(profile) if profile != "n/a" else "n/a"
     info["commit"] = git_commit()
-    info["date"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info["date"] = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return info
 
 

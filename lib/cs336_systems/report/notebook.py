@@ -1,12 +1,12 @@
 """What every notebook calls first: profile, output folders, tables, figures and generated prose.
 
-    ctx = setup_notebook("01_benchmarking_script", profile=profile)
-    sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=["small", "medium"])
-    ctx.save_table(df, "forward_backward")          # CSV next to the report, shown in the notebook
-    ctx.save_figure(fig, "warmup_steps")            # PNG next to the report, shown once
-    ctx.md(f"The fastest step is {best:.1f} ms.")   # prose generated from the data
-    ctx.headline("01", "small fwd+bwd (ms)", 41.2)  # goes into the writeup's summary table
-    ctx.not_run("NCCL with 4 GPUs", "this machine has 2 GPUs")   # listed in the writeup
+ctx = setup_notebook("01_benchmarking_script", profile=profile)
+sizes = ctx.pick(sizes, cpu=["nano", "tiny"], gpu=["small", "medium"])
+ctx.save_table(df, "forward_backward")          # CSV next to the report, shown in the notebook
+ctx.save_figure(fig, "warmup_steps")            # PNG next to the report, shown once
+ctx.md(f"The fastest step is {best:.1f} ms.")   # prose generated from the data
+ctx.headline("01", "small fwd+bwd (ms)", 41.2)  # goes into the writeup's summary table
+ctx.not_run("NCCL with 4 GPUs", "this machine has 2 GPUs")   # listed in the writeup
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ class NotebookContext:
     def _append(self, filename: str, record: dict) -> None:
         p = self.path(filename)
         records = json.loads(p.read_text()) if p.exists() else []
-        records = [r for r in records if not (r.get("notebook") == record["notebook"] and r.get("key") == record["key"])]
+        records = [
+            r for r in records if not (r.get("notebook") == record["notebook"] and r.get("key") == record["key"])
+        ]
         records.append(record)
         p.write_text(json.dumps(records, indent=2, default=str))
 
@@ -129,7 +131,9 @@ def _display(obj) -> None:
         print(obj)
 
 
-def setup_notebook(name: str, profile: str | None = None, results_dir: str | Path | None = None, show_env: bool = True) -> NotebookContext:
+def setup_notebook(
+    name: str, profile: str | None = None, results_dir: str | Path | None = None, show_env: bool = True
+) -> NotebookContext:
     """Resolve the profile, create the results folder, set the plotting theme, show the environment.
 
     The results go to `$CS336_REPORT_DIR/results/`, which the report runner sets to the report folder

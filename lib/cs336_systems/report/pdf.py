@@ -40,10 +40,20 @@ def html_to_pdf(html: Path, pdf: Path, timeout_s: float = 180) -> Path:
     chromium = find_chromium()
     with tempfile.TemporaryDirectory(prefix="cs336_chromium_") as profile_dir:
         cmd = [
-            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={profile_dir}", "--no-pdf-header-footer", "--virtual-time-budget=15000",
-            f"--print-to-pdf={pdf}", html.resolve().as_uri(),
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile_dir}",
+            "--no-pdf-header-footer",
+            "--virtual-time-budget=15000",
+            f"--print-to-pdf={pdf}",
+            html.resolve().as_uri(),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0 or not pdf.exists() or pdf.stat().st_size == 0:

@@ -161,8 +161,13 @@ def execute(notebook: Path, executed: Path, profile: str, cell_timeout: int) -> 
         noise.assigned = assigned_parameters(notebook)
         with papermill_log(noise):
             pm.execute_notebook(
-                str(notebook), str(executed), parameters={"profile": profile}, cwd=str(notebook.parent),
-                kernel_name="python3", progress_bar=False, execution_timeout=cell_timeout,
+                str(notebook),
+                str(executed),
+                parameters={"profile": profile},
+                cwd=str(notebook.parent),
+                kernel_name="python3",
+                progress_bar=False,
+                execution_timeout=cell_timeout,
                 extra_arguments=KERNEL_ARGUMENTS,
             )
         status, error = "ok", ""
@@ -186,10 +191,14 @@ def to_html(executed: Path, html_path: Path | None = None) -> Path:
     return html_path
 
 
-RUNS_REMEDY = ("move it aside or delete it, then re-run the notebooks (each run adds its record) or rebuild "
-               "the index with --index-only, which then lists only the notebooks re-run since")
-ENVIRONMENT_REMEDY = ("move it aside or delete it: the next notebook run writes it again, and --index-only "
-                      "without it shows this machine's environment")
+RUNS_REMEDY = (
+    "move it aside or delete it, then re-run the notebooks (each run adds its record) or rebuild "
+    "the index with --index-only, which then lists only the notebooks re-run since"
+)
+ENVIRONMENT_REMEDY = (
+    "move it aside or delete it: the next notebook run writes it again, and --index-only "
+    "without it shows this machine's environment"
+)
 
 
 def read_runs(runs_path: Path) -> dict[str, dict]:
@@ -257,7 +266,9 @@ def merge_results(staged: Path, results: Path, notebook: str) -> None:
             write_atomic(target, json.dumps(sorted(merged, key=lambda r: r.get("notebook", "")), indent=2, default=str))
 
 
-def run_one(notebook: Path, out_dir: Path, profile: str, cell_timeout: int, html: bool, env: dict[str, str]) -> NotebookRun:
+def run_one(
+    notebook: Path, out_dir: Path, profile: str, cell_timeout: int, html: bool, env: dict[str, str]
+) -> NotebookRun:
     """Execute and render `notebook` into hidden files of `out_dir`, its results into a staging folder,
     then commit them; on any exception or interruption they are removed and the earlier results stay as
     they were."""
@@ -296,15 +307,21 @@ def write_index(out_dir: Path, runs: list[NotebookRun], env: dict[str, str]) -> 
             f"<td><a href='{r.name}.ipynb'>ipynb</a></td><td>{r.seconds:.1f} s</td><td>{where}</td><td>{err}</td></tr>"
         )
     writeups = [(h, f"writeup_{h}") for h in ("2026", "2025") if (out_dir / f"writeup_{h}.html").exists()]
-    writeup = ("<p>The writeups, every deliverable of a handout in its order, answer first: "
-               + ", ".join(f"<a href='{name}.html'>spring {h}</a> (<a href='{name}.pdf'>pdf</a>)" for h, name in writeups)
-               + ".</p>") if writeups else ""
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>CS336 systems report ({env.get('profile')})</title>
+    writeup = (
+        (
+            "<p>The writeups, every deliverable of a handout in its order, answer first: "
+            + ", ".join(f"<a href='{name}.html'>spring {h}</a> (<a href='{name}.pdf'>pdf</a>)" for h, name in writeups)
+            + ".</p>"
+        )
+        if writeups
+        else ""
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>CS336 systems report ({env.get("profile")})</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem;text-align:left;vertical-align:top}}
 pre{{white-space:pre-wrap;color:#a00;margin:0}}table{{border-collapse:collapse}}tr{{border-bottom:1px solid #ddd}}</style></head><body>
 <h1>CS336 assignment 2 — systems report</h1>{writeup}
 <h2>Environment of the latest run</h2><table>{env_rows}</table>
-<h2>Notebooks</h2><table><tr><th></th><th>notebook</th><th></th><th>time</th><th>machine · commit · date</th><th>error</th></tr>{''.join(nb_rows)}</table>
+<h2>Notebooks</h2><table><tr><th></th><th>notebook</th><th></th><th>time</th><th>machine · commit · date</th><th>error</th></tr>{"".join(nb_rows)}</table>
 </body></html>"""
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
@@ -339,7 +356,11 @@ def environ(**values: str) -> Iterator[None]:
 
 
 def run_report(
-    profile: str | None, selection: str | None, out_dir: Path | None, cell_timeout: int = 3600, html: bool = True,
+    profile: str | None,
+    selection: str | None,
+    out_dir: Path | None,
+    cell_timeout: int = 3600,
+    html: bool = True,
     notebook_dir: Path | None = None,
 ) -> list[NotebookRun]:
     profile = resolve_profile(profile)
@@ -353,11 +374,17 @@ def run_report(
     print(f"[report] {len(notebooks)} notebook(s), profile {profile}, into {out_dir}", flush=True)
     runs = []
     # for the kernels, which inherit them; progress bars would fill the executed notebooks
-    with environ(CS336_REPORT_DIR=str(out_dir), CS336_PROFILE=profile, TQDM_DISABLE=os.environ.get("TQDM_DISABLE", "1")):
+    with environ(
+        CS336_REPORT_DIR=str(out_dir), CS336_PROFILE=profile, TQDM_DISABLE=os.environ.get("TQDM_DISABLE", "1")
+    ):
         for i, nb in enumerate(notebooks, 1):
             print(f"[report] {nb.stem} ({profile}) ... [{i}/{len(notebooks)}]", flush=True)
             run = run_one(nb, out_dir, profile, cell_timeout, html, env)
-            print(f"[report] {nb.stem}: {run.status} in {run.seconds:.1f} s" + (f"\n  {run.error.splitlines()[0]}" if run.error else ""), flush=True)
+            print(
+                f"[report] {nb.stem}: {run.status} in {run.seconds:.1f} s"
+                + (f"\n  {run.error.splitlines()[0]}" if run.error else ""),
+                flush=True,
+            )
             runs.append(run)
     if html:
         build_index(out_dir, profile)
@@ -371,15 +398,20 @@ def unanswered(out_dir: Path, notebooks: set[str] | None = None) -> list[str]:
 
     runs = list(read_runs(out_dir / "runs.json").values())
     gaps = [s for statuses in coverage(out_dir, runs).values() for s in statuses]
-    return [s.deliverable.id + f" ({s.deliverable.notebook})" for s in gaps
-            if notebooks is None or s.deliverable.notebook in notebooks]
+    return [
+        s.deliverable.id + f" ({s.deliverable.notebook})"
+        for s in gaps
+        if notebooks is None or s.deliverable.notebook in notebooks
+    ]
 
 
 def report_unanswered(out_dir: Path, notebooks: set[str] | None = None) -> int:
     gaps = unanswered(out_dir, notebooks)
     if gaps:
-        print(f"[report] error: {len(gaps)} deliverable(s) have no answer in the notebooks that ran: "
-              + ", ".join(gaps), file=sys.stderr)
+        print(
+            f"[report] error: {len(gaps)} deliverable(s) have no answer in the notebooks that ran: " + ", ".join(gaps),
+            file=sys.stderr,
+        )
     return 1 if gaps else 0
 
 
@@ -395,8 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     missing = missing_report_packages(("nbconvert", "nbformat") if args.index_only else REPORT_PACKAGES)
     if missing:
-        print(f"error: the report needs {', '.join(missing)}, which are not installed: pip install -e '.[report]' "
-              "(make setup installs it)", file=sys.stderr)
+        print(
+            f"error: the report needs {', '.join(missing)}, which are not installed: pip install -e '.[report]' "
+            "(make setup installs it)",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.index_only:
@@ -404,18 +439,31 @@ def main(argv: list[str] | None = None) -> int:
             out_dir = Path(args.out or repo_root() / "reports" / profile)
             build_index(out_dir, profile)
             return report_unanswered(out_dir)
-        runs = run_report(args.profile, args.notebooks, args.out, args.cell_timeout, html=not args.no_html, notebook_dir=args.notebook_dir)
+        runs = run_report(
+            args.profile,
+            args.notebooks,
+            args.out,
+            args.cell_timeout,
+            html=not args.no_html,
+            notebook_dir=args.notebook_dir,
+        )
         out_dir = Path(args.out or repo_root() / "reports" / resolve_profile(args.profile))
         gaps = report_unanswered(out_dir, {r.name for r in runs if r.status == "ok"})
     except ValueError as err:  # a bad argument or a damaged report file
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("[report] interrupted: the notebook that was running keeps its earlier results; "
-              "--index-only rebuilds the index with the ones that finished", file=sys.stderr)
+        print(
+            "[report] interrupted: the notebook that was running keeps its earlier results; "
+            "--index-only rebuilds the index with the ones that finished",
+            file=sys.stderr,
+        )
         return 130
     failed = [r for r in runs if r.status != "ok"]
-    print(f"[report] {len(runs) - len(failed)} of {len(runs)} notebooks ran" + (f"; failed: {', '.join(r.name for r in failed)}" if failed else ""))
+    print(
+        f"[report] {len(runs) - len(failed)} of {len(runs)} notebooks ran"
+        + (f"; failed: {', '.join(r.name for r in failed)}" if failed else "")
+    )
     return 1 if failed or gaps else 0
 
 

@@ -29,6 +29,17 @@ def timing_pivot(df: pd.DataFrame, index: str | list[str], order: list | None = 
         wide[index] = pd.Categorical(wide[index], order, ordered=True)
         wide = wide.sort_values(index)
         wide[index] = wide[index].astype(str)
-    cols = [c for c in ["forward_mean_ms", "forward_std_ms", "forward-backward_mean_ms", "forward-backward_std_ms", "backward_ms",
-                        "train-step_mean_ms", "train-step_std_ms"] if c in wide]
+    cols = [
+        c
+        for c in [
+            "forward_mean_ms",
+            "forward_std_ms",
+            "forward-backward_mean_ms",
+            "forward-backward_std_ms",
+            "backward_ms",
+            "train-step_mean_ms",
+            "train-step_std_ms",
+        ]
+        if c in wide
+    ]
     return wide[[*([index] if isinstance(index, str) else index), *cols]]

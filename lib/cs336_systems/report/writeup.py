@@ -52,7 +52,7 @@ class Status:
 
     deliverable: Deliverable
     record: dict | None  # the recorded answer, None when there is none
-    reason: str = ""     # why there is no answer (empty when answered)
+    reason: str = ""  # why there is no answer (empty when answered)
 
     @property
     def answered(self) -> bool:
@@ -76,7 +76,9 @@ def deliverable_status(report_dir: Path, runs: list[dict], handout: str) -> list
         elif run is None:
             out.append(Status(d, None, f"notebook {d.notebook} has not run in this report"))
         elif run.get("status") != "ok":
-            out.append(Status(d, None, f"notebook {d.notebook} failed here: {(run.get('error') or '').splitlines()[0:1]}"))
+            out.append(
+                Status(d, None, f"notebook {d.notebook} failed here: {(run.get('error') or '').splitlines()[0:1]}")
+            )
         else:
             out.append(Status(d, None, f"no answer recorded by {d.notebook}"))
     return out
@@ -90,8 +92,11 @@ def coverage(report_dir: Path, runs: list[dict]) -> dict[str, list[Status]]:
 # What a grader must not meet in a writeup: the project's own targets and version tags, and artefacts of
 # the code (object reprs, warnings). Commit hashes are allowed in the environment block only.
 JARGON = {
-    "project target words": re.compile(r"\bmoonshots?\b|\b(?:the|our|its|a|every) (?:issue's )?bars?\b(?! (?:chart|plot|graph))|\bbars?:|"
-                                       r"\bissue(?:'s| #?\d+)", re.I),
+    "project target words": re.compile(
+        r"\bmoonshots?\b|\b(?:the|our|its|a|every) (?:issue's )?bars?\b(?! (?:chart|plot|graph))|\bbars?:|"
+        r"\bissue(?:'s| #?\d+)",
+        re.I,
+    ),
     "kernel version tags": re.compile(r"(?<![\w.])v\d+(?:\.\d+)?\b"),
     "pass/fail verdicts": re.compile(r"\b(?:PASS|FAIL)(?:ED|ES)?\b"),
     "object reprs": re.compile(r"PosixPath\(|<\w+(?:\.\w+)+ object at 0x|\bdtype\('"),
@@ -106,8 +111,11 @@ def jargon(text: str, allow_commits: bool = False) -> list[str]:
     """The internal words and artefacts found in `text`, as 'kind: match' strings."""
     found = [f"{kind}: {m.group(0)}" for kind, rx in JARGON.items() for m in rx.finditer(text)]
     if not allow_commits:
-        found += [f"commit hash: {m.group(0)}" for m in COMMIT.finditer(text) if re.search(r"[a-f]", m.group(0))
-                  and re.search(r"\d", m.group(0))]
+        found += [
+            f"commit hash: {m.group(0)}"
+            for m in COMMIT.finditer(text)
+            if re.search(r"[a-f]", m.group(0)) and re.search(r"\d", m.group(0))
+        ]
     return found
 
 
@@ -137,8 +145,10 @@ def _fmt(v) -> str:
 
 def _table_html(df) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
-                   for row in df.itertuples(index=False))
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+        for row in df.itertuples(index=False)
+    )
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
@@ -156,8 +166,10 @@ def _part_html(status: Status, results: Path, heading: str = "") -> str:
     d = status.deliverable
     title = f"({d.part})" if d.part else "Deliverable"
     points = f" · {d.points:g} pt" if d.points else ""
-    parts = [f"<div class='deliverable' id='{html.escape(d.id)}'>{heading}<h3>{title}{points}</h3>",
-             f"<p class='asks'>{html.escape(d.asks)}</p>"]
+    parts = [
+        f"<div class='deliverable' id='{html.escape(d.id)}'>{heading}<h3>{title}{points}</h3>",
+        f"<p class='asks'>{html.escape(d.asks)}</p>",
+    ]
     record = status.record
     if status.answered:
         parts.append(f"<div class='answer'>{_markdown(record['text'])}</div>")
@@ -176,15 +188,21 @@ def _part_html(status: Status, results: Path, heading: str = "") -> str:
 
 def _environment_html(env: dict[str, str], runs: list[dict]) -> str:
     keep = ("GPU", "driver", "CUDA (torch build)", "CPU", "torch", "triton", "python", "profile", "commit", "date")
-    env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(env[k]))}</td></tr>" for k in keep if env.get(k))
+    env_rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(env[k]))}</td></tr>" for k in keep if env.get(k)
+    )
     run_rows = "".join(
         f"<tr><td>{html.escape(r['name'])}</td><td>{html.escape(r.get('machine', ''))}</td>"
         f"<td>{html.escape(r.get('commit', ''))}</td><td>{html.escape(r.get('date', ''))}</td>"
-        f"<td>{html.escape(r.get('status', ''))}</td></tr>" for r in sorted(runs, key=lambda r: r["name"]))
-    return (f"<h2>Environment</h2><table class='env'>{env_rows}</table>"
-            "<p>Each notebook's run (the machine, commit and date its answers come from):</p>"
-            f"<table class='env'><tr><th>notebook</th><th>machine</th><th>commit</th><th>date</th><th>status</th></tr>"
-            f"{run_rows}</table>")
+        f"<td>{html.escape(r.get('status', ''))}</td></tr>"
+        for r in sorted(runs, key=lambda r: r["name"])
+    )
+    return (
+        f"<h2>Environment</h2><table class='env'>{env_rows}</table>"
+        "<p>Each notebook's run (the machine, commit and date its answers come from):</p>"
+        f"<table class='env'><tr><th>notebook</th><th>machine</th><th>commit</th><th>date</th><th>status</th></tr>"
+        f"{run_rows}</table>"
+    )
 
 
 def _caveats_html(caveats: list[dict]) -> str:
@@ -194,31 +212,40 @@ def _caveats_html(caveats: list[dict]) -> str:
     return f"<h2>Known problems of these results</h2><ul>{items}</ul>"
 
 
-def build_handout_writeup(report_dir: Path, env: dict[str, str], runs: list[dict], handout: str,
-                          caveats: list[dict] = ()) -> Path:
+def build_handout_writeup(
+    report_dir: Path, env: dict[str, str], runs: list[dict], handout: str, caveats: list[dict] = ()
+) -> Path:
     """writeup_<handout>.html of a report folder."""
     report_dir = Path(report_dir)
     results = report_dir / "results"
     statuses = deliverable_status(report_dir, runs, handout)
     answered = sum(s.answered for s in statuses)
-    body = [f"<h1>{html.escape(HANDOUT_TITLES[handout])}</h1>",
-            f"<p>Answers regenerated from measurements by <code>make report</code> ({html.escape(env.get('profile', '?'))} "
-            f"profile): {answered} of {len(statuses)} deliverables answered here; each names the notebook whose "
-            "HTML holds the full sweeps, timelines and code.</p>",
-            _environment_html(env, runs)]
+    body = [
+        f"<h1>{html.escape(HANDOUT_TITLES[handout])}</h1>",
+        f"<p>Answers regenerated from measurements by <code>make report</code> ({html.escape(env.get('profile', '?'))} "
+        f"profile): {answered} of {len(statuses)} deliverables answered here; each names the notebook whose "
+        "HTML holds the full sweeps, timelines and code.</p>",
+        _environment_html(env, runs),
+    ]
     problem = None
     for s in statuses:
         heading = ""
         if s.deliverable.problem != problem:
             problem = s.deliverable.problem
             points = PROBLEM_POINTS.get(handout, {}).get(problem)
-            heading = (f"<h2 id='{html.escape(problem)}'>Problem <code>{html.escape(problem)}</code>"
-                       + (f" ({points:g} points)" if points else "") + "</h2>")
+            heading = (
+                f"<h2 id='{html.escape(problem)}'>Problem <code>{html.escape(problem)}</code>"
+                + (f" ({points:g} points)" if points else "")
+                + "</h2>"
+            )
         body.append(_part_html(s, results, heading))
     body.append(_caveats_html(list(caveats)))
-    page = ("<!doctype html><html><head><meta charset='utf-8'>"
-            f"<title>{html.escape(HANDOUT_TITLES[handout])} — report</title><style>{PRINT_CSS}</style></head><body>"
-            + "".join(body) + "</body></html>")
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(HANDOUT_TITLES[handout])} — report</title><style>{PRINT_CSS}</style></head><body>"
+        + "".join(body)
+        + "</body></html>"
+    )
     out = report_dir / f"writeup_{handout}.html"
     out.write_text(page, encoding="utf-8")
     return out
@@ -244,13 +271,20 @@ def _markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     if not rows:
         return "_none_\n"
     head = "| " + " | ".join(title for _, title in columns) + " |\n|" + "---|" * len(columns) + "\n"
-    body = "".join("| " + " | ".join(_fmt(r.get(key, "")).replace("|", "\\|") for key, _ in columns) + " |\n"
-                   for r in rows)
+    body = "".join(
+        "| " + " | ".join(_fmt(r.get(key, "")).replace("|", "\\|") for key, _ in columns) + " |\n" for r in rows
+    )
     return head + body
 
 
-def write_summary(report_dir: Path, env: dict[str, str], headlines: list[dict], not_run: list[dict],
-                  caveats: list[dict], runs: list[dict]) -> Path:
+def write_summary(
+    report_dir: Path,
+    env: dict[str, str],
+    headlines: list[dict],
+    not_run: list[dict],
+    caveats: list[dict],
+    runs: list[dict],
+) -> Path:
     """README.md of a report folder: where each notebook ran and the headline numbers, from the run's data.
 
     What the project README points to for results, so no measured number is typed by hand."""
@@ -264,16 +298,28 @@ def write_summary(report_dir: Path, env: dict[str, str], headlines: list[dict], 
         "",
         "## Where each notebook ran",
         "",
-        _markdown_table([dict(r, notebook=f"[{r['name']}]({r['name']}.html)") for r in runs],
-                        [("notebook", "notebook"), ("status", "status"), ("machine", "machine"),
-                         ("commit", "commit"), ("date", "date")]),
+        _markdown_table(
+            [dict(r, notebook=f"[{r['name']}]({r['name']}.html)") for r in runs],
+            [
+                ("notebook", "notebook"),
+                ("status", "status"),
+                ("machine", "machine"),
+                ("commit", "commit"),
+                ("date", "date"),
+            ],
+        ),
         "## Headline numbers",
         "",
-        _markdown_table(headlines, [("notebook", "problem"), ("key", "quantity"), ("value", "value"),
-                                    ("unit", "unit"), ("note", "note")]),
+        _markdown_table(
+            headlines,
+            [("notebook", "problem"), ("key", "quantity"), ("value", "value"), ("unit", "unit"), ("note", "note")],
+        ),
         "## Not run on the machine of the run",
         "",
-        _markdown_table(not_run, [("notebook", "problem"), *[(k, k) for k in sorted({k for r in not_run for k in r} - {"notebook"})]]),
+        _markdown_table(
+            not_run,
+            [("notebook", "problem"), *[(k, k) for k in sorted({k for r in not_run for k in r} - {"notebook"})]],
+        ),
         "## Known problems",
         "",
         _markdown_table(caveats, [("notebook", "notebook"), ("caveat", "caveat")]),

@@ -78,10 +78,12 @@ class StepConfig:
             if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
                 raise TypeError(f"StepConfig.{name} must be an int or None, got {type(value).__name__}")
         if self.activation_memory_budget is not None and not _is_real(self.activation_memory_budget):
-            raise TypeError(f"StepConfig.activation_memory_budget must be a real number or None, "
-                            f"got {type(self.activation_memory_budget).__name__}")
+            raise TypeError(
+                f"StepConfig.activation_memory_budget must be a real number or None, "
+                f"got {type(self.activation_memory_budget).__name__}"
+            )
         for name in ("lr", "eps", "weight_decay"):
-            if not 0.0 <= getattr(self, name):  # NaN fails too
+            if not getattr(self, name) >= 0.0:  # NaN fails too
                 raise ValueError(f"StepConfig.{name} must be non-negative, got {getattr(self, name)}")
         for i, beta in enumerate(self.betas):
             if not 0.0 <= beta < 1.0:
@@ -100,11 +102,13 @@ class StepConfig:
             raise ValueError(f"StepConfig.memory_budget_bytes must be positive, got {self.memory_budget_bytes}")
         if self.activation_memory_budget is not None:
             if not 0 < self.activation_memory_budget <= 1:
-                raise ValueError(f"StepConfig.activation_memory_budget must be in (0, 1], "
-                                 f"got {self.activation_memory_budget}")
+                raise ValueError(
+                    f"StepConfig.activation_memory_budget must be in (0, 1], got {self.activation_memory_budget}"
+                )
             if not self.compile_blocks:
-                raise ValueError("StepConfig.activation_memory_budget applies to compiled blocks: "
-                                 "set compile_blocks=True")
+                raise ValueError(
+                    "StepConfig.activation_memory_budget applies to compiled blocks: set compile_blocks=True"
+                )
         if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
             raise ValueError(f"StepConfig.loss_chunk_tokens must be positive, got {self.loss_chunk_tokens}")
 
@@ -113,11 +117,24 @@ def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def torch_native_config(lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-                        weight_decay: float = 0.01, compile_blocks: bool = False) -> StepConfig:
+def torch_native_config(
+    lr: float = 1e-3,
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    compile_blocks: bool = False,
+) -> StepConfig:
     """The PyTorch baseline's step: every block checkpointed, the LM head then F.cross_entropy on the full
     logits, torch.optim.AdamW (fused on CUDA, foreach on CPU); with `compile_blocks`, each block compiled.
     The attention is the model's own: build the model with attention="sdpa" for the baseline."""
-    return StepConfig(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, recompute="all",
-                      loss="cross_entropy", optimizer="torch_adamw", compile_blocks=compile_blocks,
-                      keep_attention=False)
+    return StepConfig(
+        lr=lr,
+        betas=tuple(betas),
+        eps=eps,
+        weight_decay=weight_decay,
+        recompute="all",
+        loss="cross_entropy",
+        optimizer="torch_adamw",
+        compile_blocks=compile_blocks,
+        keep_attention=False,
+    )

@@ -35,7 +35,7 @@ class KeptOutputFlashAttention(torch.autograd.Function):
     a `KeptAttentionOutput` holds, when it holds them."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal: bool, keeper: "KeptAttentionOutput"):
+    def forward(ctx, q, k, v, is_causal: bool, keeper: KeptAttentionOutput):
         if keeper.kept is None:
             out, lse, route_key = flash_forward_with_route(q, k, v, bool(is_causal))
             # A detached alias: the original `out` belongs to this pass's autograd node; the recompute's
@@ -45,8 +45,10 @@ class KeptOutputFlashAttention(torch.autograd.Function):
         else:
             out, lse, route_key = keeper.kept
             if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-                raise RuntimeError(f"KeptAttentionOutput: the kept output {tuple(out.shape)} {out.dtype} does not "
-                                   f"belong to this call's q {tuple(q.shape)} {q.dtype}: a recompute without its forward")
+                raise RuntimeError(
+                    f"KeptAttentionOutput: the kept output {tuple(out.shape)} {out.dtype} does not "
+                    f"belong to this call's q {tuple(q.shape)} {q.dtype}: a recompute without its forward"
+                )
             keeper.kept = None  # the recompute's saved tensors hold them from here on
             keeper.reuses += 1
         ctx.save_for_backward(lse, q, k, v, out)

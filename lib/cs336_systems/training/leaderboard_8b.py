@@ -80,14 +80,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variant", choices=("ours", "torch_native"), default="ours")
     p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--recompute", choices=("plan", "all", "none"), default="plan")
-    p.add_argument("--keep-attention", action=argparse.BooleanOptionalAction, default=True,
-                   help="ours: recomputed blocks keep attention's output (selective recompute)")
-    p.add_argument("--activation-memory-budget", type=float, default=None,
-                   help=f"ours, compiled: the partitioner's budget (default {ACTIVATION_MEMORY_BUDGET}; 1 saves all)")
+    p.add_argument(
+        "--keep-attention",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours: recomputed blocks keep attention's output (selective recompute)",
+    )
+    p.add_argument(
+        "--activation-memory-budget",
+        type=float,
+        default=None,
+        help=f"ours, compiled: the partitioner's budget (default {ACTIVATION_MEMORY_BUDGET}; 1 saves all)",
+    )
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
-    p.add_argument("--memory-gib", type=float, default=None,
-                   help="cap this process at this many GiB of the card (set_per_process_memory_fraction; "
-                        "the plan's budget honours it): a smaller card simulated on a larger one")
+    p.add_argument(
+        "--memory-gib",
+        type=float,
+        default=None,
+        help="cap this process at this many GiB of the card (set_per_process_memory_fraction; "
+        "the plan's budget honours it): a smaller card simulated on a larger one",
+    )
     p.add_argument("--json", default=None, help="also write rank 0's result to this JSON file")
     p.add_argument("--trace", default=None, help="profile one more step; rank 0's Chrome trace to this path")
     return p.parse_args(argv)
@@ -140,16 +152,22 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total), device)
     torch.manual_seed(0)
     attention = "flash_triton" if args.variant == "ours" else "sdpa"
-    model = TransformerLM(VOCAB, args.context, D_MODEL, args.layers, HEADS, D_FF, attention=attention,
-                          device=device, dtype=torch.bfloat16)
+    model = TransformerLM(
+        VOCAB, args.context, D_MODEL, args.layers, HEADS, D_FF, attention=attention, device=device, dtype=torch.bfloat16
+    )
     n_params = sum(p.numel() for p in model.parameters())
     matmul_params = n_params - model.token_embeddings.weight.numel()
     if args.variant == "ours":
-        config = StepConfig(lr=1e-4, state_dtype=torch.float32 if args.state_dtype == "fp32" else torch.bfloat16,
-                            recompute=args.recompute, compile_blocks=args.compile_blocks,
-                            keep_attention=args.keep_attention,
-                            activation_memory_budget=(args.activation_memory_budget or ACTIVATION_MEMORY_BUDGET)
-                            if args.compile_blocks else None)
+        config = StepConfig(
+            lr=1e-4,
+            state_dtype=torch.float32 if args.state_dtype == "fp32" else torch.bfloat16,
+            recompute=args.recompute,
+            compile_blocks=args.compile_blocks,
+            keep_attention=args.keep_attention,
+            activation_memory_budget=(args.activation_memory_budget or ACTIVATION_MEMORY_BUDGET)
+            if args.compile_blocks
+            else None,
+        )
         step_obj = build_train_step(model, config)
     else:
         step_obj = torch_native_step(model, lr=1e-4, compile_blocks=args.compile_blocks)
@@ -183,15 +201,27 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     to_first_timed = calls[min(first_timed, len(calls) - 1)] - start
     plan = getattr(step_obj, "plans", {}).get((args.batch, args.context))
     flops = useful_flops(matmul_params, args.layers, args.batch * args.context, args.context)
-    result = dict(variant=args.variant, batch=args.batch, world_size=world, layers=args.layers, context=args.context,
-                  params=n_params, ms=ms, rep_ms=args.rep, warmup_ms=args.warmup, peak_gib=peak / 2**30,
-                  useful_tflops=flops / (ms * 1e-3) / 1e12,
-                  seconds_to_first_timed_step=to_first_timed,
-                  plan=list(plan.recompute) if plan is not None else None,
-                  attention_kept=bool(plan is not None and plan.keep_attention))
+    result = dict(
+        variant=args.variant,
+        batch=args.batch,
+        world_size=world,
+        layers=args.layers,
+        context=args.context,
+        params=n_params,
+        ms=ms,
+        rep_ms=args.rep,
+        warmup_ms=args.warmup,
+        peak_gib=peak / 2**30,
+        useful_tflops=flops / (ms * 1e-3) / 1e12,
+        seconds_to_first_timed_step=to_first_timed,
+        plan=list(plan.recompute) if plan is not None else None,
+        attention_kept=bool(plan is not None and plan.keep_attention),
+    )
     if rank == 0:
-        print(f"variant {args.variant}: batch {args.batch} per GPU on {world} GPU(s), {args.layers} layers, "
-              f"context {args.context}, {n_params / 1e9:.2f}B parameters")
+        print(
+            f"variant {args.variant}: batch {args.batch} per GPU on {world} GPU(s), {args.layers} layers, "
+            f"context {args.context}, {n_params / 1e9:.2f}B parameters"
+        )
         if result["plan"] is not None:
             kept = ", each keeping its attention output" if result["attention_kept"] else ""
             print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones{kept})")

@@ -96,7 +96,7 @@ def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> Reco
     """
     if n_layers < 0 or min(vars(terms).values()) < 0:
         raise ValueError("plan_recompute: layer count and byte counts must be non-negative")
-    for keep_attention in ((True, False) if terms.attention else (False,)):
+    for keep_attention in (True, False) if terms.attention else (False,):
         fits = [k for k in range(n_layers + 1) if recompute_cost(n_layers, k, terms, keep_attention) <= budget_bytes]
         if fits:
             kept = max(fits)
@@ -108,7 +108,8 @@ def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> Reco
         f"and loss workspace, {n_layers} checkpointed block inputs and one block's "
         f"{terms.block / GIB:.2f} GiB of activations) but the budget is {budget_bytes / GIB:.2f} GiB; "
         f"use fewer layers, a shorter context or smaller batch, bf16 optimizer states "
-        f"(StepConfig.state_dtype=torch.bfloat16), or a bigger GPU")
+        f"(StepConfig.state_dtype=torch.bfloat16), or a bigger GPU"
+    )
 
 
 def measure_block_activation_bytes(block: nn.Module, x: torch.Tensor) -> int:
@@ -167,8 +168,15 @@ def param_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def fixed_memory_bytes(model: nn.Module, state_dtype: torch.dtype, batch: int, seq: int,
-                       loss_chunk_tokens: int | None = None, world_size: int = 1, bucket_bytes: int = 0) -> int:
+def fixed_memory_bytes(
+    model: nn.Module,
+    state_dtype: torch.dtype,
+    batch: int,
+    seq: int,
+    loss_chunk_tokens: int | None = None,
+    world_size: int = 1,
+    bucket_bytes: int = 0,
+) -> int:
     """Memory of a step that does not depend on the recompute plan, counted from the shapes:
     parameters; their gradients (same dtype; when data parallel, a rank's 1/world_size of them plus three
     buckets of `bucket_bytes` being filled or reduced, `DDPShardedGradients`); AdamW's two moments
@@ -230,8 +238,9 @@ def default_budget_bytes(device: torch.device) -> int | None:
     return available - CUDA_MARGIN_BYTES
 
 
-def make_plan(model: nn.Module, parts: ModelParts, config: StepConfig, x: torch.Tensor, keep_attention: bool,
-              world_size: int = 1) -> RecomputePlan:
+def make_plan(
+    model: nn.Module, parts: ModelParts, config: StepConfig, x: torch.Tensor, keep_attention: bool, world_size: int = 1
+) -> RecomputePlan:
     """The recompute plan for x's shape under `config.recompute` (module docstring); `keep_attention`: whether
     the recomputed blocks can keep their attention's output (`parallelize.attention_keepable`)."""
     n = len(parts.layers)
@@ -257,8 +266,16 @@ def least_cost(n_layers: int, terms: MemoryTerms) -> int:
     return min(recompute_cost(n_layers, k, terms, keep) for k in range(n_layers + 1) for keep in (False, True))
 
 
-def what_would_fit(model: nn.Module, parts: ModelParts, config: StepConfig, x: torch.Tensor, terms: MemoryTerms,
-                   budget: int, world_size: int = 1, max_world_size: int = 8) -> str:
+def what_would_fit(
+    model: nn.Module,
+    parts: ModelParts,
+    config: StepConfig,
+    x: torch.Tensor,
+    terms: MemoryTerms,
+    budget: int,
+    world_size: int = 1,
+    max_world_size: int = 8,
+) -> str:
     """What would fit `budget` where this step does not, each change alone, from the plan's own memory model:
     the most layers (a block's parameters, gradients and states, and its checkpoint, come off); the longest
     power-of-two context (the activations, checkpoints, kept attention outputs, streams and the loss's
@@ -274,23 +291,49 @@ def what_would_fit(model: nn.Module, parts: ModelParts, config: StepConfig, x: t
     block_grads = -(-block_numel * elt // world_size)
     per_block = block_numel * elt + block_grads + -(-2 * block_numel * state_bytes // world_size)
     options = []
-    layers = [k for k in range(n - 1, 0, -1)
-              if least_cost(k, MemoryTerms(**{**vars(terms), "fixed": terms.fixed - (n - k) * per_block,
-                                              "backward_gradients": max(0, terms.backward_gradients
-                                                                        - (n - k) * block_grads)})) <= budget]
+    layers = [
+        k
+        for k in range(n - 1, 0, -1)
+        if least_cost(
+            k,
+            MemoryTerms(
+                **{
+                    **vars(terms),
+                    "fixed": terms.fixed - (n - k) * per_block,
+                    "backward_gradients": max(0, terms.backward_gradients - (n - k) * block_grads),
+                }
+            ),
+        )
+        <= budget
+    ]
     if layers:
         options.append(f"{layers[0]} of the {n} layers")
-    fixed_at = {t: fixed_memory_bytes(model, state_dtype, batch, t, config.loss_chunk_tokens, world_size=world_size,
-                                      bucket_bytes=config.bucket_bytes) for t in (seq, 1)}
+    fixed_at = {
+        t: fixed_memory_bytes(
+            model,
+            state_dtype,
+            batch,
+            t,
+            config.loss_chunk_tokens,
+            world_size=world_size,
+            bucket_bytes=config.bucket_bytes,
+        )
+        for t in (seq, 1)
+    }
     per_token = (fixed_at[seq] - fixed_at[1]) / max(seq - 1, 1)
     contexts = []
     t = 1 << (seq - 1).bit_length() - 1 if seq > 1 else 0
     while t >= 1:
         if t < seq:
             f = t / seq
-            scaled = MemoryTerms(fixed=int(fixed_at[1] + per_token * (t - 1)), block=int(terms.block * f),
-                                 checkpoint=int(terms.checkpoint * f), attention=int(terms.attention * f),
-                                 backward_gradients=terms.backward_gradients, transient=int(terms.transient * f))
+            scaled = MemoryTerms(
+                fixed=int(fixed_at[1] + per_token * (t - 1)),
+                block=int(terms.block * f),
+                checkpoint=int(terms.checkpoint * f),
+                attention=int(terms.attention * f),
+                backward_gradients=terms.backward_gradients,
+                transient=int(terms.transient * f),
+            )
             if least_cost(n, scaled) <= budget:
                 contexts.append(t)
                 break
@@ -299,22 +342,42 @@ def what_would_fit(model: nn.Module, parts: ModelParts, config: StepConfig, x: t
         options.append(f"a context of {contexts[0]:,} tokens (now {seq:,})")
     for gpus in (2, 4, 8):
         if world_size < gpus <= max_world_size:
-            fixed = fixed_memory_bytes(model, state_dtype, batch, seq, config.loss_chunk_tokens, world_size=gpus,
-                                       bucket_bytes=config.bucket_bytes)
+            fixed = fixed_memory_bytes(
+                model,
+                state_dtype,
+                batch,
+                seq,
+                config.loss_chunk_tokens,
+                world_size=gpus,
+                bucket_bytes=config.bucket_bytes,
+            )
             grads = gradient_bytes(model, gpus, config.bucket_bytes)
-            sharded = MemoryTerms(**{**vars(terms), "fixed": fixed, "backward_gradients": max(
-                0, grads - (head.numel() * elt if config.loss == "fused" else 0))})
+            sharded = MemoryTerms(
+                **{
+                    **vars(terms),
+                    "fixed": fixed,
+                    "backward_gradients": max(0, grads - (head.numel() * elt if config.loss == "fused" else 0)),
+                }
+            )
             if least_cost(n, sharded) <= budget:
-                options.append(f"{gpus} GPUs of this memory, batch {batch} each (`torchrun --nproc-per-node {gpus}`: "
-                               f"gradients and optimizer states sharded)")
+                options.append(
+                    f"{gpus} GPUs of this memory, batch {batch} each (`torchrun --nproc-per-node {gpus}`: "
+                    f"gradients and optimizer states sharded)"
+                )
                 break
     if not options:
         return "No single change among fewer layers, a shorter context or up to 8 GPUs fits this budget."
     return "Each of these would fit, by the same memory model: " + "; or ".join(options) + "."
 
 
-def memory_terms(model: nn.Module, parts: ModelParts, config: StepConfig, x: torch.Tensor,
-                 keep_attention: bool = True, world_size: int = 1) -> MemoryTerms:
+def memory_terms(
+    model: nn.Module,
+    parts: ModelParts,
+    config: StepConfig,
+    x: torch.Tensor,
+    keep_attention: bool = True,
+    world_size: int = 1,
+) -> MemoryTerms:
     """The plan's byte counts for x's shape: block 0's memory measured on x's embedding
     (`measure_block_memory`, under the compiled blocks' partitioner budget), the rest counted from the shapes
     (`fixed_memory_bytes`, one residual stream per recomputed block, `kept_attention_bytes`). The gradients
@@ -331,8 +394,12 @@ def memory_terms(model: nn.Module, parts: ModelParts, config: StepConfig, x: tor
     grads = gradient_bytes(model, world_size, bucket)
     backward_gradients = grads - (head.numel() * head.element_size() if config.loss == "fused" else 0)
     return MemoryTerms(
-        fixed=fixed_memory_bytes(model, state_dtype, batch, seq, config.loss_chunk_tokens,
-                                 world_size=world_size, bucket_bytes=bucket),
-        block=saved, checkpoint=batch * seq * head.shape[1] * head.element_size(),
+        fixed=fixed_memory_bytes(
+            model, state_dtype, batch, seq, config.loss_chunk_tokens, world_size=world_size, bucket_bytes=bucket
+        ),
+        block=saved,
+        checkpoint=batch * seq * head.shape[1] * head.element_size(),
         attention=kept_attention_bytes(parts, batch, seq) if keep_attention else 0,
-        backward_gradients=backward_gradients, transient=transient)
+        backward_gradients=backward_gradients,
+        transient=transient,
+    )

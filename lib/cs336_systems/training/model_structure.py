@@ -56,10 +56,13 @@ def model_parts(model: nn.Module) -> ModelParts:
     A head that is not h @ weight^T is found at the first step: loss and gradients would differ from the
     model's own forward, so `lm_head` is probed once here (one one-hot row, exact in any dtype). TypeError
     naming what is missing."""
+
     def fail(problem: str):
-        raise TypeError(f"build_train_step needs a language model with token_embeddings, layers, ln_final and a "
-                        f"bias-free lm_head (as cs336_systems.model.TransformerLM and the course's "
-                        f"BasicsTransformerLM): {type(model).__name__} {problem}")
+        raise TypeError(
+            f"build_train_step needs a language model with token_embeddings, layers, ln_final and a "
+            f"bias-free lm_head (as cs336_systems.model.TransformerLM and the course's "
+            f"BasicsTransformerLM): {type(model).__name__} {problem}"
+        )
 
     if not isinstance(model, nn.Module):
         fail("is not an nn.Module")
@@ -76,12 +79,21 @@ def model_parts(model: nn.Module) -> ModelParts:
     if not all(isinstance(block, nn.Module) for block in model.layers):
         fail("has layers that are not modules")
     _check_head_is_linear(model.lm_head, head, fail)
-    return ModelParts(head.shape[0], head.shape[1], _config_value(model, "context_length"), _num_heads(model),
-                      model.token_embeddings, model.layers, model.ln_final, model.lm_head)
+    return ModelParts(
+        head.shape[0],
+        head.shape[1],
+        _config_value(model, "context_length"),
+        _num_heads(model),
+        model.token_embeddings,
+        model.layers,
+        model.ln_final,
+        model.lm_head,
+    )
 
 
-def final_hidden_states(model: nn.Module, token_ids: torch.Tensor,
-                        run_block: BlockRunner | None = None) -> torch.Tensor:
+def final_hidden_states(
+    model: nn.Module, token_ids: torch.Tensor, run_block: BlockRunner | None = None
+) -> torch.Tensor:
     """(batch, seq, d_model): the last block's output after the final norm, with `run_block(i, block, x)`
     running each block i where given (`TransformerLM.final_hidden_states`'s contract). The model's own method
     where it has one; else by structure, in the order of the course's `BasicsTransformerLM.forward`:

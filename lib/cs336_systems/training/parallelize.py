@@ -114,5 +114,5 @@ def attention_keepable(parts: ModelParts, config: StepConfig) -> bool:
 
     ours = (get_attention("flash_triton"), flash_attention)
     return config.keep_attention and all(
-        isinstance(attention_of(block), KeptAttentionOutput) or attention_of(block) in ours
-        for block in parts.layers)
+        isinstance(attention_of(block), KeptAttentionOutput) or attention_of(block) in ours for block in parts.layers
+    )

@@ -52,8 +52,9 @@ PHASES = ("forward", "loss", "backward", "optimizer")  # the step's torch.profil
 IGNORE_INDEX = -100  # linear_cross_entropy's and F.cross_entropy's default: such targets add no loss
 
 
-def check_batch(x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_length: int | None,
-                check_ids: bool = True) -> None:
+def check_batch(
+    x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_length: int | None, check_ids: bool = True
+) -> None:
     """ValueError naming the problem: x, y must be (batch, seq) int64 of equal shapes, seq at most the
     context length (where known), x's ids in [0, vocab), y's in [0, vocab) or the ignore index -100. The id check
     reads min and max of both back in one host sync (skipped with check_ids=False)."""
@@ -76,8 +77,9 @@ def check_batch(x: torch.Tensor, y: torch.Tensor, vocab_size: int, context_lengt
         if x_min < 0 or x_max >= vocab_size:
             raise ValueError(f"input token ids must be in [0, {vocab_size}), got ids in [{x_min}, {x_max}]")
         if y_min < 0 or y_max >= vocab_size:
-            raise ValueError(f"target token ids must be in [0, {vocab_size}) or {IGNORE_INDEX}, "
-                             f"got ids in [{y_min}, {y_max}]")
+            raise ValueError(
+                f"target token ids must be in [0, {vocab_size}) or {IGNORE_INDEX}, got ids in [{y_min}, {y_max}]"
+            )
 
 
 class OptimizerStep:
@@ -171,8 +173,9 @@ class TrainStep(OptimizerStep):
                     loss = linear_cross_entropy(h, parts.head_weight, y, chunk_tokens=config.loss_chunk_tokens)
                 else:
                     logits = parts.lm_head(h)
-                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                           ignore_index=IGNORE_INDEX)
+                    loss = F.cross_entropy(
+                        logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX
+                    )
             self._mark("backward")
             with record_function("backward"):
                 loss.backward()
@@ -199,8 +202,9 @@ class TrainStep(OptimizerStep):
             self.phase_marks.append((phase, time.perf_counter()))
 
 
-def build_optimizer(model: nn.Module, config: StepConfig, device: torch.device,
-                    owners: dict | None = None) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, config: StepConfig, device: torch.device, owners: dict | None = None
+) -> torch.optim.Optimizer:
     """The step's optimizer over `model.parameters()`: `FusedAdamW` (states in `config.state_dtype`) or
     torch.optim.AdamW (fused on CUDA, foreach on CPU), per `config.optimizer`; with `owners` (data parallel)
     a `ShardedOptimizer` around it, each rank stepping the parameters it owns."""
@@ -232,7 +236,13 @@ def build_train_step(model: nn.Module, config: StepConfig | None = None) -> Trai
     return TrainStep(model, config if config is not None else StepConfig())
 
 
-def torch_native_step(model: nn.Module, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999),
-                      eps: float = 1e-8, weight_decay: float = 0.01, compile_blocks: bool = False) -> TrainStep:
+def torch_native_step(
+    model: nn.Module,
+    lr: float = 1e-3,
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    compile_blocks: bool = False,
+) -> TrainStep:
     """`build_train_step` with `torch_native_config`."""
     return build_train_step(model, torch_native_config(lr, betas, eps, weight_decay, compile_blocks))

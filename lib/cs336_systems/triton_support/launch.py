@@ -76,23 +76,38 @@ class CachedLauncher:
             flags = [p.is_constexpr for p in params]
             first = flags.index(True) if True in flags else len(flags)
             if not all(flags[first:]):
-                raise ValueError(f"{self.name}: CachedLauncher needs every constexpr parameter after the runtime ones, "
-                                 f"got {[(p.name, 'constexpr' if p.is_constexpr else 'runtime') for p in params]}")
+                raise ValueError(
+                    f"{self.name}: CachedLauncher needs every constexpr parameter after the runtime ones, "
+                    f"got {[(p.name, 'constexpr' if p.is_constexpr else 'runtime') for p in params]}"
+                )
             self.runtime_params = first
             self.constexpr_names = tuple(p.name for p in params[first:])
         self.signatures: dict[tuple, _Bound] = {}
 
-    def __call__(self, grid: tuple[int, ...], tensors: tuple[torch.Tensor, ...], scalars: tuple, meta: dict,
-                 signature: Hashable | None = None):
+    def __call__(
+        self,
+        grid: tuple[int, ...],
+        tensors: tuple[torch.Tensor, ...],
+        scalars: tuple,
+        meta: dict,
+        signature: Hashable | None = None,
+    ):
         if not (self.direct and tensors[0].device.type == "cuda" and not torch.compiler.is_compiling()):
             return self.kernel[grid](*tensors, *scalars, **meta)
         device, stream = self.device_and_stream()
         if signature is None:
             if len(tensors) + len(scalars) != self.runtime_params:
-                raise ValueError(f"{self.name} takes {self.runtime_params} runtime arguments, "
-                                 f"got {len(tensors)} tensors and {len(scalars)} scalars")
-            key = (device, *meta.items(), *scalars, *(t.dtype for t in tensors),
-                   *(t.data_ptr() % 16 == 0 for t in tensors))
+                raise ValueError(
+                    f"{self.name} takes {self.runtime_params} runtime arguments, "
+                    f"got {len(tensors)} tensors and {len(scalars)} scalars"
+                )
+            key = (
+                device,
+                *meta.items(),
+                *scalars,
+                *(t.dtype for t in tensors),
+                *(t.data_ptr() % 16 == 0 for t in tensors),
+            )
         else:
             key = (device, signature)
         bound = self.signatures.get(key)
@@ -100,8 +115,13 @@ class CachedLauncher:
             compiled = self.kernel[grid](*tensors, *scalars, **meta)
             if len(self.signatures) >= MAX_SIGNATURES:
                 self.signatures.clear()
-            self.signatures[key] = _Bound(compiled, compiled.run, compiled.function, compiled.packed_metadata,
-                                          tuple(meta[name] for name in self.constexpr_names))
+            self.signatures[key] = _Bound(
+                compiled,
+                compiled.run,
+                compiled.function,
+                compiled.packed_metadata,
+                tuple(meta[name] for name in self.constexpr_names),
+            )
             return compiled
         gx, gy, gz = grid3(grid)
         # Launch hooks (profilers such as Proton) get what Triton's JIT gives them; with none set,

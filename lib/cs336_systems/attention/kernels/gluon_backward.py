@@ -94,8 +94,9 @@ def load_key_block(k_desc, v_desc, k_smem, v_smem, kv_ready, batch, k_start):
 
 
 @gluon.jit
-def load_key_block_then_query_tiles(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_first,
-                                    q_step, n_tiles):
+def load_key_block_then_query_tiles(
+    q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_first, q_step, n_tiles
+):
     """Both halves of K and V, then Q_i and dO_i of the t-th query tile visited, rows from q_first + t q_step,
     into slot t % STAGES once both consumers have released it."""
     q_smem, do_smem, k_smem, v_smem = buffers[0], buffers[1], buffers[2], buffers[3]
@@ -112,8 +113,25 @@ def load_key_block_then_query_tiles(q_desc, k_desc, v_desc, do_desc, buffers, ba
 
 
 @gluon.jit
-def fused_step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos, query_pos, qk_scale,
-          s_zero, wait_free, free_bar, free_phase, MASKED: gl.constexpr):
+def fused_step(
+    k_op,
+    v_op,
+    q_tile,
+    do_tile,
+    ds_buf,
+    dk,
+    dv,
+    lse2,
+    delta,
+    key_pos,
+    query_pos,
+    qk_scale,
+    s_zero,
+    wait_free,
+    free_bar,
+    free_phase,
+    MASKED: gl.constexpr,
+):
     """One query tile up to dK's product: S^T, P^T, dP^T, dS^T (stored for the owner's dQ product once
     `free_bar` says the buffer is free), dV's and dK's products issued; returns their tokens."""
     s_token = warpgroup_mma(k_op, q_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -123,8 +141,9 @@ def fused_step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos
     if MASKED:
         p_t = gl.where(key_pos[:, None] <= query_pos[None, :], p_t, 0.0)
     # the accumulator's layout is the register operand's: converting P^T moves no data between threads
-    p_op = gl.convert_layout(p_t.to(q_tile.dtype),
-                             gl.DotOperandLayout(operand_index=0, parent=dv.type.layout, k_width=2))
+    p_op = gl.convert_layout(
+        p_t.to(q_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=dv.type.layout, k_width=2)
+    )
     dv_token = warpgroup_mma(p_op, do_tile, dv, is_async=True)
     dp_t = warpgroup_mma_wait(1, deps=[dp_token])
     ds_t = (p_t * (dp_t - delta[None, :])).to(q_tile.dtype)
@@ -217,10 +236,10 @@ def _paired_dq(ds_smem, k_smem, ds_ready, b, phase, dq_zero):
     K_HALF: gl.constexpr = k_smem.shape[2]
     D: gl.constexpr = k_smem.shape[3]
     mbarrier.wait(ds_ready.index(b), phase)
-    dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)), k_smem.index(0).reshape([K_HALF, D]), dq_zero,
-                       use_acc=False, is_async=True)
-    return warpgroup_mma(ds_smem.index(2 + b).permute((1, 0)), k_smem.index(1).reshape([K_HALF, D]), dq,
-                         is_async=True)
+    dq = warpgroup_mma(
+        ds_smem.index(b).permute((1, 0)), k_smem.index(0).reshape([K_HALF, D]), dq_zero, use_acc=False, is_async=True
+    )
+    return warpgroup_mma(ds_smem.index(2 + b).permute((1, 0)), k_smem.index(1).reshape([K_HALF, D]), dq, is_async=True)
 
 
 @gluon.jit
@@ -229,8 +248,32 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
     dQ part of such a tile, both halves' dS^T times K over all 2 K_HALF keys, is computed by the warpgroup
     whose index is the tile's parity, during its next tile, and reduce-added; earlier tiles are this
     warpgroup's alone."""
-    k_smem, k_op, v_op, q_smem, do_smem, ds_smem, dq_buf, dq_desc, ready, empty, ds_ready, ds_free, \
-        L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES, qk_scale, scale, s_zero, dq_zero, batch, t_both = loop
+    (
+        k_smem,
+        k_op,
+        v_op,
+        q_smem,
+        do_smem,
+        ds_smem,
+        dq_buf,
+        dq_desc,
+        ready,
+        empty,
+        ds_ready,
+        ds_free,
+        L_row,
+        Delta_row,
+        stride_lq,
+        key_pos,
+        q_lo,
+        N_QUERIES,
+        qk_scale,
+        scale,
+        s_zero,
+        dq_zero,
+        batch,
+        t_both,
+    ) = loop
     STAGES: gl.constexpr = q_smem.shape[0]
     Q_TILE: gl.constexpr = q_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
@@ -254,9 +297,25 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
         q_tile = q_smem.index(slot).reshape([Q_TILE, D])
         do_tile = do_smem.index(slot).reshape([Q_TILE, D])
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        dk_token, dv_token = fused_step(k_op, v_op, q_tile, do_tile, ds_buf, dk, dv, lse2, delta, key_pos,
-                                   query_pos, qk_scale, s_zero, paired & (b != H), ds_free.index(b),
-                                   (_paired_before(t, b, t_both) - 1) & 1, MASKED)
+        dk_token, dv_token = fused_step(
+            k_op,
+            v_op,
+            q_tile,
+            do_tile,
+            ds_buf,
+            dk,
+            dv,
+            lse2,
+            delta,
+            key_pos,
+            query_pos,
+            qk_scale,
+            s_zero,
+            paired & (b != H),
+            ds_free.index(b),
+            (_paired_before(t, b, t_both) - 1) & 1,
+            MASKED,
+        )
         if paired:
             mbarrier.arrive(ds_ready.index(b))
         if ((t - 1) >= t_both) & (b != H):  # the previous tile is paired and this warpgroup's: its dQ part
@@ -270,8 +329,9 @@ def _query_tiles(dk, dv, loop, t_lo, t_hi, H: gl.constexpr, MASKED: gl.constexpr
             dv, dk = warpgroup_mma_wait(0, deps=[dv_token, dk_token])
             mbarrier.arrive(empty.index(slot))
         if not paired:
-            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_smem.index(H).reshape([K_HALF, D]), dq_zero,
-                               use_acc=False, is_async=True)
+            dq = warpgroup_mma(
+                ds_buf.permute((1, 0)), k_smem.index(H).reshape([K_HALF, D]), dq_zero, use_acc=False, is_async=True
+            )
             dq = warpgroup_mma_wait(0, deps=[dq])
             reduce_dq(dq, dq_buf, dq_desc, batch, q_start, scale)
     return dk, dv
@@ -289,10 +349,12 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     Q_TILE: gl.constexpr = q_smem.shape[2]
     K_HALF: gl.constexpr = k_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, Q_TILE, 16])
-    dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                         instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, Q_TILE, 16]
+    )
+    dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, 16]
+    )
 
     my_k = k_start + h * K_HALF
     key_pos = my_k + gl.arange(0, K_HALF, layout=gl.SliceLayout(1, s_layout))
@@ -315,9 +377,32 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     # K and V as register operands of S^T and dP^T: those products then read only Q and dO from shared memory
     k_op = k_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     v_op = v_tile.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-    loop = (k_smem, k_op, v_op, q_smem, do_smem, ds_smem, dq_smem.index(h),
-            dq_desc, ready, empty, ds_ready, ds_free, L_row, Delta_row, stride_lq, key_pos, q_lo, N_QUERIES,
-            qk_scale, scale, s_zero, dq_zero, batch, t_both)
+    loop = (
+        k_smem,
+        k_op,
+        v_op,
+        q_smem,
+        do_smem,
+        ds_smem,
+        dq_smem.index(h),
+        dq_desc,
+        ready,
+        empty,
+        ds_ready,
+        ds_free,
+        L_row,
+        Delta_row,
+        stride_lq,
+        key_pos,
+        q_lo,
+        N_QUERIES,
+        qk_scale,
+        scale,
+        s_zero,
+        dq_zero,
+        batch,
+        t_both,
+    )
     for t in range(t_first):
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
@@ -351,8 +436,17 @@ def _consumer1(out_descs, buffers, barriers, work):
 
 @gluon.jit
 def flash_bwd_gluon_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
-    L_ptr, Delta_ptr, stride_lb, stride_lq,
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    dk_desc,
+    dv_desc,
+    dq_desc,
+    L_ptr,
+    Delta_ptr,
+    stride_lb,
+    stride_lq,
     N_QUERIES,
     scale: gl.constexpr,
     STAGES: gl.constexpr,
@@ -382,5 +476,8 @@ def flash_bwd_gluon_kernel(
     consumer_args = ((dk_desc, dv_desc, dq_desc), buffers, barriers, work)
     q_step = q_lo * 0 + Q_TILE  # a tensor: constexprs do not pass through warp_specialize
     producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo, q_step, n_tiles)
-    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (load_key_block_then_query_tiles, producer_args)],
-                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize(
+        [(_consumer0, consumer_args), (_consumer1, consumer_args), (load_key_block_then_query_tiles, producer_args)],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )

@@ -99,8 +99,26 @@ def ds_free_phase(i):
 
 
 @gluon.jit
-def _step(k_tile, v_tile, q_tile, do_tile, ds_buf, dv, dk, lse2, delta_smem, key_pos, query_pos, qk_scale,
-          scale, s_zero, free_bar, free_phase, ready_bar, MASKED: gl.constexpr):
+def _step(
+    k_tile,
+    v_tile,
+    q_tile,
+    do_tile,
+    ds_buf,
+    dv,
+    dk,
+    lse2,
+    delta_smem,
+    key_pos,
+    query_pos,
+    qk_scale,
+    scale,
+    s_zero,
+    free_bar,
+    free_phase,
+    ready_bar,
+    MASKED: gl.constexpr,
+):
     """One query tile up to its dS^T (scaled: module docstring): S^T, P^T, dV's product issued (P^T a register
     operand), dP^T, dS^T stored once `free_bar` says both warpgroups' products of two tiles ago have read the
     buffer, then announced on `ready_bar`; returns dV's token and dS^T as dK's register operand. S^T and dP^T
@@ -111,8 +129,9 @@ def _step(k_tile, v_tile, q_tile, do_tile, ds_buf, dv, dk, lse2, delta_smem, key
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
     if MASKED:
         p_t = gl.where(key_pos[:, None] <= query_pos[None, :], p_t, 0.0)
-    p_op = gl.convert_layout(p_t.to(q_tile.dtype),
-                             gl.DotOperandLayout(operand_index=0, parent=dv.type.layout, k_width=2))
+    p_op = gl.convert_layout(
+        p_t.to(q_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=dv.type.layout, k_width=2)
+    )
     dv_token = warpgroup_mma(p_op, do_tile, dv, is_async=True)
     dp_t = warpgroup_mma_wait(1, deps=[dp_token])
     scaled_delta = delta_smem.load(gl.SliceLayout(0, s_zero.type.layout)) * scale
@@ -126,8 +145,23 @@ def _step(k_tile, v_tile, q_tile, do_tile, ds_buf, dv, dk, lse2, delta_smem, key
 
 
 @gluon.jit
-def _load_key_block_then_query_tiles(q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_first,
-                                     q_step, n_tiles, L_row, Delta_row, stride_lq, N_QUERIES):
+def _load_key_block_then_query_tiles(
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    buffers,
+    barriers,
+    batch,
+    k_start,
+    q_first,
+    q_step,
+    n_tiles,
+    L_row,
+    Delta_row,
+    stride_lq,
+    N_QUERIES,
+):
     """Both halves of K and V, then for the t-th query tile visited (rows from q_first + t q_step) its rows
     of L and D, stored by this warp, and Q_i, dO_i by TMA, into slot t % STAGES once both consumers have
     released it. L and D are 0 past N (module docstring)."""
@@ -173,8 +207,28 @@ def _dq_columns(ds_smem, k_smem, ds_ready, i, dq_zero, H: gl.constexpr):
 def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr):
     """dK, dV over the visits i in [i_lo, i_hi) (query tile n_tiles - 1 - i), and the column half c_H of
     each previous visit's dQ part."""
-    k_tile, v_tile, k_smem, q_smem, do_smem, stats_smem, ds_smem, dq_buf, dq_desc, ready, empty, ds_ready, ds_free, \
-        key_pos, q_last, qk_scale, scale, s_zero, dq_zero, plane = loop
+    (
+        k_tile,
+        v_tile,
+        k_smem,
+        q_smem,
+        do_smem,
+        stats_smem,
+        ds_smem,
+        dq_buf,
+        dq_desc,
+        ready,
+        empty,
+        ds_ready,
+        ds_free,
+        key_pos,
+        q_last,
+        qk_scale,
+        scale,
+        s_zero,
+        dq_zero,
+        plane,
+    ) = loop
     STAGES: gl.constexpr = q_smem.shape[0]
     Q_TILE: gl.constexpr = q_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
@@ -188,9 +242,26 @@ def _query_tiles(dk, dv, loop, i_lo, i_hi, H: gl.constexpr, MASKED: gl.constexpr
         # L and D per column of the accumulator (16 registers each), read from the slot where used
         lse2 = stats_smem.index(2 * slot).load(queries.type.layout) * LOG2E
         ds_buf = ds_smem.index(2 * H + i % 2)
-        dv_token, ds_op = _step(k_tile, v_tile, q_tile, do_tile, ds_buf, dv, dk, lse2, stats_smem.index(2 * slot + 1),
-                                key_pos, q_start + queries, qk_scale, scale, s_zero, ds_free.index(i % 2),
-                                ds_free_phase(i), ds_ready.index(i % 2), MASKED)
+        dv_token, ds_op = _step(
+            k_tile,
+            v_tile,
+            q_tile,
+            do_tile,
+            ds_buf,
+            dv,
+            dk,
+            lse2,
+            stats_smem.index(2 * slot + 1),
+            key_pos,
+            q_start + queries,
+            qk_scale,
+            scale,
+            s_zero,
+            ds_free.index(i % 2),
+            ds_free_phase(i),
+            ds_ready.index(i % 2),
+            MASKED,
+        )
         # the previous visit's dQ products before this one's dK product, so that dQ's reduce-add runs beside
         # dK's product; at i = 0 they run on whatever the buffers hold and are dropped (module docstring)
         dq = _dq_columns(ds_smem, k_smem, ds_ready, i - 1, dq_zero, H)
@@ -217,12 +288,15 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     K_HALF: gl.constexpr = k_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
     COLS: gl.constexpr = dq_smem.shape[3]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, Q_TILE, 16])
-    dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                         instr_shape=[16, D, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                        instr_shape=[16, COLS, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, Q_TILE, 16]
+    )
+    dkv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, 16]
+    )
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, COLS, 16]
+    )
 
     my_k = k_start + h * K_HALF
     key_pos = my_k + gl.arange(0, K_HALF, layout=gl.SliceLayout(1, s_layout))
@@ -238,8 +312,28 @@ def _consumer(h: gl.constexpr, out_descs, buffers, barriers, work):
     mbarrier.wait(kv_ready.index(1), 0)
     q_last = q_lo + (n_tiles - 1) * Q_TILE
     plane = 2 * batch + h  # dQ's accumulator plane of this warpgroup's column half
-    loop = (k_tile, v_tile, k_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem.index(h), dq_desc, ready,
-            empty, ds_ready, ds_free, key_pos, q_last, qk_scale, scale, s_zero, dq_zero, plane)
+    loop = (
+        k_tile,
+        v_tile,
+        k_smem,
+        q_smem,
+        do_smem,
+        stats_smem,
+        ds_smem,
+        dq_smem.index(h),
+        dq_desc,
+        ready,
+        empty,
+        ds_ready,
+        ds_free,
+        key_pos,
+        q_last,
+        qk_scale,
+        scale,
+        s_zero,
+        dq_zero,
+        plane,
+    )
     dk, dv = _query_tiles(dk, dv, loop, 0, n_full, h, False)
     dk, dv = _query_tiles(dk, dv, loop, n_full, n_tiles, h, True)
     i_last = n_tiles - 1
@@ -266,8 +360,17 @@ def _consumer1(out_descs, buffers, barriers, work):
 
 @gluon.jit
 def flash_bwd_gluon_d128_kernel(
-    q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
-    L_ptr, Delta_ptr, stride_lb, stride_lq,
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    dk_desc,
+    dv_desc,
+    dq_desc,
+    L_ptr,
+    Delta_ptr,
+    stride_lb,
+    stride_lq,
     N_QUERIES,
     scale: gl.constexpr,
     is_causal: gl.constexpr,
@@ -291,8 +394,10 @@ def flash_bwd_gluon_d128_kernel(
         # per warpgroup, the query tiles from q_lo up to t_diag cross (or precede) its diagonal; visited last
         # to first, the n_tiles - t_diag before them are unmasked (clamped: in the last key block the second
         # half's rows can lie wholly past N)
-        n_full = (n_tiles - gl.minimum(gl.cdiv(k_start + K_HALF - 1 - q_lo, Q_TILE), n_tiles),
-                  n_tiles - gl.minimum(gl.cdiv(k_start + 2 * K_HALF - 1 - q_lo, Q_TILE), n_tiles))
+        n_full = (
+            n_tiles - gl.minimum(gl.cdiv(k_start + K_HALF - 1 - q_lo, Q_TILE), n_tiles),
+            n_tiles - gl.minimum(gl.cdiv(k_start + 2 * K_HALF - 1 - q_lo, Q_TILE), n_tiles),
+        )
     else:
         q_lo = k_start * 0
         n_tiles = gl.cdiv(N_QUERIES, Q_TILE)
@@ -302,7 +407,9 @@ def flash_bwd_gluon_d128_kernel(
     ds_smem = gl.allocate_shared_memory(dtype, [4, K_HALF, Q_TILE], ds_layout)  # [half * 2 + tile parity]
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, Q_TILE, COLS], dq_desc.layout)
     # each slot's rows of L and D: [slot * 2 + (0 for L, 1 for D)]
-    stats_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, Q_TILE], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    stats_smem = gl.allocate_shared_memory(
+        gl.float32, [2 * STAGES, Q_TILE], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    )
     kv_ready, ready, empty, ds_ready, ds_free = allocate_barriers(STAGES, 2)  # both warpgroups read every dS
 
     buffers = (q_smem, do_smem, k_smem, v_smem, stats_smem, ds_smem, dq_smem)
@@ -312,8 +419,25 @@ def flash_bwd_gluon_d128_kernel(
     # last to first (module docstring); q_step a tensor: constexprs do not pass through warp_specialize
     q_step = q_lo * 0 - Q_TILE
     row = batch.to(gl.int64) * stride_lb
-    producer_args = (q_desc, k_desc, v_desc, do_desc, buffers, barriers, batch, k_start, q_lo + (n_tiles - 1) * Q_TILE,
-                     q_step, n_tiles, L_ptr + row, Delta_ptr + row, stride_lq, N_QUERIES)
-    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args),
-                        (_load_key_block_then_query_tiles, producer_args)],
-                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    producer_args = (
+        q_desc,
+        k_desc,
+        v_desc,
+        do_desc,
+        buffers,
+        barriers,
+        batch,
+        k_start,
+        q_lo + (n_tiles - 1) * Q_TILE,
+        q_step,
+        n_tiles,
+        L_ptr + row,
+        Delta_ptr + row,
+        stride_lq,
+        N_QUERIES,
+    )
+    gl.warp_specialize(
+        [(_consumer0, consumer_args), (_consumer1, consumer_args), (_load_key_block_then_query_tiles, producer_args)],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )

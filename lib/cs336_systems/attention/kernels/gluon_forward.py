@@ -50,8 +50,18 @@ from cs336_systems.attention.kernels.triton_forward import LN2, LOG2E  # gl.cons
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, k_start, query_pos, N_KEYS, MASKED: gl.constexpr,
-                  is_causal: gl.constexpr, s_layout: gl.constexpr):
+def _softmax_step(
+    s,
+    m_i,
+    l_i,
+    qk_scale,
+    k_start,
+    query_pos,
+    N_KEYS,
+    MASKED: gl.constexpr,
+    is_causal: gl.constexpr,
+    s_layout: gl.constexpr,
+):
     """P_j, alpha_j and the new (m, l) from the raw scores S_j (fp32, mma layout)."""
     if MASKED:
         key_pos = k_start + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
@@ -100,10 +110,12 @@ def _consumer(h: gl.constexpr, is_causal: gl.constexpr, o_desc, buffers, barrier
     K_TILE: gl.constexpr = k_smem.shape[2]
     D: gl.constexpr = q_smem.shape[3]
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, K_TILE, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, K_TILE, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, 16]
+    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -131,19 +143,22 @@ def _consumer(h: gl.constexpr, is_causal: gl.constexpr, o_desc, buffers, barrier
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        s_token = warpgroup_mma(q_tile, k_smem.index(slot).reshape([K_TILE, D]).permute((1, 0)), s_zero,
-                                use_acc=False, is_async=True)
+        s_token = warpgroup_mma(
+            q_tile, k_smem.index(slot).reshape([K_TILE, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True
+        )
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         o_token = warpgroup_mma(p_op, v_smem.index(prev).reshape([K_TILE, D]), o, is_async=True)
         s = warpgroup_mma_wait(1, deps=[s_token])
         mbarrier.arrive(k_empty.index(slot))
         if j < n_full:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, False,
-                                               is_causal, s_layout)
+            p, alpha, l_i, m_i = _softmax_step(
+                s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, False, is_causal, s_layout
+            )
         else:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, True,
-                                               is_causal, s_layout)
+            p, alpha, l_i, m_i = _softmax_step(
+                s, m_i, l_i, qk_scale, j * K_TILE, query_pos, N_KEYS, True, is_causal, s_layout
+            )
         o, p_op = warpgroup_mma_wait(0, deps=[o_token, p_op])
         mbarrier.arrive(v_empty.index(prev))
         o = o * gl.convert_layout(alpha, row_o)[:, None]
@@ -186,9 +201,15 @@ def _consumer1_full(o_desc, buffers, barriers, work):
 
 @gluon.jit
 def flash_fwd_gluon_kernel(
-    q_desc, k_desc, v_desc, o_desc,
-    L_ptr, stride_lb, stride_lq,
-    N_QUERIES, N_KEYS,
+    q_desc,
+    k_desc,
+    v_desc,
+    o_desc,
+    L_ptr,
+    stride_lb,
+    stride_lq,
+    N_QUERIES,
+    N_KEYS,
     scale: gl.constexpr,
     STAGES: gl.constexpr,
     is_causal: gl.constexpr,
@@ -233,8 +254,14 @@ def flash_fwd_gluon_kernel(
     consumer_args = (o_desc, buffers, barriers, work)
     producer_args = (q_desc, k_desc, v_desc, buffers, barriers, batch, q_start, n_tiles)
     if is_causal:
-        gl.warp_specialize([(_consumer0_causal, consumer_args), (_consumer1_causal, consumer_args),
-                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize(
+            [(_consumer0_causal, consumer_args), (_consumer1_causal, consumer_args), (_producer, producer_args)],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
     else:
-        gl.warp_specialize([(_consumer0_full, consumer_args), (_consumer1_full, consumer_args),
-                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize(
+            [(_consumer0_full, consumer_args), (_consumer1_full, consumer_args), (_producer, producer_args)],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )

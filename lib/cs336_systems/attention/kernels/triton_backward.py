@@ -36,9 +36,21 @@ from cs336_systems.attention.kernels.triton_tiles import load_rows, row_source
 
 @triton.jit
 def _dkdv_query_tiles(
-    dk, dv, k, v,
-    Q_source, dO_source, batch_index, L_ptr, Delta_ptr, stride_lq,
-    q_lo, q_hi, key_pos, qk_scale, N_QUERIES,
+    dk,
+    dv,
+    k,
+    v,
+    Q_source,
+    dO_source,
+    batch_index,
+    L_ptr,
+    Delta_ptr,
+    stride_lq,
+    q_lo,
+    q_hi,
+    key_pos,
+    qk_scale,
+    N_QUERIES,
     Q_TILE_SIZE: tl.constexpr,
     D_TILE: tl.constexpr,
     MASKED: tl.constexpr,
@@ -77,16 +89,37 @@ def _dkdv_query_tiles(
 
 @triton.jit
 def flash_bwd_dkdv_kernel(
-    Q_ptr, K_ptr, V_ptr, dO_ptr, L_ptr, Delta_ptr,
-    dK_ptr, dV_ptr,
-    stride_qb, stride_qq, stride_qd,
-    stride_kb, stride_kk, stride_kd,
-    stride_vb, stride_vk, stride_vd,
-    stride_dob, stride_doq, stride_dod,
-    stride_lb, stride_lq,
-    stride_dkb, stride_dkk, stride_dkd,
-    stride_dvb, stride_dvk, stride_dvd,
-    N_QUERIES, N_KEYS, Q_CHUNK,
+    Q_ptr,
+    K_ptr,
+    V_ptr,
+    dO_ptr,
+    L_ptr,
+    Delta_ptr,
+    dK_ptr,
+    dV_ptr,
+    stride_qb,
+    stride_qq,
+    stride_qd,
+    stride_kb,
+    stride_kk,
+    stride_kd,
+    stride_vb,
+    stride_vk,
+    stride_vd,
+    stride_dob,
+    stride_doq,
+    stride_dod,
+    stride_lb,
+    stride_lq,
+    stride_dkb,
+    stride_dkk,
+    stride_dkd,
+    stride_dvb,
+    stride_dvk,
+    stride_dvd,
+    N_QUERIES,
+    N_KEYS,
+    Q_CHUNK,
     scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
@@ -132,9 +165,12 @@ def flash_bwd_dkdv_kernel(
 
     K_source = row_source(K_ptr, tile_batch, stride_kb, stride_kk, stride_kd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
     V_source = row_source(V_ptr, tile_batch, stride_vb, stride_vk, stride_vd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
-    Q_source = row_source(Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
-    dO_source = row_source(dO_ptr, tile_batch, stride_dob, stride_doq, stride_dod, N_QUERIES, D, Q_TILE_SIZE, D_TILE,
-                           USE_TMA)
+    Q_source = row_source(
+        Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA
+    )
+    dO_source = row_source(
+        dO_ptr, tile_batch, stride_dob, stride_doq, stride_dod, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA
+    )
     L_row_ptr = L_ptr + batch_index * stride_lb
     Delta_row_ptr = Delta_ptr + batch_index * stride_lb
 
@@ -148,37 +184,110 @@ def flash_bwd_dkdv_kernel(
     key_pos = k_start + tl.arange(0, K_TILE_SIZE)
 
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_lo, tl.minimum(q_full, q_stop), key_pos, qk_scale, N_QUERIES,
-        Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
+        dk,
+        dv,
+        k,
+        v,
+        Q_source,
+        dO_source,
+        tile_batch,
+        L_row_ptr,
+        Delta_row_ptr,
+        stride_lq,
+        q_lo,
+        tl.minimum(q_full, q_stop),
+        key_pos,
+        qk_scale,
+        N_QUERIES,
+        Q_TILE_SIZE,
+        D_TILE,
+        True,
+        is_causal,
+        EVEN_D,
+        INPUT_PRECISION,
+        USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_mid, q_full_end, key_pos, qk_scale, N_QUERIES,
-        Q_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
+        dk,
+        dv,
+        k,
+        v,
+        Q_source,
+        dO_source,
+        tile_batch,
+        L_row_ptr,
+        Delta_row_ptr,
+        stride_lq,
+        q_mid,
+        q_full_end,
+        key_pos,
+        qk_scale,
+        N_QUERIES,
+        Q_TILE_SIZE,
+        D_TILE,
+        False,
+        is_causal,
+        EVEN_D,
+        INPUT_PRECISION,
+        USE_TMA,
     )
     dk, dv = _dkdv_query_tiles(
-        dk, dv, k, v, Q_source, dO_source, tile_batch, L_row_ptr, Delta_row_ptr, stride_lq,
-        q_tail, q_stop, key_pos, qk_scale, N_QUERIES,
-        Q_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
+        dk,
+        dv,
+        k,
+        v,
+        Q_source,
+        dO_source,
+        tile_batch,
+        L_row_ptr,
+        Delta_row_ptr,
+        stride_lq,
+        q_tail,
+        q_stop,
+        key_pos,
+        qk_scale,
+        N_QUERIES,
+        Q_TILE_SIZE,
+        D_TILE,
+        True,
+        is_causal,
+        EVEN_D,
+        INPUT_PRECISION,
+        USE_TMA,
     )
 
     if SPLIT:
         cols = tl.arange(0, D_TILE)
         inside = (key_pos[:, None] < N_KEYS) & (cols[None, :] < D)
-        tl.atomic_add(dK_ptr + batch_index * stride_dkb + key_pos[:, None] * stride_dkk + cols[None, :] * stride_dkd,
-                      dk * scale, mask=inside, sem="relaxed")
-        tl.atomic_add(dV_ptr + batch_index * stride_dvb + key_pos[:, None] * stride_dvk + cols[None, :] * stride_dvd,
-                      dv, mask=inside, sem="relaxed")
+        tl.atomic_add(
+            dK_ptr + batch_index * stride_dkb + key_pos[:, None] * stride_dkk + cols[None, :] * stride_dkd,
+            dk * scale,
+            mask=inside,
+            sem="relaxed",
+        )
+        tl.atomic_add(
+            dV_ptr + batch_index * stride_dvb + key_pos[:, None] * stride_dvk + cols[None, :] * stride_dvd,
+            dv,
+            mask=inside,
+            sem="relaxed",
+        )
         return
 
     dK_block_ptr = tl.make_block_ptr(
-        dK_ptr + batch_index * stride_dkb, shape=(N_KEYS, D), strides=(stride_dkk, stride_dkd),
-        offsets=(k_start, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
+        dK_ptr + batch_index * stride_dkb,
+        shape=(N_KEYS, D),
+        strides=(stride_dkk, stride_dkd),
+        offsets=(k_start, 0),
+        block_shape=(K_TILE_SIZE, D_TILE),
+        order=(1, 0),
     )
     dV_block_ptr = tl.make_block_ptr(
-        dV_ptr + batch_index * stride_dvb, shape=(N_KEYS, D), strides=(stride_dvk, stride_dvd),
-        offsets=(k_start, 0), block_shape=(K_TILE_SIZE, D_TILE), order=(1, 0),
+        dV_ptr + batch_index * stride_dvb,
+        shape=(N_KEYS, D),
+        strides=(stride_dvk, stride_dvd),
+        offsets=(k_start, 0),
+        block_shape=(K_TILE_SIZE, D_TILE),
+        order=(1, 0),
     )
     tl.store(dK_block_ptr, (dk * scale).to(dK_ptr.dtype.element_ty), boundary_check=(0, 1))
     tl.store(dV_block_ptr, dv.to(dV_ptr.dtype.element_ty), boundary_check=(0, 1))
@@ -186,9 +295,19 @@ def flash_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_key_tiles(
-    dq, q, do, lse, delta,
-    K_source, V_source, batch_index,
-    k_lo, k_hi, query_pos, qk_scale, N_KEYS,
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    K_source,
+    V_source,
+    batch_index,
+    k_lo,
+    k_hi,
+    query_pos,
+    qk_scale,
+    N_KEYS,
     K_TILE_SIZE: tl.constexpr,
     D_TILE: tl.constexpr,
     MASKED: tl.constexpr,
@@ -218,16 +337,37 @@ def _dq_key_tiles(
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q_ptr, K_ptr, V_ptr, O_ptr, dO_ptr, L_ptr, Delta_ptr,
+    Q_ptr,
+    K_ptr,
+    V_ptr,
+    O_ptr,
+    dO_ptr,
+    L_ptr,
+    Delta_ptr,
     dQ_ptr,
-    stride_qb, stride_qq, stride_qd,
-    stride_kb, stride_kk, stride_kd,
-    stride_vb, stride_vk, stride_vd,
-    stride_ob, stride_oq, stride_od,
-    stride_dob, stride_doq, stride_dod,
-    stride_lb, stride_lq,
-    stride_dqb, stride_dqq, stride_dqd,
-    N_QUERIES, N_KEYS, K_CHUNK,
+    stride_qb,
+    stride_qq,
+    stride_qd,
+    stride_kb,
+    stride_kk,
+    stride_kd,
+    stride_vb,
+    stride_vk,
+    stride_vd,
+    stride_ob,
+    stride_oq,
+    stride_od,
+    stride_dob,
+    stride_doq,
+    stride_dod,
+    stride_lb,
+    stride_lq,
+    stride_dqb,
+    stride_dqq,
+    stride_dqd,
+    N_QUERIES,
+    N_KEYS,
+    K_CHUNK,
     scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
     D_TILE: tl.constexpr,
@@ -249,10 +389,15 @@ def flash_bwd_dq_kernel(
     q_start = query_tile_index * Q_TILE_SIZE
     EVEN_D: tl.constexpr = D == D_TILE
 
-    Q_source = row_source(Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
-    dO_source = row_source(dO_ptr, tile_batch, stride_dob, stride_doq, stride_dod, N_QUERIES, D, Q_TILE_SIZE, D_TILE,
-                           USE_TMA)
-    O_source = row_source(O_ptr, tile_batch, stride_ob, stride_oq, stride_od, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
+    Q_source = row_source(
+        Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA
+    )
+    dO_source = row_source(
+        dO_ptr, tile_batch, stride_dob, stride_doq, stride_dod, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA
+    )
+    O_source = row_source(
+        O_ptr, tile_batch, stride_ob, stride_oq, stride_od, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA
+    )
     K_source = row_source(K_ptr, tile_batch, stride_kb, stride_kk, stride_kd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
     V_source = row_source(V_ptr, tile_batch, stride_vb, stride_vk, stride_vd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
 
@@ -264,8 +409,9 @@ def flash_bwd_dq_kernel(
     # D_i = rowsum(dO_i * O_i), stored for the dK/dV kernel that runs next.
     o = load_rows(O_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(Delta_ptr + batch_index * stride_lb + query_index * stride_lq, delta,
-             mask=in_range & (tl.program_id(2) == 0))
+    tl.store(
+        Delta_ptr + batch_index * stride_lb + query_index * stride_lq, delta, mask=in_range & (tl.program_id(2) == 0)
+    )
     dq = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
     qk_scale = scale * LOG2E
 
@@ -284,30 +430,82 @@ def flash_bwd_dq_kernel(
         k_masked = tl.maximum(k_full, k_lo)
 
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_lo, k_full, query_index, qk_scale, N_KEYS,
-        K_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        K_source,
+        V_source,
+        tile_batch,
+        k_lo,
+        k_full,
+        query_index,
+        qk_scale,
+        N_KEYS,
+        K_TILE_SIZE,
+        D_TILE,
+        False,
+        is_causal,
+        EVEN_D,
+        INPUT_PRECISION,
+        USE_TMA,
     )
     dq = _dq_key_tiles(
-        dq, q, do, lse, delta, K_source, V_source, tile_batch, k_masked, k_stop, query_index, qk_scale, N_KEYS,
-        K_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        K_source,
+        V_source,
+        tile_batch,
+        k_masked,
+        k_stop,
+        query_index,
+        qk_scale,
+        N_KEYS,
+        K_TILE_SIZE,
+        D_TILE,
+        True,
+        is_causal,
+        EVEN_D,
+        INPUT_PRECISION,
+        USE_TMA,
     )
     if SPLIT:
         cols = tl.arange(0, D_TILE)
-        tl.atomic_add(dQ_ptr + batch_index * stride_dqb + query_index[:, None] * stride_dqq + cols[None, :] * stride_dqd,
-                      dq * scale, mask=in_range[:, None] & (cols[None, :] < D), sem="relaxed")
+        tl.atomic_add(
+            dQ_ptr + batch_index * stride_dqb + query_index[:, None] * stride_dqq + cols[None, :] * stride_dqd,
+            dq * scale,
+            mask=in_range[:, None] & (cols[None, :] < D),
+            sem="relaxed",
+        )
         return
 
     dQ_block_ptr = tl.make_block_ptr(
-        dQ_ptr + batch_index * stride_dqb, shape=(N_QUERIES, D), strides=(stride_dqq, stride_dqd),
-        offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
+        dQ_ptr + batch_index * stride_dqb,
+        shape=(N_QUERIES, D),
+        strides=(stride_dqq, stride_dqd),
+        offsets=(q_start, 0),
+        block_shape=(Q_TILE_SIZE, D_TILE),
+        order=(1, 0),
     )
     tl.store(dQ_block_ptr, (dq * scale).to(dQ_ptr.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
 def flash_bwd_preprocess_kernel(
-    O_ptr, dO_ptr, Delta_ptr, dQ_acc_ptr,
-    stride_ob, stride_oq, stride_dob, stride_doq, stride_lb, stride_lq,
+    O_ptr,
+    dO_ptr,
+    Delta_ptr,
+    dQ_acc_ptr,
+    stride_ob,
+    stride_oq,
+    stride_dob,
+    stride_doq,
+    stride_lb,
+    stride_lq,
     N_QUERIES,
     D: tl.constexpr,
     ROWS: tl.constexpr,
@@ -319,20 +517,30 @@ def flash_bwd_preprocess_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, D)
     in_range = rows < N_QUERIES
-    o = tl.load(O_ptr + batch * stride_ob + rows[:, None] * stride_oq + cols[None, :], mask=in_range[:, None],
-                other=0.0)
-    do = tl.load(dO_ptr + batch * stride_dob + rows[:, None] * stride_doq + cols[None, :], mask=in_range[:, None],
-                 other=0.0)
-    tl.store(Delta_ptr + batch * stride_lb + rows * stride_lq, tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1),
-             mask=in_range)
-    tl.store(dQ_acc_ptr + (batch * N_QUERIES + rows[:, None]) * D + cols[None, :], tl.zeros((ROWS, D), tl.float32),
-             mask=in_range[:, None])
+    o = tl.load(
+        O_ptr + batch * stride_ob + rows[:, None] * stride_oq + cols[None, :], mask=in_range[:, None], other=0.0
+    )
+    do = tl.load(
+        dO_ptr + batch * stride_dob + rows[:, None] * stride_doq + cols[None, :], mask=in_range[:, None], other=0.0
+    )
+    tl.store(
+        Delta_ptr + batch * stride_lb + rows * stride_lq,
+        tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1),
+        mask=in_range,
+    )
+    tl.store(
+        dQ_acc_ptr + (batch * N_QUERIES + rows[:, None]) * D + cols[None, :],
+        tl.zeros((ROWS, D), tl.float32),
+        mask=in_range[:, None],
+    )
 
 
 @triton.jit
 def dq_from_planes_kernel(
-    acc_ptr, dQ_ptr,
-    stride_qb, stride_qn,
+    acc_ptr,
+    dQ_ptr,
+    stride_qb,
+    stride_qn,
     N_QUERIES,
     COLS: tl.constexpr,
     PLANES: tl.constexpr,
@@ -347,7 +555,11 @@ def dq_from_planes_kernel(
     cols = tl.arange(0, COLS)
     in_range = (rows < N_QUERIES)[:, None]
     for c in tl.static_range(PLANES):
-        part = tl.load(acc_ptr + ((batch * PLANES + c) * N_QUERIES + rows[:, None]) * COLS + cols[None, :],
-                       mask=in_range)
-        tl.store(dQ_ptr + batch * stride_qb + rows[:, None] * stride_qn + c * COLS + cols[None, :],
-                 part.to(dQ_ptr.dtype.element_ty), mask=in_range)
+        part = tl.load(
+            acc_ptr + ((batch * PLANES + c) * N_QUERIES + rows[:, None]) * COLS + cols[None, :], mask=in_range
+        )
+        tl.store(
+            dQ_ptr + batch * stride_qb + rows[:, None] * stride_qn + c * COLS + cols[None, :],
+            part.to(dQ_ptr.dtype.element_ty),
+            mask=in_range,
+        )

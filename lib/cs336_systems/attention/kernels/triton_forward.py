@@ -49,9 +49,18 @@ MASKED_SCORE_OFFSET: tl.constexpr = tl.constexpr(-1e6)
 
 @triton.jit
 def _forward_key_tiles(
-    o_i, l_i, m_i, q,
-    K_source, V_source, batch_index,
-    k_lo, k_hi, query_pos, qk_scale, N_KEYS,
+    o_i,
+    l_i,
+    m_i,
+    q,
+    K_source,
+    V_source,
+    batch_index,
+    k_lo,
+    k_hi,
+    query_pos,
+    qk_scale,
+    N_KEYS,
     K_TILE_SIZE: tl.constexpr,
     D_TILE: tl.constexpr,
     MASKED: tl.constexpr,
@@ -87,15 +96,29 @@ def _forward_key_tiles(
 
 @triton.jit
 def flash_fwd_kernel(
-    Q_ptr, K_ptr, V_ptr,
-    O_ptr, L_ptr,
-    Partial_ptr, Arrivals_ptr,  # SPLIT_KV only: fp32 partials, int32 arrival counts (zero between launches)
-    stride_qb, stride_qq, stride_qd,
-    stride_kb, stride_kk, stride_kd,
-    stride_vb, stride_vk, stride_vd,
-    stride_ob, stride_oq, stride_od,
-    stride_lb, stride_lq,
-    N_QUERIES, N_KEYS,
+    Q_ptr,
+    K_ptr,
+    V_ptr,
+    O_ptr,
+    L_ptr,
+    Partial_ptr,
+    Arrivals_ptr,  # SPLIT_KV only: fp32 partials, int32 arrival counts (zero between launches)
+    stride_qb,
+    stride_qq,
+    stride_qd,
+    stride_kb,
+    stride_kk,
+    stride_kd,
+    stride_vb,
+    stride_vk,
+    stride_vd,
+    stride_ob,
+    stride_oq,
+    stride_od,
+    stride_lb,
+    stride_lq,
+    N_QUERIES,
+    N_KEYS,
     KV_CHUNK,  # SPLIT_KV only: keys per program, a multiple of K_TILE_SIZE
     scale: tl.constexpr,  # constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
     D: tl.constexpr,
@@ -116,18 +139,26 @@ def flash_fwd_kernel(
     q_start = query_tile_index * Q_TILE_SIZE
     EVEN_D: tl.constexpr = D == D_TILE
 
-    Q_source = row_source(Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA)
+    Q_source = row_source(
+        Q_ptr, tile_batch, stride_qb, stride_qq, stride_qd, N_QUERIES, D, Q_TILE_SIZE, D_TILE, USE_TMA
+    )
     K_source = row_source(K_ptr, tile_batch, stride_kb, stride_kk, stride_kd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
     V_source = row_source(V_ptr, tile_batch, stride_vb, stride_vk, stride_vd, N_KEYS, D, K_TILE_SIZE, D_TILE, USE_TMA)
     O_block_ptr = tl.make_block_ptr(
         O_ptr + batch_index * stride_ob,
-        shape=(N_QUERIES, D), strides=(stride_oq, stride_od),
-        offsets=(q_start, 0), block_shape=(Q_TILE_SIZE, D_TILE), order=(1, 0),
+        shape=(N_QUERIES, D),
+        strides=(stride_oq, stride_od),
+        offsets=(q_start, 0),
+        block_shape=(Q_TILE_SIZE, D_TILE),
+        order=(1, 0),
     )
     L_block_ptr = tl.make_block_ptr(
         L_ptr + batch_index * stride_lb,
-        shape=(N_QUERIES,), strides=(stride_lq,),
-        offsets=(q_start,), block_shape=(Q_TILE_SIZE,), order=(0,),
+        shape=(N_QUERIES,),
+        strides=(stride_lq,),
+        offsets=(q_start,),
+        block_shape=(Q_TILE_SIZE,),
+        order=(0,),
     )
 
     q = load_rows(Q_source, tile_batch, q_start, Q_TILE_SIZE, D_TILE, True, EVEN_D, USE_TMA)
@@ -155,12 +186,46 @@ def flash_fwd_kernel(
         k_hi = tl.minimum(k_stop, k_lo + KV_CHUNK)
 
     o_i, l_i, m_i = _forward_key_tiles(
-        o_i, l_i, m_i, q, K_source, V_source, tile_batch, k_lo, tl.minimum(k_full, k_hi), query_pos, qk_scale, N_KEYS,
-        K_TILE_SIZE, D_TILE, False, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
+        o_i,
+        l_i,
+        m_i,
+        q,
+        K_source,
+        V_source,
+        tile_batch,
+        k_lo,
+        tl.minimum(k_full, k_hi),
+        query_pos,
+        qk_scale,
+        N_KEYS,
+        K_TILE_SIZE,
+        D_TILE,
+        False,
+        is_causal,
+        EVEN_D,
+        INPUT_PRECISION,
+        USE_TMA,
     )
     o_i, l_i, m_i = _forward_key_tiles(
-        o_i, l_i, m_i, q, K_source, V_source, tile_batch, tl.maximum(k_full, k_lo), k_hi, query_pos, qk_scale, N_KEYS,
-        K_TILE_SIZE, D_TILE, True, is_causal, EVEN_D, INPUT_PRECISION, USE_TMA,
+        o_i,
+        l_i,
+        m_i,
+        q,
+        K_source,
+        V_source,
+        tile_batch,
+        tl.maximum(k_full, k_lo),
+        k_hi,
+        query_pos,
+        qk_scale,
+        N_KEYS,
+        K_TILE_SIZE,
+        D_TILE,
+        True,
+        is_causal,
+        EVEN_D,
+        INPUT_PRECISION,
+        USE_TMA,
     )
 
     if SPLIT_KV:
@@ -184,8 +249,12 @@ def flash_fwd_kernel(
             # .cg: read from L2, where the other programs' stores landed, not from this SM's L1.
             m_i = tl.full((Q_TILE_SIZE,), float("-inf"), dtype=tl.float32)
             for any_chunk in tl.static_range(MAX_SPLITS):
-                m_s = tl.load(slots + any_chunk * SLOT + Q_TILE_SIZE * D_TILE + rows, mask=any_chunk < n_splits,
-                              other=float("-inf"), cache_modifier=".cg")
+                m_s = tl.load(
+                    slots + any_chunk * SLOT + Q_TILE_SIZE * D_TILE + rows,
+                    mask=any_chunk < n_splits,
+                    other=float("-inf"),
+                    cache_modifier=".cg",
+                )
                 m_i = tl.maximum(m_i, m_s)
             l_i = tl.zeros((Q_TILE_SIZE,), dtype=tl.float32)
             o_i = tl.zeros((Q_TILE_SIZE, D_TILE), dtype=tl.float32)
@@ -194,10 +263,12 @@ def flash_fwd_kernel(
                 for member in tl.static_range(MERGE_GROUP):
                     theirs = slots + (first + member) * SLOT
                     present = first + member < n_splits
-                    m_s = tl.load(theirs + Q_TILE_SIZE * D_TILE + rows, mask=present, other=float("-inf"),
-                                  cache_modifier=".cg")
-                    l_s = tl.load(theirs + Q_TILE_SIZE * (D_TILE + 1) + rows, mask=present, other=0.0,
-                                  cache_modifier=".cg")
+                    m_s = tl.load(
+                        theirs + Q_TILE_SIZE * D_TILE + rows, mask=present, other=float("-inf"), cache_modifier=".cg"
+                    )
+                    l_s = tl.load(
+                        theirs + Q_TILE_SIZE * (D_TILE + 1) + rows, mask=present, other=0.0, cache_modifier=".cg"
+                    )
                     o_s = tl.load(theirs + o_offsets, mask=present, other=0.0, cache_modifier=".cg")
                     weight = tl.math.exp2(m_s - m_i)  # zero for absent chunks
                     l_i += weight * l_s

@@ -35,26 +35,47 @@ def load_tile(block_ptr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
 
 @triton.jit
 def row_source(
-    ptr, batch_index, stride_b, stride_n, stride_d, N,
-    D: tl.constexpr, ROWS: tl.constexpr, D_TILE: tl.constexpr, USE_TMA: tl.constexpr,
+    ptr,
+    batch_index,
+    stride_b,
+    stride_n,
+    stride_d,
+    N,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    D_TILE: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Where `load_rows` reads (ROWS, D_TILE) tiles of batch element `batch_index` from."""
     if USE_TMA:
         source = tl.make_tensor_descriptor(
-            ptr, shape=[tl.num_programs(1), N, D], strides=[stride_b, stride_n, 1], block_shape=[1, ROWS, D_TILE],
+            ptr,
+            shape=[tl.num_programs(1), N, D],
+            strides=[stride_b, stride_n, 1],
+            block_shape=[1, ROWS, D_TILE],
         )
     else:
         source = tl.make_block_ptr(
-            ptr + batch_index.to(tl.int64) * stride_b, shape=(N, D), strides=(stride_n, stride_d),
-            offsets=(0, 0), block_shape=(ROWS, D_TILE), order=(1, 0),
+            ptr + batch_index.to(tl.int64) * stride_b,
+            shape=(N, D),
+            strides=(stride_n, stride_d),
+            offsets=(0, 0),
+            block_shape=(ROWS, D_TILE),
+            order=(1, 0),
         )
     return source
 
 
 @triton.jit
 def load_rows(
-    source, batch_index, row,
-    ROWS: tl.constexpr, D_TILE: tl.constexpr, CHECK_ROWS: tl.constexpr, EVEN_D: tl.constexpr, USE_TMA: tl.constexpr,
+    source,
+    batch_index,
+    row,
+    ROWS: tl.constexpr,
+    D_TILE: tl.constexpr,
+    CHECK_ROWS: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Rows [row, row + ROWS) of the batch element as a (ROWS, D_TILE) tile, zeros past the ends."""
     if USE_TMA:

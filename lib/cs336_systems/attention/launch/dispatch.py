@@ -39,8 +39,14 @@ def tma_readable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return True
 
 
-def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, interpreted: bool,
-                          tiles: tuple[int, int] | None = None) -> bool:
+def gluon_forward_applies(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    interpreted: bool,
+    tiles: tuple[int, int] | None = None,
+) -> bool:
     """Whether the forward of these (..., N, d) inputs runs the Gluon kernel: compiled kernels on a CUDA
     device, no override of the Triton kernels' tiles, `heuristics.gluon_forward_eligible`, rows the
     descriptors read in place."""
@@ -52,8 +58,14 @@ def gluon_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_
     return tma_readable(q, k, v)
 
 
-def gluon_backward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                           interpreted: bool, tiles: tuple[int, int] | None = None) -> bool:
+def gluon_backward_applies(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool,
+    interpreted: bool,
+    tiles: tuple[int, int] | None = None,
+) -> bool:
     """Whether the backward of these inputs runs the fused Gluon kernel (as `gluon_forward_applies`, with
     `heuristics.gluon_backward_eligible`)."""
     if interpreted or q.device.type != "cuda" or tiles is not None:
@@ -64,8 +76,9 @@ def gluon_backward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
     return tma_readable(q, k, v)
 
 
-def kernel_config(kernel: str, q: torch.Tensor, n_k: int, is_causal: bool,
-                  tiles: tuple[int, int] | None = None) -> KernelConfig:
+def kernel_config(
+    kernel: str, q: torch.Tensor, n_k: int, is_causal: bool, tiles: tuple[int, int] | None = None
+) -> KernelConfig:
     """The device's tuned configuration of `kernel`, its tiles replaced by `tiles` where given
     (a (Q_TILE, K_TILE) pair of powers of two >= 16; same warps and stages)."""
     n_q, d = q.shape[-2:]
@@ -78,15 +91,33 @@ def kernel_config(kernel: str, q: torch.Tensor, n_k: int, is_causal: bool,
     return config
 
 
-def geometry_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                 tiles: tuple[int, int] | None) -> tuple:
+def geometry_key(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None
+) -> tuple:
     """What every routing decision of a call reads: shapes, strides, dtypes, devices and 16-byte alignment
     of q, k, v, causality, the fp32 matmul precision and the tiles (configurations enter through
     `config_for`, whose table changes clear the routes). Bad inputs raise the check's ValueError."""
     try:
-        return (q.shape, q.stride(), q.dtype, q.device, q.data_ptr() % 16, k.shape, k.stride(), k.dtype, k.device,
-                k.data_ptr() % 16, v.shape, v.stride(), v.dtype, v.device, v.data_ptr() % 16, bool(is_causal),
-                torch.get_float32_matmul_precision(), tiles)
+        return (
+            q.shape,
+            q.stride(),
+            q.dtype,
+            q.device,
+            q.data_ptr() % 16,
+            k.shape,
+            k.stride(),
+            k.dtype,
+            k.device,
+            k.data_ptr() % 16,
+            v.shape,
+            v.stride(),
+            v.dtype,
+            v.device,
+            v.data_ptr() % 16,
+            bool(is_causal),
+            torch.get_float32_matmul_precision(),
+            tiles,
+        )
     except AttributeError:  # not a tensor: the check says which
         check_triton_inputs(q, k, v, is_causal, INTERPRETED)
         raise
@@ -97,7 +128,9 @@ def decide_forward(q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | 
     check_triton_inputs(q, k, v, is_causal, INTERPRETED)
     if gluon_forward_applies(q, k, v, is_causal, INTERPRETED, tiles):
         return GLUON
-    return LAUNCHES.plan("forward", (q, k, v, out, lse), is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles))
+    return LAUNCHES.plan(
+        "forward", (q, k, v, out, lse), is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles)
+    )
 
 
 def forward_route(key: tuple, q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | None) -> str | LaunchPlan:
@@ -115,8 +148,9 @@ class BackwardRoute(NamedTuple):
     dkdv: LaunchPlan
 
 
-def decide_backward(q, k, v, out, grad_out, lse, is_causal: bool,
-                    tiles: tuple[int, int] | None) -> str | BackwardRoute | None:
+def decide_backward(
+    q, k, v, out, grad_out, lse, is_causal: bool, tiles: tuple[int, int] | None
+) -> str | BackwardRoute | None:
     """GLUON, the Triton kernels' plans, or None (the general path) where q, k or v would need a copy
     (`launch.layout.read_in_place`) or the upstream gradient or L is not contiguous. The gradients the plans
     write have the inputs' strides (`empty_like`)."""
@@ -128,35 +162,44 @@ def decide_backward(q, k, v, out, grad_out, lse, is_causal: bool,
     # D and the gradients as every call allocates them (contiguous, aligned): the plans read their geometry
     delta, grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (lse, q, k, v))
     return BackwardRoute(
-        LAUNCHES.plan("dq", (q, k, v, out, grad_out, lse, delta, grad_q), is_causal,
-                      kernel_config("dq", q, n_k, is_causal, tiles)),
-        LAUNCHES.plan("dkdv", (q, k, v, grad_out, lse, delta, grad_k, grad_v), is_causal,
-                      kernel_config("dkdv", q, n_k, is_causal, tiles)),
+        LAUNCHES.plan(
+            "dq", (q, k, v, out, grad_out, lse, delta, grad_q), is_causal, kernel_config("dq", q, n_k, is_causal, tiles)
+        ),
+        LAUNCHES.plan(
+            "dkdv",
+            (q, k, v, grad_out, lse, delta, grad_k, grad_v),
+            is_causal,
+            kernel_config("dkdv", q, n_k, is_causal, tiles),
+        ),
     )
 
 
-def backward_route(forward_key: tuple, q, k, v, out, grad_out, lse, is_causal: bool,
-                   tiles: tuple[int, int] | None) -> str | BackwardRoute | None:
+def backward_route(
+    forward_key: tuple, q, k, v, out, grad_out, lse, is_causal: bool, tiles: tuple[int, int] | None
+) -> str | BackwardRoute | None:
     """`decide_backward`, decided once per forward geometry and upstream-gradient layout. O and L are the
     forward's own contiguous outputs, so the forward's key and the gradient's strides and alignment fix it."""
     key = (forward_key, grad_out.stride(), grad_out.data_ptr() % 16)
     route = LAUNCHES.backward_routes.get(key, _UNSEEN)
     if route is _UNSEEN:
-        route = LAUNCHES.remember(LAUNCHES.backward_routes, key,
-                                  decide_backward(q, k, v, out, grad_out, lse, is_causal, tiles))
+        route = LAUNCHES.remember(
+            LAUNCHES.backward_routes, key, decide_backward(q, k, v, out, grad_out, lse, is_causal, tiles)
+        )
     return route
 
 
-def flash_forward_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                         tiles: tuple[int, int] | None = None):
+def flash_forward_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
+):
     """O and L (q.shape[:-1], fp32) of (..., N, d) inputs, eagerly: the Gluon kernel where
     `gluon_forward_applies`, else `flash_fwd_kernel`; bad inputs raise a ValueError that names the problem.
     (While torch.compile traces, `FlashAttentionTriton.forward` decides in place.)"""
     return flash_forward_with_route(q, k, v, is_causal, tiles)[:2]
 
 
-def flash_forward_with_route(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                             tiles: tuple[int, int] | None = None):
+def flash_forward_with_route(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
+):
     """`flash_forward_triton`'s O and L, and the key of the inputs' geometry under which
     `flash_backward_triton(..., route_key=key)` finds its route (the model's strided layout without copies)."""
     check_is_causal(is_causal)  # on every call: a route found by its key skips the inputs' checks
@@ -207,9 +250,13 @@ def flash_backward_triton(
         return tuple(grad.view(shape) for grad, shape in zip(grads, shapes))
     delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel
     # empty_like where it gives the shape: less host time than torch.empty
-    grad_q, grad_k, grad_v = (torch.empty_like(t) if t.shape == shape else torch.empty(shape, dtype=t.dtype, device=t.device)
-                              for t, shape in zip((q, k, v), shapes))
+    grad_q, grad_k, grad_v = (
+        torch.empty_like(t) if t.shape == shape else torch.empty(shape, dtype=t.dtype, device=t.device)
+        for t, shape in zip((q, k, v), shapes)
+    )
     n_k = k.shape[-2]
     launch_dq(q, k, v, out, grad_out, lse, delta, grad_q, is_causal, kernel_config("dq", q, n_k, is_causal, tiles))
-    launch_dkdv(q, k, v, grad_out, lse, delta, grad_k, grad_v, is_causal, kernel_config("dkdv", q, n_k, is_causal, tiles))
+    launch_dkdv(
+        q, k, v, grad_out, lse, delta, grad_k, grad_v, is_causal, kernel_config("dkdv", q, n_k, is_causal, tiles)
+    )
     return grad_q, grad_k, grad_v

@@ -112,11 +112,27 @@ def forward_launch(q, k, v, out, lse, is_causal: bool) -> KernelLaunch:
     o_b = output_strides(out)[0]
     l_b, l_n = output_strides(lse, 1)
     batch = q.numel() // (n * d)
-    args = (_descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_tile, kv_layout),
-            _descriptor(v, v_b, k_tile, kv_layout), _descriptor(out, o_b, q_tile, q_layout), lse, l_b, l_n, n, n)
+    args = (
+        _descriptor(q, q_b, q_tile, q_layout),
+        _descriptor(k, k_b, k_tile, kv_layout),
+        _descriptor(v, v_b, k_tile, kv_layout),
+        _descriptor(out, o_b, q_tile, q_layout),
+        lse,
+        l_b,
+        l_n,
+        n,
+        n,
+    )
     section = heads_per_section(n, d, q.element_size(), batch, 2 * q_tile, is_causal)
-    options = dict(scale=d**-0.5, STAGES=stages, is_causal=bool(is_causal), SECTION=section,
-                   CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+    options = dict(
+        scale=d**-0.5,
+        STAGES=stages,
+        is_causal=bool(is_causal),
+        SECTION=section,
+        CONSUMER_REGS=CONSUMER_REGS,
+        PRODUCER_REGS=PRODUCER_REGS,
+        num_warps=4,
+    )
     grid = schedule_grid(triton.cdiv(n, 2 * q_tile), batch, section)
     return KernelLaunch(flash_fwd_gluon_kernel, grid, args, options)
 
@@ -128,12 +144,17 @@ def preprocess_launch(out, do, delta, dq_acc) -> KernelLaunch:
     n, d = out.shape[-2:]
     (o_b, o_n, _), (do_b, do_n, _) = as_rows(out)[1], as_rows(do)[1]
     l_b, l_n = output_strides(delta, 1)
-    return KernelLaunch(flash_bwd_preprocess_kernel, (triton.cdiv(n, PREPROCESS_ROWS), out.numel() // (n * d)),
-                        (out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n), dict(D=d, ROWS=PREPROCESS_ROWS))
+    return KernelLaunch(
+        flash_bwd_preprocess_kernel,
+        (triton.cdiv(n, PREPROCESS_ROWS), out.numel() // (n * d)),
+        (out, do, delta, dq_acc, o_b, o_n, do_b, do_n, l_b, l_n, n),
+        dict(D=d, ROWS=PREPROCESS_ROWS),
+    )
 
 
-def backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None,
-                    kernel=None) -> KernelLaunch:
+def backward_launch(
+    q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None, kernel=None
+) -> KernelLaunch:
     """The fused Gluon backward on these tensors (`tiles`, `regs` and `kernel` override the shipped ones)."""
     n, d = q.shape[-2:]
     q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
@@ -147,15 +168,31 @@ def backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: 
     planes = dq_acc.view(-1, n, DQ_PLANE_COLS) if d == 128 else dq_acc
     cols = planes.shape[-1]
     dq_desc = _descriptor(planes, n * cols, q_tile, shared_layout(torch.float32, cols, q_tile))
-    args = (_descriptor(q, q_b, q_tile, q_layout), _descriptor(k, k_b, k_half, kv_layout),
-            _descriptor(v, v_b, k_half, kv_layout), _descriptor(do, do_b, q_tile, q_layout),
-            _descriptor(grad_k, dk_b, k_half, kv_layout), _descriptor(grad_v, dv_b, k_half, kv_layout), dq_desc,
-            lse, delta, l_b, l_n, n)
+    args = (
+        _descriptor(q, q_b, q_tile, q_layout),
+        _descriptor(k, k_b, k_half, kv_layout),
+        _descriptor(v, v_b, k_half, kv_layout),
+        _descriptor(do, do_b, q_tile, q_layout),
+        _descriptor(grad_k, dk_b, k_half, kv_layout),
+        _descriptor(grad_v, dv_b, k_half, kv_layout),
+        dq_desc,
+        lse,
+        delta,
+        l_b,
+        l_n,
+        n,
+    )
     batch = q.numel() // (n * d)
     section = heads_per_section(n, d, q.element_size(), batch, 2 * k_half, is_causal)
     grid = schedule_grid(triton.cdiv(n, 2 * k_half), batch, section)
-    options = dict(scale=d**-0.5, STAGES=stages, SECTION=section, CONSUMER_REGS=consumer_regs,
-                   PRODUCER_REGS=producer_regs, num_warps=4)
+    options = dict(
+        scale=d**-0.5,
+        STAGES=stages,
+        SECTION=section,
+        CONSUMER_REGS=consumer_regs,
+        PRODUCER_REGS=producer_regs,
+        num_warps=4,
+    )
     if d == 64:
         from cs336_systems.attention.kernels.gluon_backward import flash_bwd_gluon_kernel
 
@@ -190,9 +227,12 @@ def dq_copy_launch(grad_q: torch.Tensor, dq_acc: torch.Tensor) -> KernelLaunch |
     from cs336_systems.attention.kernels.triton_backward import dq_from_planes_kernel
 
     cols = DQ_PLANE_COLS if d == 128 else d
-    return KernelLaunch(dq_from_planes_kernel, (triton.cdiv(n, DQ_COPY_ROWS), grad_q.numel() // (n * d)),
-                        (dq_acc, grad_q, stride_b, grad_q.stride(-2), n),
-                        dict(COLS=cols, PLANES=d // cols, ROWS=DQ_COPY_ROWS))
+    return KernelLaunch(
+        dq_from_planes_kernel,
+        (triton.cdiv(n, DQ_COPY_ROWS), grad_q.numel() // (n * d)),
+        (dq_acc, grad_q, stride_b, grad_q.stride(-2), n),
+        dict(COLS=cols, PLANES=d // cols, ROWS=DQ_COPY_ROWS),
+    )
 
 
 def copy_dq(grad_q: torch.Tensor, dq_acc: torch.Tensor) -> None:
@@ -216,8 +256,15 @@ def copy_dq(grad_q: torch.Tensor, dq_acc: torch.Tensor) -> None:
 
 
 @torch.library.custom_op("cs336::flash_bwd_gluon", mutates_args=())
-def _flash_bwd_gluon_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, do: torch.Tensor,
-                        lse: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flash_bwd_gluon_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    do: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _backward(q, k, v, out, do, lse, is_causal)
 
 
@@ -235,16 +282,19 @@ def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, reg
     the shipped ones."""
     d = q.shape[-1]
     if not in_backward_scope(d, is_causal):
-        raise ValueError(f"the Gluon backward runs d in {sorted(GLUON_BWD_TILES)} (causal only at d = 64); got "
-                         f"d = {d}, is_causal = {bool(is_causal)} (launch.dispatch.gluon_backward_applies)")
+        raise ValueError(
+            f"the Gluon backward runs d in {sorted(GLUON_BWD_TILES)} (causal only at d = 64); got "
+            f"d = {d}, is_causal = {bool(is_causal)} (launch.dispatch.gluon_backward_applies)"
+        )
     if torch.compiler.is_compiling():
         return torch.ops.cs336.flash_bwd_gluon(q, k, v, out, do, lse, bool(is_causal))
     return _backward(q, k, v, out, do, lse, is_causal, tiles, regs)
 
 
 @torch.library.custom_op("cs336::flash_fwd_gluon", mutates_args=("out", "lse"))
-def _flash_fwd_gluon_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                        is_causal: bool) -> None:
+def _flash_fwd_gluon_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, is_causal: bool
+) -> None:
     forward_launch(q, k, v, out, lse, is_causal).run()
 
 

@@ -70,9 +70,9 @@ def as_rows(t: torch.Tensor, row_dims: int = 2) -> tuple[torch.Tensor, tuple[int
     at short sequences every tensor operation on the host is visible latency."""
     stride_b = batch_stride(t, row_dims)
     if stride_b is None:
-        t = t.reshape(-1, *t.shape[len(t.shape) - row_dims:])
+        t = t.reshape(-1, *t.shape[len(t.shape) - row_dims :])
         stride_b = t.stride(0)
-    return t, (stride_b, *t.stride()[len(t.shape) - row_dims:])
+    return t, (stride_b, *t.stride()[len(t.shape) - row_dims :])
 
 
 def head_views(projections: torch.Tensor, heads: int) -> torch.Tensor:
@@ -94,9 +94,11 @@ def output_strides(t: torch.Tensor, row_dims: int = 2) -> tuple[int, ...]:
     """`as_rows` strides of a tensor a kernel writes: a copy would lose what the kernel writes."""
     stride_b = batch_stride(t, row_dims)
     if stride_b is None:
-        raise ValueError(f"output of shape {tuple(t.shape)} and strides {t.stride()}: its leading dimensions must "
-                         f"merge into one batch stride (allocate it contiguous)")
-    return (stride_b, *t.stride()[len(t.shape) - row_dims:])
+        raise ValueError(
+            f"output of shape {tuple(t.shape)} and strides {t.stride()}: its leading dimensions must "
+            f"merge into one batch stride (allocate it contiguous)"
+        )
+    return (stride_b, *t.stride()[len(t.shape) - row_dims :])
 
 
 def tma_compatible(t: torch.Tensor, strides: tuple[int, ...] | None = None) -> bool:
@@ -107,8 +109,11 @@ def tma_compatible(t: torch.Tensor, strides: tuple[int, ...] | None = None) -> b
     (PyTorch's allocators align every storage to at least 16 bytes)."""
     size = t.element_size()
     strides = t.stride() if strides is None else strides
-    return (strides[-1] == 1 and t.storage_offset() * size % 16 == 0
-            and all(stride * size % 16 == 0 for stride in strides[:-1]))
+    return (
+        strides[-1] == 1
+        and t.storage_offset() * size % 16 == 0
+        and all(stride * size % 16 == 0 for stride in strides[:-1])
+    )
 
 
 def tma_device(t: torch.Tensor) -> bool:

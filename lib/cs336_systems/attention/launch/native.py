@@ -43,10 +43,10 @@ import torch
 from cs336_systems.attention.configs import register_answer_cache
 from cs336_systems.attention.launch.dispatch import GLUON, decide_backward, decide_forward
 from cs336_systems.attention.launch.gluon import backward_launch, dq_copy_launch, forward_launch, preprocess_launch
-from cs336_systems.attention.launch.plans import LAUNCHES
 from cs336_systems.attention.launch.layout import INTERPRETED, read_in_place
-from cs336_systems.triton_support.launch import grid3, launch_hooks_set
+from cs336_systems.attention.launch.plans import LAUNCHES
 from cs336_systems.attention.validation import check_is_causal, check_triton_inputs
+from cs336_systems.triton_support.launch import grid3, launch_hooks_set
 
 SOURCE = Path(__file__).with_name("csrc") / "flash_autograd.cpp"
 EXTENSION_NAME = "cs336_flash_autograd"
@@ -79,16 +79,24 @@ def load(verbose: bool = False):
         try:
             from torch.utils.cpp_extension import load as build
 
-            print(f"cs336_systems: loading the FlashAttention autograd node ({SOURCE.name}; its first build for this "
-                  f"source and PyTorch takes about a minute)", file=sys.stderr, flush=True)
+            print(
+                f"cs336_systems: loading the FlashAttention autograd node ({SOURCE.name}; its first build for this "
+                f"source and PyTorch takes about a minute)",
+                file=sys.stderr,
+                flush=True,
+            )
             module = build(name=EXTENSION_NAME, sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=verbose)
         except Exception as err:  # no compiler, no ninja, no headers: the Python path serves
             lines = str(err).strip().splitlines()
             # a compiler's first error says more than ninja's closing "build stopped"
             reason = next((line for line in lines if "error:" in line), lines[-1] if lines else "")
             _failure = f"{type(err).__name__}: {reason.strip()}"[:400]
-            print(f"cs336_systems: the FlashAttention autograd node could not be built ({_failure}); eager calls "
-                  f"take the Python autograd.Function", file=sys.stderr, flush=True)
+            print(
+                f"cs336_systems: the FlashAttention autograd node could not be built ({_failure}); eager calls "
+                f"take the Python autograd.Function",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
         # Programs embed configurations: a table store or reload forgets them with the other derived answers.
         register_answer_cache(types.SimpleNamespace(clear=module.clear))
@@ -103,8 +111,9 @@ def status() -> str:
     return _failure or "not built yet"
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-              tiles: tuple[int, int] | None = None) -> torch.Tensor | None:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
+) -> torch.Tensor | None:
     """O of an eager call through the C++ node, or None where the call belongs
     to the Python path (`api.flash_attention_triton` then takes it): among others, a `tiles`
     override of the kernels' configurations."""
@@ -159,8 +168,12 @@ def derive_program(native, q, k, v, is_causal: bool):
     if route is None or ((plan is GLUON or route is GLUON) and not native.tensor_maps_supported()):
         return None
     delta, grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (lse, q, k, v))
-    slots = {id(t): s[name] for name, t in dict(q=q, k=k, v=v, out=out, lse=lse, grad_out=grad_out, delta=delta,
-                                               grad_q=grad_q, grad_k=grad_k, grad_v=grad_v).items()}
+    slots = {
+        id(t): s[name]
+        for name, t in dict(
+            q=q, k=k, v=v, out=out, lse=lse, grad_out=grad_out, delta=delta, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v
+        ).items()
+    }
     if plan is GLUON:
         held, forward = [], [kernel_launch_spec(forward_launch(q, k, v, out, lse, is_causal), slots, kinds=native)]
     elif True in plan.copies:
@@ -171,8 +184,15 @@ def derive_program(native, q, k, v, is_causal: bool):
             forward_slots, workspace = (s["held"], s["held"] + 1), tuple(held)
         else:
             held, forward_slots, workspace = [], (s["out"], s["lse"]), (out, lse)
-        forward = [launch_spec("forward", plan, (q, k, v, out, lse, *workspace),
-                               (s["q"], s["k"], s["v"], s["out"], s["lse"], *forward_slots), kinds=native)]
+        forward = [
+            launch_spec(
+                "forward",
+                plan,
+                (q, k, v, out, lse, *workspace),
+                (s["q"], s["k"], s["v"], s["out"], s["lse"], *forward_slots),
+                kinds=native,
+            )
+        ]
     if route is GLUON:
         n, d = q.shape[-2:]
         dq_acc = torch.empty((q.numel() // (n * d), n, d), dtype=torch.float32, device=q.device)
@@ -180,25 +200,38 @@ def derive_program(native, q, k, v, is_causal: bool):
         copy = dq_copy_launch(grad_q, dq_acc)
         if copy is None:
             return None
-        launches = (preprocess_launch(out, grad_out, delta, dq_acc),
-                    backward_launch(q, k, v, grad_out, lse, delta, grad_k, grad_v, dq_acc, is_causal), copy)
+        launches = (
+            preprocess_launch(out, grad_out, delta, dq_acc),
+            backward_launch(q, k, v, grad_out, lse, delta, grad_k, grad_v, dq_acc, is_causal),
+            copy,
+        )
         backward = [kernel_launch_spec(launch, slots, kinds=native) for launch in launches]
         return forward, backward, held, [], dq_acc.numel()
     backward = [
-        launch_spec("dq", route.dq, (q, k, v, out, grad_out, lse, delta, grad_q),
-                    (s["q"], s["k"], s["v"], s["out"], s["grad_out"], s["lse"], s["delta"], s["grad_q"]), kinds=native),
-        launch_spec("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grad_k, grad_v),
-                    (s["q"], s["k"], s["v"], s["grad_out"], s["lse"], s["delta"], s["grad_k"], s["grad_v"]), kinds=native),
+        launch_spec(
+            "dq",
+            route.dq,
+            (q, k, v, out, grad_out, lse, delta, grad_q),
+            (s["q"], s["k"], s["v"], s["out"], s["grad_out"], s["lse"], s["delta"], s["grad_q"]),
+            kinds=native,
+        ),
+        launch_spec(
+            "dkdv",
+            route.dkdv,
+            (q, k, v, grad_out, lse, delta, grad_k, grad_v),
+            (s["q"], s["k"], s["v"], s["grad_out"], s["lse"], s["delta"], s["grad_k"], s["grad_v"]),
+            kinds=native,
+        ),
     ]
     # a kernel that splits its loop adds into its gradients, as `KernelLaunches.run` zeroes them for
     zeroed = ([s["grad_q"]] if route.dq.meta["SPLIT"] else []) + (
-        [s["grad_k"], s["grad_v"]] if route.dkdv.meta["SPLIT"] else [])
+        [s["grad_k"], s["grad_v"]] if route.dkdv.meta["SPLIT"] else []
+    )
     return forward, backward, held, zeroed, 0
 
 
 # Triton's scalar parameter types as the C++ node packs them (Triton's launcher: `ty_to_cpp`).
-_SCALAR_KINDS = {"i32": "I32", "u32": "I32", "i64": "I64", "u64": "I64", "i1": "I8", "i8": "I8", "u1": "I8",
-                 "u8": "I8"}
+_SCALAR_KINDS = {"i32": "I32", "u32": "I32", "i64": "I64", "u64": "I64", "i1": "I8", "i8": "I8", "u1": "I8", "u8": "I8"}
 # The C++ node takes its scratch from PyTorch's caching allocator, whose blocks are 512-byte aligned.
 MAX_SCRATCH_ALIGN = 512
 
@@ -235,6 +268,7 @@ def kernel_launch_spec(launch, slots: dict[int, int], compiled=None, kinds=None)
     """A launch of the Gluon route (`launch.gluon.KernelLaunch`) as the C++ node makes it (`compiled_launch_spec`):
     each tensor argument the slot of its tensor, each descriptor a tensor map of its tensor's slot. `slots`:
     the slot of each tensor by `id`; a view (d = 128's dQ planes) names the tensor it views."""
+
     def slot_of(t: torch.Tensor) -> int:
         for candidate in (t, t._base):
             if candidate is not None and id(candidate) in slots:
@@ -270,7 +304,7 @@ def compiled_launch_spec(kernel: str, compiled, grid: tuple, args, kinds=None) -
     if md.profile_scratch_size or md.global_scratch_align > MAX_SCRATCH_ALIGN:
         raise Unsupported(f"{kernel}: profiler scratch, or scratch aligned past {MAX_SCRATCH_ALIGN} bytes")
     types_ = list(compiled.src.signature.values())
-    if any(ty != "constexpr" for ty in types_[len(args):]):
+    if any(ty != "constexpr" for ty in types_[len(args) :]):
         raise Unsupported(f"{kernel}: runtime parameters after the {len(args)} given")
     descriptor_meta = list(getattr(md, "tensordesc_meta", None) or [])
     params, maps = [], []
@@ -299,9 +333,15 @@ def compiled_launch_spec(kernel: str, compiled, grid: tuple, args, kinds=None) -
     gx, gy, gz = grid3(grid)
     params.append((kinds.SCRATCH, 0) if md.global_scratch_size else (kinds.NULL_POINTER, 0))
     params.append((kinds.NULL_POINTER, 0))
-    spec = dict(name=compiled.name, function=compiled.function or 0, grid=[gx, gy, gz],
-                threads=32 * md.num_warps, shared=md.shared,
-                scratch_bytes=gx * gy * gz * md.global_scratch_size, params=params)
+    spec = dict(
+        name=compiled.name,
+        function=compiled.function or 0,
+        grid=[gx, gy, gz],
+        threads=32 * md.num_warps,
+        shared=md.shared,
+        scratch_bytes=gx * gy * gz * md.global_scratch_size,
+        params=params,
+    )
     if maps:
         spec["maps"] = maps
     return spec
@@ -319,7 +359,12 @@ def tensor_map(arg: TensorMapArg, meta: dict) -> dict:
     if arg.strides[-1] != 1:
         raise Unsupported(f"a descriptor with innermost stride {arg.strides[-1]}")
     size = meta["elem_size"]
-    return dict(slot=arg.slot, dtype=TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
-                dims=[int(x) for x in reversed(arg.shape)], strides=[size * int(x) for x in reversed(arg.strides[:-1])],
-                box=[int(x) for x in reversed(meta["block_size"])], swizzle=int(meta["swizzle"]),
-                fill=1 if arg.padding == "nan" else 0)
+    return dict(
+        slot=arg.slot,
+        dtype=TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+        dims=[int(x) for x in reversed(arg.shape)],
+        strides=[size * int(x) for x in reversed(arg.strides[:-1])],
+        box=[int(x) for x in reversed(meta["block_size"])],
+        swizzle=int(meta["swizzle"]),
+        fill=1 if arg.padding == "nan" else 0,
+    )

@@ -70,11 +70,20 @@ def split_plan(q: torch.Tensor, n_k: int, is_causal: bool, config: KernelConfig,
     n_q, d = q.shape[-2:]
     batch = q.numel() // (n_q * d)
     if kv_chunk is None:
-        kv_chunk = 0 if torch.compiler.is_compiling() else (
-            kv_split_chunk(batch, n_q, n_k, is_causal, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device))
-            or 0)
+        kv_chunk = (
+            0
+            if torch.compiler.is_compiling()
+            else (
+                kv_split_chunk(
+                    batch, n_q, n_k, is_causal, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device)
+                )
+                or 0
+            )
+        )
     elif kv_chunk < 0 or kv_chunk % config.k_tile:
-        raise ValueError(f"kv_chunk must be 0 (no split) or a positive multiple of K_TILE = {config.k_tile}, got {kv_chunk}")
+        raise ValueError(
+            f"kv_chunk must be 0 (no split) or a positive multiple of K_TILE = {config.k_tile}, got {kv_chunk}"
+        )
     if not kv_chunk:
         return 0, 1, None
     query_tiles = batch * -(-n_q // config.q_tile)
@@ -84,8 +93,14 @@ def split_plan(q: torch.Tensor, n_k: int, is_causal: bool, config: KernelConfig,
     return kv_chunk, splits, (query_tiles * splits * config.q_tile * (head_dim_tile(d) + 2), query_tiles)
 
 
-def derive_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig,
-                serial: int = -1, kv_chunk: int | None = None) -> LaunchPlan:
+def derive_plan(
+    kernel: str,
+    tensors: tuple[torch.Tensor, ...],
+    is_causal: bool,
+    config: KernelConfig,
+    serial: int = -1,
+    kv_chunk: int | None = None,
+) -> LaunchPlan:
     """The launch plan of `kernel` on `tensors` (laid out as `ROLES[kernel]`), derived in full."""
     roles = ROLES[kernel]
     if len(tensors) != len(roles):
@@ -110,8 +125,10 @@ def derive_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool,
             t_strides = lse_strides = output_strides(t, 1)
         else:
             if output_strides(t, 1) != lse_strides:
-                raise ValueError(f"the {kernel} kernel reads its per-row vectors with one set of strides: got shapes "
-                                 f"{tuple(lse.shape)} and {tuple(t.shape)}, strides {lse.stride()} and {t.stride()}")
+                raise ValueError(
+                    f"the {kernel} kernel reads its per-row vectors with one set of strides: got shapes "
+                    f"{tuple(lse.shape)} and {tuple(t.shape)}, strides {lse.stride()} and {t.stride()}"
+                )
             t_strides = ()
         copies.append(copy)
         strides.extend(t_strides)
@@ -120,9 +137,16 @@ def derive_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool,
     scalars = (*strides, n_q, n_k)
     meta = dict(
         # scale is a constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
-        scale=d**-0.5, D=d, D_TILE=head_dim_tile(d), Q_TILE_SIZE=config.q_tile, K_TILE_SIZE=config.k_tile,
-        is_causal=bool(is_causal), INPUT_PRECISION=input_precision(q.dtype), USE_TMA=use_tma,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        scale=d**-0.5,
+        D=d,
+        D_TILE=head_dim_tile(d),
+        Q_TILE_SIZE=config.q_tile,
+        K_TILE_SIZE=config.k_tile,
+        is_causal=bool(is_causal),
+        INPUT_PRECISION=input_precision(q.dtype),
+        USE_TMA=use_tma,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     workspace = None
     if kernel == "forward":
@@ -131,9 +155,14 @@ def derive_plan(kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool,
         meta["MAX_SPLITS"] = max(2, 1 << (splits - 1).bit_length())
     else:
         chunk, splits, batch = 0, 1, grid[1]
-        if (q.dtype == torch.float32 and not torch.compiler.is_compiling()
-                and is_small_grid(kernel, batch, n_q, n_k, sm_count(q.device))):
-            loop_tile, grid_tile = (config.q_tile, config.k_tile) if kernel == "dkdv" else (config.k_tile, config.q_tile)
+        if (
+            q.dtype == torch.float32
+            and not torch.compiler.is_compiling()
+            and is_small_grid(kernel, batch, n_q, n_k, sm_count(q.device))
+        ):
+            loop_tile, grid_tile = (
+                (config.q_tile, config.k_tile) if kernel == "dkdv" else (config.k_tile, config.q_tile)
+            )
             chunk, splits = backward_split(kernel, batch, n_q, n_k, loop_tile, grid_tile, sm_count(q.device))
         grid, scalars, meta["SPLIT"] = (*grid, splits), (*scalars, chunk), splits > 1
     return LaunchPlan(serial, grid, tuple(copies), scalars, meta, workspace)
@@ -180,8 +209,14 @@ class KernelLaunches:
         cache[key] = value
         return value
 
-    def plan(self, kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig,
-             kv_chunk: int | None = None) -> LaunchPlan:
+    def plan(
+        self,
+        kernel: str,
+        tensors: tuple[torch.Tensor, ...],
+        is_causal: bool,
+        config: KernelConfig,
+        kv_chunk: int | None = None,
+    ) -> LaunchPlan:
         """The launch plan of `kernel` on `tensors` (laid out as `ROLES[kernel]`), kept per geometry.
 
         The plan's key holds everything it is derived from: the tensors' shapes, strides, dtypes and
@@ -190,16 +225,30 @@ class KernelLaunches:
         compilation on, so the plan's serial number serves the launcher as the launch's signature."""
         if torch.compiler.is_compiling():  # shapes may be symbolic; traced once anyway
             return derive_plan(kernel, tensors, is_causal, config, kv_chunk=kv_chunk)
-        key = (kernel, config, bool(is_causal), tensors[0].device, torch.get_float32_matmul_precision(), kv_chunk,
-               *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors])
+        key = (
+            kernel,
+            config,
+            bool(is_causal),
+            tensors[0].device,
+            torch.get_float32_matmul_precision(),
+            kv_chunk,
+            *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors],
+        )
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.remember(self.plans, key,
-                                 derive_plan(kernel, tensors, is_causal, config, next(self._serials), kv_chunk))
+            plan = self.remember(
+                self.plans, key, derive_plan(kernel, tensors, is_causal, config, next(self._serials), kv_chunk)
+            )
         return plan
 
-    def launch(self, kernel: str, tensors: tuple[torch.Tensor, ...], is_causal: bool, config: KernelConfig,
-               kv_chunk: int | None = None):
+    def launch(
+        self,
+        kernel: str,
+        tensors: tuple[torch.Tensor, ...],
+        is_causal: bool,
+        config: KernelConfig,
+        kv_chunk: int | None = None,
+    ):
         """Launch `kernel` on `tensors` (laid out as `ROLES[kernel]`); returns the compiled kernel."""
         return self.run(kernel, self.plan(kernel, tensors, is_causal, config, kv_chunk), tensors)
 
@@ -209,8 +258,10 @@ class KernelLaunches:
         if True in plan.copies:
             tensors = tuple(as_rows(t)[0] if copy else t for t, copy in zip(tensors, plan.copies))
         if kernel == "forward":  # without a split, the output and L stand in for the workspace the kernel never reads
-            tensors = (*tensors, *(self.split_workspace(tensors[0].device, plan.workspace) if plan.workspace
-                                   else tensors[3:5]))
+            tensors = (
+                *tensors,
+                *(self.split_workspace(tensors[0].device, plan.workspace) if plan.workspace else tensors[3:5]),
+            )
         if plan.meta["USE_TMA"] and not INTERPRETED and not compiling:
             # Descriptors built on the device need scratch memory from Triton's allocator: a per-thread
             # setting, and the backward runs on autograd's thread (torch.compile's launcher sets its own).
@@ -235,9 +286,12 @@ class KernelLaunches:
 
     def split_workspace(self, device: torch.device, sizes: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The split forward's (fp32 partials, int32 arrival counts at zero) for a launch on the current stream."""
+
         def fresh():
-            return (torch.empty(sizes[0], dtype=torch.float32, device=device),
-                    torch.zeros(sizes[1], dtype=torch.int32, device=device))
+            return (
+                torch.empty(sizes[0], dtype=torch.float32, device=device),
+                torch.zeros(sizes[1], dtype=torch.int32, device=device),
+            )
 
         if torch.compiler.is_compiling():  # a traced launch gets its own
             return fresh()
@@ -250,7 +304,7 @@ class KernelLaunches:
                 if slab is None or slab[1] + sizes[1] > slab[0].numel():
                     return fresh()  # before any eager split launch on the device, or once the slab is used up
                 slab[1] += sizes[1]
-                return torch.empty(sizes[0], dtype=torch.float32, device=device), slab[0][slab[1] - sizes[1]:slab[1]]
+                return torch.empty(sizes[0], dtype=torch.float32, device=device), slab[0][slab[1] - sizes[1] : slab[1]]
             if key[0] not in self.graph_arrivals:
                 self.graph_arrivals[key[0]] = [torch.zeros(GRAPH_ARRIVAL_SLAB, dtype=torch.int32, device=device), 0]
         workspace = self.split_workspaces.get(key)

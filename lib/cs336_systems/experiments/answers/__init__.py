@@ -109,6 +109,7 @@ def builds_each_handout(key: str) -> Callable[[Callable[[Results, str], Answer]]
 
     def register(fn: Callable[[Results, str], Answer]) -> Callable[[Results, str], Answer]:
         for handout, answer_key in (("2025", key), ("2026", f"{key}.2026")):
+
             def answer(results: Results, handout: str = handout) -> Answer:
                 return fn(results, handout)
 
@@ -147,7 +148,11 @@ def rebuild(report_dir: Path) -> dict[str, Answer]:
     """Rebuilds the answers of every notebook that ran to the end in `report_dir` from its results."""
     report_dir = Path(report_dir)
     runs_path = report_dir / "runs.json"
-    ran = {r["name"] for r in json.loads(runs_path.read_text()) if r.get("status") == "ok"} if runs_path.exists() else set()
+    ran = (
+        {r["name"] for r in json.loads(runs_path.read_text()) if r.get("status") == "ok"}
+        if runs_path.exists()
+        else set()
+    )
     results = Results(report_dir / "results")
     built = {}
     for key in sorted({d.answer for d in DELIVERABLES}):

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
+from cs336_systems.experiments.answers.words import and_join
 from cs336_systems.report.answers import MAX_SUPPORT_ROWS, Answer
 from cs336_systems.report.tables import fmt_ms
-from cs336_systems.experiments.answers.words import and_join
 
 # The 2026 handout's model sizes; its small, medium and large are the 2025 ones.
 SIZES_2026 = {
@@ -89,7 +89,7 @@ def cpu_caveat(results: Results, notebook: str, what: str = "tiny sizes, few ste
     """The caveat of a CPU-profile run, empty on a GPU."""
     if not is_cpu_run(results, notebook):
         return ""
-    return (f"This is a CPU-profile run ({what}) on a shared CPU: its timings are noisy and say nothing about a GPU.")
+    return f"This is a CPU-profile run ({what}) on a shared CPU: its timings are noisy and say nothing about a GPU."
 
 
 def capped(df: pd.DataFrame) -> pd.DataFrame:
@@ -138,8 +138,7 @@ def oom_clause(sweep: pd.DataFrame) -> str:
         return f"no configuration ran out of memory up to sequence length {sweep.seq_len.max():,}"
     if oom.nunique() == 1:
         return f"the first out-of-memory comes at sequence length {oom.iloc[0]:,} for every head dimension"
-    return "the first out-of-memory comes at sequence length " + "; ".join(
-        f"{n:,} for d = {d}" for d, n in oom.items())
+    return "the first out-of-memory comes at sequence length " + "; ".join(f"{n:,} for d = {d}" for d, n in oom.items())
 
 
 def accounting_sentence(sweep: pd.DataFrame, accounting: pd.DataFrame, batch: int | None) -> str:
@@ -172,8 +171,10 @@ def saved_growth(sweep: pd.DataFrame) -> str:
     same = all(f[0] == lo_n and f[1] == hi_n for f in factors)
     where = f"from N = {lo_n:,} to {hi_n:,}" if same else "between the two longest sequences that ran"
     growth = hi_n / lo_n
-    return (f"measured: it grows {span([f[2] for f in factors])} {where}, where a pure N² term gives "
-            f"{growth ** 2:.0f}× and a linear one {growth:.0f}×")
+    return (
+        f"measured: it grows {span([f[2] for f in factors])} {where}, where a pure N² term gives "
+        f"{growth**2:.0f}× and a linear one {growth:.0f}×"
+    )
 
 
 @builds("pytorch_attention.a")
@@ -201,15 +202,27 @@ def pytorch_attention(results: Results) -> Answer:
         "per-row logsumexp, so only O(N) memory is saved."
     )
     oom = first_oom(sweep)
-    shown = pd.concat([grid, sweep[sweep.extended.astype(bool) & sweep.set_index(["d_model", "seq_len"]).index.isin(
-        list(oom.items()))]]).sort_values(["d_model", "seq_len"])
+    shown = pd.concat(
+        [
+            grid,
+            sweep[sweep.extended.astype(bool) & sweep.set_index(["d_model", "seq_len"]).index.isin(list(oom.items()))],
+        ]
+    ).sort_values(["d_model", "seq_len"])
     table = shown.assign(
         status=shown.status.map(lambda s: "ran" if s == "ok" else "out of memory" if s == "OOM" else s),
-    )[["d_model", "seq_len", "status", "forward_ms", "backward_ms", "memory_before_backward_mib"]].rename(columns={
-        "d_model": "d", "seq_len": "sequence length", "forward_ms": "forward (ms)", "backward_ms": "backward (ms)",
-        "memory_before_backward_mib": "memory before backward (MiB)"})
+    )[["d_model", "seq_len", "status", "forward_ms", "backward_ms", "memory_before_backward_mib"]].rename(
+        columns={
+            "d_model": "d",
+            "seq_len": "sequence length",
+            "forward_ms": "forward (ms)",
+            "backward_ms": "backward (ms)",
+            "memory_before_backward_mib": "memory before backward (MiB)",
+        }
+    )
     table = table.round({"forward (ms)": 3, "backward (ms)": 3, "memory before backward (MiB)": 1})
-    return Answer(text, table=capped(table), caveat=cpu_caveat(results, nb, "tiny sequences, a simulated memory budget"))
+    return Answer(
+        text, table=capped(table), caveat=cpu_caveat(results, nb, "tiny sequences, a simulated memory budget")
+    )
 
 
 # ---------------------------------------------------------------- 08: torch.compile
@@ -236,9 +249,11 @@ def compiled_attention_text(both: pd.DataFrame, sweep: pd.DataFrame) -> str:
         text = text.removesuffix("; ") + ". "
     saved = both.saved_for_backward_mib_compiled / both.saved_for_backward_mib_eager
     biggest = both.loc[both.saved_for_backward_mib_eager.idxmax()]
-    text += (f"The compiled attention saves {span(saved)} the eager one's memory for the backward "
-             f"({biggest.saved_for_backward_mib_compiled:,.0f} against {biggest.saved_for_backward_mib_eager:,.0f} MiB at "
-             f"d = {biggest.d_model}, N = {biggest.seq_len:,})")
+    text += (
+        f"The compiled attention saves {span(saved)} the eager one's memory for the backward "
+        f"({biggest.saved_for_backward_mib_compiled:,.0f} against {biggest.saved_for_backward_mib_eager:,.0f} MiB at "
+        f"d = {biggest.d_model}, N = {biggest.seq_len:,})"
+    )
     oom = sweep[(sweep.status_eager == "OOM") | (sweep.status_compiled == "OOM")]
     if len(oom):
         first = {impl: sweep[sweep[f"status_{impl}"] == "OOM"].seq_len.min() for impl in ("eager", "compiled")}
@@ -261,13 +276,20 @@ def torch_compile_attention(results: Results) -> Answer:
     text = f"{on_machine(results, nb)} ({batch_clause(batch)}fp32), " + compiled_attention_text(both, wide)
     first_oom_rows = wide[(wide.status_eager != "ok") | (wide.status_compiled != "ok")].groupby("d_model").head(1)
     shown = pd.concat([both, first_oom_rows]).sort_values(["d_model", "seq_len"])
-    table = pd.DataFrame({
-        "d": shown.d_model, "sequence length": shown.seq_len,
-        "forward eager (ms)": shown.forward_ms_eager.round(3), "forward compiled (ms)": shown.forward_ms_compiled.round(3),
-        "backward eager (ms)": shown.backward_ms_eager.round(3), "backward compiled (ms)": shown.backward_ms_compiled.round(3),
-        "status": [("ran" if e == "ok" and c == "ok" else f"eager {e}, compiled {c}".replace("OOM", "out of memory"))
-                   for e, c in zip(shown.status_eager, shown.status_compiled)],
-    })
+    table = pd.DataFrame(
+        {
+            "d": shown.d_model,
+            "sequence length": shown.seq_len,
+            "forward eager (ms)": shown.forward_ms_eager.round(3),
+            "forward compiled (ms)": shown.forward_ms_compiled.round(3),
+            "backward eager (ms)": shown.backward_ms_eager.round(3),
+            "backward compiled (ms)": shown.backward_ms_compiled.round(3),
+            "status": [
+                ("ran" if e == "ok" and c == "ok" else f"eager {e}, compiled {c}".replace("OOM", "out of memory"))
+                for e, c in zip(shown.status_eager, shown.status_compiled)
+            ],
+        }
+    )
     return Answer(text, table=capped(table), caveat=cpu_caveat(results, nb))
 
 
@@ -281,8 +303,10 @@ def compiled_model_text(both: pd.DataFrame, sizes: list[str]) -> str:
     for mode, g in both.groupby("mode", sort=False):
         by = g.set_index("size").speedup
         if len(sizes) > 1:
-            parts.append(f"{MODE_NAMES.get(mode, mode)} {ratio(by[first])} for {first}, {ratio(by[last])} for {last} "
-                         f"({span(by)} over the {len(by)} sizes)")
+            parts.append(
+                f"{MODE_NAMES.get(mode, mode)} {ratio(by[first])} for {first}, {ratio(by[last])} for {last} "
+                f"({span(by)} over the {len(by)} sizes)"
+            )
         else:
             parts.append(f"{MODE_NAMES.get(mode, mode)} {ratio(by[first])} for {first}")
     return and_join(parts)
@@ -299,13 +323,16 @@ def whole_model_text(ok: pd.DataFrame, scope: str) -> str:
     mode = w.index[0]
     if mode not in b.index:
         return ""
-    return (f" Compiled as one whole-model graph, {size} ran its {MODE_NAMES.get(mode, mode)} in {fmt_ms(w.loc[mode].compiled_ms)} "
-            f"against {fmt_ms(b.loc[mode].compiled_ms)} compiled block by block, after a first call (the compilation) of "
-            f"{w.loc[mode].compiled_first_call_s:.1f} s against {b.loc[mode].compiled_first_call_s:.1f} s.")
+    return (
+        f" Compiled as one whole-model graph, {size} ran its {MODE_NAMES.get(mode, mode)} in {fmt_ms(w.loc[mode].compiled_ms)} "
+        f"against {fmt_ms(b.loc[mode].compiled_ms)} compiled block by block, after a first call (the compilation) of "
+        f"{w.loc[mode].compiled_first_call_s:.1f} s against {b.loc[mode].compiled_first_call_s:.1f} s."
+    )
 
 
-def compiled_model_answer(results: Results, sizes: list[str] | None = None, labels: dict[str, str] | None = None,
-                          caveat: str = "") -> Answer:
+def compiled_model_answer(
+    results: Results, sizes: list[str] | None = None, labels: dict[str, str] | None = None, caveat: str = ""
+) -> Answer:
     """The vanilla and compiled Transformer side by side (block-by-block scope), for `sizes` (default: all)."""
     nb = "08_torch_compile"
     df = results.table("compiled_model")
@@ -321,20 +348,35 @@ def compiled_model_answer(results: Results, sizes: list[str] | None = None, labe
     main = main.assign(size=main["size"].map(lambda s: labels.get(s, s)))
     order = [labels.get(s, s) for s in order]
     how = "each Transformer block" if scope == "blocks" else "the whole model"
-    text = (f"{on_machine(results, nb)} (context {int(main.context_length.iloc[0])}), compiling {how} with torch.compile "
-            f"gave these speed-ups (vanilla time / compiled time): {compiled_model_text(main, order)}"
-            + ("; the training step includes the AdamW step, which is not compiled." if (main["mode"] == "train-step").any()
-               else "."))
+    text = (
+        f"{on_machine(results, nb)} (context {int(main.context_length.iloc[0])}), compiling {how} with torch.compile "
+        f"gave these speed-ups (vanilla time / compiled time): {compiled_model_text(main, order)}"
+        + (
+            "; the training step includes the AdamW step, which is not compiled."
+            if (main["mode"] == "train-step").any()
+            else "."
+        )
+    )
     text += whole_model_text(ok.assign(size=ok["size"].map(lambda s: labels.get(s, s))), scope)
-    table = pd.DataFrame({
-        "size": main["size"], "pass": main["mode"].map(lambda m: MODE_NAMES.get(m, m)),
-        "vanilla (ms)": main.vanilla_ms.round(2), "compiled (ms)": main.compiled_ms.round(2),
-        "speed-up (×)": main.speedup.map(sig), "compiled first call (s)": main.compiled_first_call_s.round(2),
-    })
+    table = pd.DataFrame(
+        {
+            "size": main["size"],
+            "pass": main["mode"].map(lambda m: MODE_NAMES.get(m, m)),
+            "vanilla (ms)": main.vanilla_ms.round(2),
+            "compiled (ms)": main.compiled_ms.round(2),
+            "speed-up (×)": main.speedup.map(sig),
+            "compiled first call (s)": main.compiled_first_call_s.round(2),
+        }
+    )
     not_ok = df[df.status != "ok"]
     if len(not_ok):
-        caveat += " Not timed: " + ", ".join(f"{r['size']} {MODE_NAMES.get(r['mode'], r['mode'])} ({r.status})"
-                                              for _, r in not_ok.iterrows()) + "."
+        caveat += (
+            " Not timed: "
+            + ", ".join(
+                f"{r['size']} {MODE_NAMES.get(r['mode'], r['mode'])} ({r.status})" for _, r in not_ok.iterrows()
+            )
+            + "."
+        )
     caveat = " ".join(c for c in (caveat.strip(), cpu_caveat(results, nb, "a tiny model")) if c)
     return Answer(text, table=capped(table), caveat=caveat)
 
@@ -366,8 +408,10 @@ def torch_compile_model_2026(results: Results) -> Answer:
     if missing:
         notes.append(f"This run does not include the 2026 size{'s' if len(missing) > 1 else ''} {and_join(missing)}.")
     if CONTEXT_2026 not in contexts:
-        notes.append(f"It ran at context {and_join([str(c) for c in sorted(contexts)])}, not the 2026 handout's default "
-                     f"{CONTEXT_2026}.")
+        notes.append(
+            f"It ran at context {and_join([str(c) for c in sorted(contexts)])}, not the 2026 handout's default "
+            f"{CONTEXT_2026}."
+        )
     if not have:
         notes.append("None of its model sizes is a 2026 size, so the rows shown are the sizes it ran.")
         return compiled_model_answer(results, caveat=" ".join(notes))
@@ -381,7 +425,9 @@ def case_summary(raw: pd.DataFrame) -> str:
     """The cases of the accuracy table in words: count, dtypes, shapes."""
     cases = raw.drop_duplicates(["implementation", "shape_q", "shape_kv", "dtype", "is_causal"])
     shapes = cases.drop_duplicates(["shape_q", "shape_kv"])
-    shape_text = and_join([q if q == kv else f"Q {q} against K, V {kv}" for q, kv in zip(shapes.shape_q, shapes.shape_kv)])
+    shape_text = and_join(
+        [q if q == kv else f"Q {q} against K, V {kv}" for q, kv in zip(shapes.shape_q, shapes.shape_kv)]
+    )
     dtypes = and_join([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(cases.dtype)])
     causal = {str(c) for c in cases.is_causal}
     flags = "causal and not" if causal == {"True", "False"} else "causal" if causal == {"True"} else "not causal"
@@ -398,8 +444,9 @@ def accuracy_table(raw: pd.DataFrame, impl: str, tensors: list[str], causal: boo
     keys = ["dtype", "is_causal"] if causal is None else ["dtype"]
     cases = sel.drop_duplicates(["shape_q", "shape_kv", "dtype", "is_causal"])
     per_case = sel.groupby(["shape_q", "shape_kv", "dtype", "is_causal"], sort=False).passes.all().reset_index()
-    worst = sel[sel.tensor.isin(tensors)].pivot_table(index=keys, columns="tensor", values="relative_error",
-                                                       aggfunc="max", sort=False)[tensors]
+    worst = sel[sel.tensor.isin(tensors)].pivot_table(
+        index=keys, columns="tensor", values="relative_error", aggfunc="max", sort=False
+    )[tensors]
     worst.columns = [f"worst relative error {t}" for t in tensors]
     worst = worst.map(lambda x: sig(x, 2))
     counts = cases.groupby(keys, sort=False).size().rename("cases")
@@ -428,8 +475,10 @@ def accuracy_rows(results: Results) -> pd.DataFrame:
 def code_caveat(results: Results, nb: str) -> str:
     if not is_cpu_run(results, nb):
         return ""
-    return ("This CPU-profile run checks small shapes only, the Triton kernels in the Triton interpreter with 16 × 16 "
-            "tiles; the GPU run checks longer sequences with the kernels compiled.")
+    return (
+        "This CPU-profile run checks small shapes only, the Triton kernels in the Triton interpreter with 16 × 16 "
+        "tiles; the GPU run checks longer sequences with the kernels compiled."
+    )
 
 
 TOLERANCE_TEXT = "norm-wise relative error; tolerance 10⁻³ in fp32, 10⁻² in fp16 and bf16"
@@ -483,9 +532,14 @@ def flash_forward_causal(results: Results) -> Answer:
     causal = raw[raw.is_causal.astype(str) == "True"]
     if causal.empty:
         raise NotAnswered("the accuracy check ran no causal case")
-    table = pd.concat([accuracy_table(raw, impl, ["O", "L"], causal=True).assign(implementation=label)
-                       for impl, label in (("flash_triton", "Triton"), ("flash_pytorch", "PyTorch"))
-                       if (causal.implementation == impl).any()], ignore_index=True)
+    table = pd.concat(
+        [
+            accuracy_table(raw, impl, ["O", "L"], causal=True).assign(implementation=label)
+            for impl, label in (("flash_triton", "Triton"), ("flash_pytorch", "PyTorch"))
+            if (causal.implementation == impl).any()
+        ],
+        ignore_index=True,
+    )
     table = table[["implementation", *[c for c in table.columns if c != "implementation"]]]
     triton = table[table.implementation == "Triton"]
     text = (
@@ -516,32 +570,51 @@ def flash_backward(results: Results) -> Answer:
     """Where the compiled PyTorch backward is, and how its gradients compared with float64 in the run."""
     nb = "09_flash_attention"
     raw = accuracy_rows(results)
-    impls = [(i, label) for i, label in (("flash_pytorch", "PyTorch forward and backward"),
-                                         ("flash_triton, PyTorch backward", "Triton forward, PyTorch backward"),
-                                         ("flash_triton", "Triton forward and backward"))
-             if (raw.implementation == i).any()]
+    impls = [
+        (i, label)
+        for i, label in (
+            ("flash_pytorch", "PyTorch forward and backward"),
+            ("flash_triton, PyTorch backward", "Triton forward, PyTorch backward"),
+            ("flash_triton", "Triton forward and backward"),
+        )
+        if (raw.implementation == i).any()
+    ]
     if not impls:
         raise NotAnswered("the accuracy check ran no backward")
     tables = {label: accuracy_table(raw, i, ["dQ", "dK", "dV"]) for i, label in impls}
     table = pd.concat([t.assign(implementation=label) for label, t in tables.items()], ignore_index=True)
-    table = table.groupby(["implementation", "precision"], sort=False).agg(
-        {"cases": "sum", "cases within tolerance": "sum", "worst relative error dQ": "max",
-         "worst relative error dK": "max", "worst relative error dV": "max"}).reset_index()
+    table = (
+        table.groupby(["implementation", "precision"], sort=False)
+        .agg(
+            {
+                "cases": "sum",
+                "cases within tolerance": "sum",
+                "worst relative error dQ": "max",
+                "worst relative error dK": "max",
+                "worst relative error dV": "max",
+            }
+        )
+        .reset_index()
+    )
     main = table[table.implementation == impls[0][1]]
     grads = main[["worst relative error dQ", "worst relative error dK", "worst relative error dV"]].max(axis=1)
     worst = and_join([f"{v:.1e} ({p})" for p, v in zip(main.precision, grads)])
     text = (
         "`cs336_systems.attention.pytorch.flash_backward_reference` computes D = rowsum(O ∘ dO), recomputes "
         "S and P = exp(S − L) from Q, K and the saved L, and returns dQ, dK, dV by equations 13–19; "
-        "`FlashAttentionPytorch.backward` (and `FlashAttentionTriton` with `backward_impl=\"pytorch\"`) call it through "
+        '`FlashAttentionPytorch.backward` (and `FlashAttentionTriton` with `backward_impl="pytorch"`) call it through '
         f"`torch.compile` (`flash_backward`). {on_machine(results, nb)} its dQ, dK and dV matched the gradients of "
         f"float64 attention in {within(main)} cases of the check, worst relative error {worst} over the three gradients "
         f"({TOLERANCE_TEXT}); the optional Triton backward (Algorithm 2) is in the table too."
     )
-    caveat = ("The accuracy check runs this backward uncompiled (the same equations; compiling it per precision and "
-              "causal flag would cost more than the whole check); the compiled version is checked by the repository's "
-              "test `test_pytorch_compiled_backward_matches_float64`" + compiled_in_memory_sweep(results) + ".")
-    return Answer(text, table=errors_as_text(table), caveat=" ".join(c for c in (caveat, code_caveat(results, nb)) if c))
+    caveat = (
+        "The accuracy check runs this backward uncompiled (the same equations; compiling it per precision and "
+        "causal flag would cost more than the whole check); the compiled version is checked by the repository's "
+        "test `test_pytorch_compiled_backward_matches_float64`" + compiled_in_memory_sweep(results) + "."
+    )
+    return Answer(
+        text, table=errors_as_text(table), caveat=" ".join(c for c in (caveat, code_caveat(results, nb)) if c)
+    )
 
 
 # ---------------------------------------------------------------- 10: FlashAttention-2 benchmark
@@ -553,10 +626,17 @@ def benchmark_support(wide: pd.DataFrame) -> pd.DataFrame:
     dims = spread_pick(wide.head_dim, 2)
     seqs = spread_pick(wide.seq_len, max(1, MAX_SUPPORT_ROWS // max(1, len(dims) * wide.dtype.nunique())))
     sel = wide[wide.head_dim.isin(dims) & wide.seq_len.isin(seqs)]
-    cols = {"dtype": "precision", "head_dim": "d", "seq_len": "sequence length",
-            "fwd triton (ms)": "ours forward (ms)", "bwd triton (ms)": "ours backward (ms)",
-            "fwd+bwd triton (ms)": "ours fwd+bwd (ms)", "fwd pytorch (ms)": "PyTorch forward (ms)",
-            "bwd pytorch (ms)": "PyTorch backward (ms)", "fwd+bwd pytorch (ms)": "PyTorch fwd+bwd (ms)"}
+    cols = {
+        "dtype": "precision",
+        "head_dim": "d",
+        "seq_len": "sequence length",
+        "fwd triton (ms)": "ours forward (ms)",
+        "bwd triton (ms)": "ours backward (ms)",
+        "fwd+bwd triton (ms)": "ours fwd+bwd (ms)",
+        "fwd pytorch (ms)": "PyTorch forward (ms)",
+        "bwd pytorch (ms)": "PyTorch backward (ms)",
+        "fwd+bwd pytorch (ms)": "PyTorch fwd+bwd (ms)",
+    }
     out = sel[list(cols)].rename(columns=cols)
     out["precision"] = out.precision.map(lambda d: DTYPE_NAMES.get(d, d))
     out["PyTorch / ours, fwd+bwd (×)"] = out["PyTorch fwd+bwd (ms)"] / out["ours fwd+bwd (ms)"]
@@ -590,10 +670,16 @@ def skipped_text(table: pd.DataFrame) -> str:
     skipped = table[(table.impl == "pytorch") & (table.status != "ok")]
     if skipped.empty:
         return ""
-    where = and_join([f"{DTYPE_NAMES.get(dt, dt)} N = {n:,}" for dt, n in
-                     skipped.drop_duplicates(["dtype", "seq_len"])[["dtype", "seq_len"]].itertuples(index=False)])
-    return (f" (the materialised attention did not run at {len(skipped)} points, {where}: "
-            f"{and_join(sorted(set(skipped.status.str.replace('skipped: memory', 'its predicted memory exceeded the budget'))))})")
+    where = and_join(
+        [
+            f"{DTYPE_NAMES.get(dt, dt)} N = {n:,}"
+            for dt, n in skipped.drop_duplicates(["dtype", "seq_len"])[["dtype", "seq_len"]].itertuples(index=False)
+        ]
+    )
+    return (
+        f" (the materialised attention did not run at {len(skipped)} points, {where}: "
+        f"{and_join(sorted(set(skipped.status.str.replace('skipped: memory', 'its predicted memory exceeded the budget'))))})"
+    )
 
 
 def overhead_text(table: pd.DataFrame) -> str:
@@ -613,9 +699,11 @@ def overhead_text(table: pd.DataFrame) -> str:
     if flat_until is None or flat_until < 8 * n0:
         return ""
     upto = times.loc[:flat_until]
-    return (f" From N = {n0:,} to {flat_until:,} the materialised attention's forward+backward stays at "
-            f"{ms_span(upto[['min', 'max']].stack())} while its arithmetic grows {(flat_until / n0) ** 2:,.0f}-fold, so "
-            f"there its time is per-call overhead, not computation.")
+    return (
+        f" From N = {n0:,} to {flat_until:,} the materialised attention's forward+backward stays at "
+        f"{ms_span(upto[['min', 'max']].stack())} while its arithmetic grows {(flat_until / n0) ** 2:,.0f}-fold, so "
+        f"there its time is per-call overhead, not computation."
+    )
 
 
 @builds("flash_benchmarking.a")
@@ -628,29 +716,44 @@ def flash_benchmarking(results: Results) -> Answer:
     if not vs_pt:
         raise NotAnswered("ours and the PyTorch attention never both ran")
     n_points = table.drop_duplicates(["dtype", "head_dim", "seq_len"]).shape[0]
-    grid = (f"batch 1, causal, {n_points} points: N = {table.seq_len.min():,}–{table.seq_len.max():,}, "
-            f"d = {span(table.head_dim, fmt=count)}, {and_join([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(table.dtype)])}")
+    grid = (
+        f"batch 1, causal, {n_points} points: N = {table.seq_len.min():,}–{table.seq_len.max():,}, "
+        f"d = {span(table.head_dim, fmt=count)}, {and_join([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(table.dtype)])}"
+    )
     ours = table[(table.impl == "triton") & (table.status == "ok")].forward_backward_ms
     how = "medians of a few timed calls" if is_cpu_run(results, nb) else "do_bench medians"
-    text = (f"{on_machine(results, nb)} ({grid}; {how}), our FlashAttention-2 takes {ms_span(ours)} per "
-            f"forward+backward, and the materialised PyTorch attention takes "
-            + and_join([f"{span(1 / g.ratio)} as long in {DTYPE_NAMES.get(dt, dt)}" for dt, g in vs_pt.items()])
-            + f"{skipped_text(table)}.")
+    text = (
+        f"{on_machine(results, nb)} ({grid}; {how}), our FlashAttention-2 takes {ms_span(ours)} per "
+        f"forward+backward, and the materialised PyTorch attention takes "
+        + and_join([f"{span(1 / g.ratio)} as long in {DTYPE_NAMES.get(dt, dt)}" for dt, g in vs_pt.items()])
+        + f"{skipped_text(table)}."
+    )
     vs_sdpa = versus_text(table, "sdpa")
     if vs_sdpa:
-        text += (" Against PyTorch's fastest fused backend of `scaled_dot_product_attention` at each point, ours / SDPA "
-                 "forward+backward is " + and_join([
-                     f"{span(g.ratio)} in {DTYPE_NAMES.get(dt, dt)} (ours faster at {int((g.ratio < 1).sum())} of {len(g)} "
-                     f"points{sole_backend(results, dt)})" for dt, g in vs_sdpa.items()]) + ".")
+        text += (
+            " Against PyTorch's fastest fused backend of `scaled_dot_product_attention` at each point, ours / SDPA "
+            "forward+backward is "
+            + and_join(
+                [
+                    f"{span(g.ratio)} in {DTYPE_NAMES.get(dt, dt)} (ours faster at {int((g.ratio < 1).sum())} of {len(g)} "
+                    f"points{sole_backend(results, dt)})"
+                    for dt, g in vs_sdpa.items()
+                ]
+            )
+            + "."
+        )
     text += overhead_text(table)
     machine = results.gpu_name(nb)
     caveat = ""
     if "H100" not in machine and not is_cpu_run(results, nb):
         caveat = f"Timed on {machine}, not on the H100 the 2025 handout names or the B200 of the 2026 handout. "
-    caveat += ("The table shows the smallest and largest head dimensions at a spread of sequence lengths; the notebook "
-               "has every point, with SDPA's backends.")
-    caveat = " ".join(c for c in (caveat, cpu_caveat(results, nb, "a tiny fp32 grid, our kernels in the Triton interpreter"))
-                      if c)
+    caveat += (
+        "The table shows the smallest and largest head dimensions at a spread of sequence lengths; the notebook "
+        "has every point, with SDPA's backends."
+    )
+    caveat = " ".join(
+        c for c in (caveat, cpu_caveat(results, nb, "a tiny fp32 grid, our kernels in the Triton interpreter")) if c
+    )
     return Answer(text, table=capped(benchmark_support(wide)), caveat=caveat)
 
 
@@ -670,8 +773,14 @@ def leaderboard_shapes(cpu: bool):
         LEADERBOARD_2026,
     )
 
-    return [("2025 leaderboard", "leaderboard", CPU_SCALED_DOWN if cpu else LEADERBOARD),
-            ("2026 leaderboard's 8B model, attention", "leaderboard_2026", CPU_SCALED_DOWN_2026 if cpu else LEADERBOARD_2026)]
+    return [
+        ("2025 leaderboard", "leaderboard", CPU_SCALED_DOWN if cpu else LEADERBOARD),
+        (
+            "2026 leaderboard's 8B model, attention",
+            "leaderboard_2026",
+            CPU_SCALED_DOWN_2026 if cpu else LEADERBOARD_2026,
+        ),
+    ]
 
 
 def gluon_note(results: Results, names: list[str]) -> str:
@@ -681,13 +790,16 @@ def gluon_note(results: Results, names: list[str]) -> str:
     if not ours or not all(o.kernel.str.contains("gluon").any() for o in ours):
         return ""
     where = "at both shapes" if len(ours) > 1 else "at this shape"
-    return (f"; {where} the profiled step ran our kernels written in Gluon, Triton's lower-level language for "
-            f"Hopper GPUs")
+    return (
+        f"; {where} the profiled step ran our kernels written in Gluon, Triton's lower-level language for Hopper GPUs"
+    )
 
 
 def shape_text(config) -> str:
-    return (f"batch 1, {config.heads} heads, N = {config.seq_len:,}, d = {config.head_dim}, "
-            f"{DTYPE_NAMES.get(str(config.dtype).removeprefix('torch.'))}{', causal' if config.is_causal else ''}")
+    return (
+        f"batch 1, {config.heads} heads, N = {config.seq_len:,}, d = {config.head_dim}, "
+        f"{DTYPE_NAMES.get(str(config.dtype).removeprefix('torch.'))}{', causal' if config.is_causal else ''}"
+    )
 
 
 def leaderboard_sentence(df: pd.DataFrame, config, lead: str) -> str:
@@ -698,10 +810,15 @@ def leaderboard_sentence(df: pd.DataFrame, config, lead: str) -> str:
         return f"{lead} ({shape_text(config)}) ours did not produce a valid timing ({status})."
     ours = rows.loc["triton"]
     others = rows[(rows.index != "triton") & (rows.status == "ok")].sort_values("fwd_bwd_mean_ms")
-    text = (f"{lead} ({shape_text(config)}) our FlashAttention-2 takes **{fmt_ms(ours.fwd_bwd_mean_ms)}** per "
-            f"forward+backward")
-    described = [f"{fmt_ms(r.fwd_bwd_mean_ms)} for {LONG_NAMES.get(i, i)} (ours / {SHORT_NAMES.get(i, i)} = "
-                 f"{ratio(ours.fwd_bwd_mean_ms / r.fwd_bwd_mean_ms)})" for i, r in others.iterrows()]
+    text = (
+        f"{lead} ({shape_text(config)}) our FlashAttention-2 takes **{fmt_ms(ours.fwd_bwd_mean_ms)}** per "
+        f"forward+backward"
+    )
+    described = [
+        f"{fmt_ms(r.fwd_bwd_mean_ms)} for {LONG_NAMES.get(i, i)} (ours / {SHORT_NAMES.get(i, i)} = "
+        f"{ratio(ours.fwd_bwd_mean_ms / r.fwd_bwd_mean_ms)})"
+        for i, r in others.iterrows()
+    ]
     if described:
         described[0] = described[0].replace(" for ", " for PyTorch's fastest, ", 1)
         text += ", against " + and_join(described)
@@ -721,25 +838,40 @@ def leaderboard(results: Results) -> Answer:
             continue
         df = results.table(name)
         stand_in = "a scaled-down stand-in for " if cpu else ""
-        lead = (f"{on_machine(results, nb)}, at {stand_in}the 2025 leaderboard's shape" if i == 0
-                else f"At {stand_in}the attention shape of the 2026 leaderboard's 8B model")
+        lead = (
+            f"{on_machine(results, nb)}, at {stand_in}the 2025 leaderboard's shape"
+            if i == 0
+            else f"At {stand_in}the attention shape of the 2026 leaderboard's 8B model"
+        )
         parts.append(leaderboard_sentence(df, config, lead))
         for r in df.itertuples():
-            rows.append({"shape": f"{label}: {config.heads} heads, N = {config.seq_len:,}, d = {config.head_dim}",
-                         "implementation": IMPL_NAMES.get(r.impl, r.impl),
-                         "fwd+bwd mean (ms)": round(r.fwd_bwd_mean_ms, 3), "fwd+bwd median (ms)": round(r.fwd_bwd_ms, 3),
-                         "forward (ms)": round(r.fwd_ms, 3), "backward (ms)": round(r.bwd_ms, 3),
-                         "TFLOP/s": sig(r.tflops), "worst relative error": sci(r.max_rel_error),
-                         "status": "ran" if r.status == "ok" else r.status})
-    how = ("Times are the mean of a few calls under the Triton interpreter (ours not compiled)" if cpu else
-           "Times are do_bench's mean over the handout's 10 s of repetitions (ours compiled with torch.compile as in "
-           f"its test{gluon_note(results, ['leaderboard_kernels', 'leaderboard_2026_kernels'])}; SDPA in the same run, "
-           "taking turns with ours)")
+            rows.append(
+                {
+                    "shape": f"{label}: {config.heads} heads, N = {config.seq_len:,}, d = {config.head_dim}",
+                    "implementation": IMPL_NAMES.get(r.impl, r.impl),
+                    "fwd+bwd mean (ms)": round(r.fwd_bwd_mean_ms, 3),
+                    "fwd+bwd median (ms)": round(r.fwd_bwd_ms, 3),
+                    "forward (ms)": round(r.fwd_ms, 3),
+                    "backward (ms)": round(r.bwd_ms, 3),
+                    "TFLOP/s": sig(r.tflops),
+                    "worst relative error": sci(r.max_rel_error),
+                    "status": "ran" if r.status == "ok" else r.status,
+                }
+            )
+    how = (
+        "Times are the mean of a few calls under the Triton interpreter (ours not compiled)"
+        if cpu
+        else "Times are do_bench's mean over the handout's 10 s of repetitions (ours compiled with torch.compile as in "
+        f"its test{gluon_note(results, ['leaderboard_kernels', 'leaderboard_2026_kernels'])}; SDPA in the same run, "
+        "taking turns with ours)"
+    )
     text = " ".join(parts) + f" {how}; the table has the medians and the forward and backward apart."
     caveat = ""
     if cpu:
-        caveat = ("This CPU-profile run times scaled-down shapes with our kernels in the Triton interpreter; "
-                  "its times say nothing about a GPU.")
+        caveat = (
+            "This CPU-profile run times scaled-down shapes with our kernels in the Triton interpreter; "
+            "its times say nothing about a GPU."
+        )
     elif "H100" not in machine:
         caveat = f"Timed on {machine}, not on the H100 the handout's leaderboard uses."
     return Answer(text, table=pd.DataFrame(rows), caveat=caveat)

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds, builds_each_handout
-from cs336_systems.report.answers import Answer
 from cs336_systems.experiments.answers.words import pct
+from cs336_systems.report.answers import Answer
 
 NB_ALLREDUCE = "12_distributed_communication"
 NB_NAIVE = "13_naive_ddp"
@@ -57,13 +57,19 @@ def _inside_spread(a: float, a_std: float, b: float, b_std: float) -> bool:
 
 def _spread_note(pairs: list[tuple[str, pd.Series, pd.Series]]) -> str:
     """A sentence naming the comparisons (label, row a, row b) that the steps' spread does not separate."""
-    close = [(label, a, b) for label, a, b in pairs if _inside_spread(a.step_ms, a.step_std_ms, b.step_ms, b.step_std_ms)]
+    close = [
+        (label, a, b) for label, a, b in pairs if _inside_spread(a.step_ms, a.step_std_ms, b.step_ms, b.step_std_ms)
+    ]
     if not close:
         return ""
-    parts = [f"{label} ({abs(a.step_ms - b.step_ms):.1f} ms apart, spread ±{math.hypot(a.step_std_ms, b.step_std_ms):.1f} ms)"
-             for label, a, b in close]
-    return (f" The step-to-step standard deviation is larger than the difference for {' and '.join(parts)}, so this "
-            f"run does not separate {'them' if len(close) > 1 else 'that pair'}.")
+    parts = [
+        f"{label} ({abs(a.step_ms - b.step_ms):.1f} ms apart, spread ±{math.hypot(a.step_std_ms, b.step_std_ms):.1f} ms)"
+        for label, a, b in close
+    ]
+    return (
+        f" The step-to-step standard deviation is larger than the difference for {' and '.join(parts)}, so this "
+        f"run does not separate {'them' if len(close) > 1 else 'that pair'}."
+    )
 
 
 def _noise_note(base: pd.Series, rows: dict[str, pd.Series]) -> str:
@@ -72,8 +78,10 @@ def _noise_note(base: pd.Series, rows: dict[str, pd.Series]) -> str:
     if not faster:
         return ""
     names = faster[0] if len(faster) == 1 else f"{', '.join(faster[:-1])} and {faster[-1]}"
-    return (f" ({names[0].upper() + names[1:]} measured faster than the step without communication, which can only be "
-            "noise between steps on this machine.)")
+    return (
+        f" ({names[0].upper() + names[1:]} measured faster than the step without communication, which can only be "
+        "noise between steps on this machine.)"
+    )
 
 
 # ---------------------------------------------------------------- the run's setting
@@ -101,8 +109,10 @@ def _model_shape(size: str, params: float | None = None) -> str:
         return _count(params) if params else ""
     params = params or setup_for_model(ModelConfig.from_size(size), 2).num_params
     layers, heads = dims["num_layers"], dims["num_heads"]
-    return (f"d_model {dims['d_model']}, d_ff {dims['d_ff']}, {layers} layer{'s' * (layers != 1)}, "
-            f"{heads} head{'s' * (heads != 1)}; {_count(params)}")
+    return (
+        f"d_model {dims['d_model']}, d_ff {dims['d_ff']}, {layers} layer{'s' * (layers != 1)}, "
+        f"{heads} head{'s' * (heads != 1)}; {_count(params)}"
+    )
 
 
 def _is_xl(size: str | None, handout: str) -> bool:
@@ -192,16 +202,23 @@ class Setup:
     def describe(self) -> str:
         batch = ""
         if self.global_batch_size and self.context_length:
-            batch = (f", a global batch of {self.global_batch_size} sequences of {self.context_length} tokens "
-                     f"({self.global_batch_size // self.world_size} per rank)")
-        steps = (f", mean of {self.steps} steps after {self.warmup} warm-up step{'s' * (self.warmup != 1)}"
-                 if self.steps else "")
+            batch = (
+                f", a global batch of {self.global_batch_size} sequences of {self.context_length} tokens "
+                f"({self.global_batch_size // self.world_size} per rank)"
+            )
+        steps = (
+            f", mean of {self.steps} steps after {self.warmup} warm-up step{'s' * (self.warmup != 1)}"
+            if self.steps
+            else ""
+        )
         return f"{_model_phrase(self.size, self.parameters)} in fp32 with AdamW on {self.ranks}{batch}{steps}"
 
 
 def _hardware(results: Results, notebook: str) -> str:
     name = results.gpu_name(notebook)
-    return name.split("×", 1)[1].strip() if "×" in name else name.removeprefix("one ").strip() if "NVIDIA" in name else ""
+    return (
+        name.split("×", 1)[1].strip() if "×" in name else name.removeprefix("one ").strip() if "NVIDIA" in name else ""
+    )
 
 
 def _headline_note(results: Results, notebook: str) -> tuple[str, int | None, str] | None:
@@ -217,7 +234,9 @@ def _headline_note(results: Results, notebook: str) -> tuple[str, int | None, st
     return None
 
 
-def _setup(results: Results, notebook: str, table: str, world_size: int | None = None, size: str | None = None) -> Setup:
+def _setup(
+    results: Results, notebook: str, table: str, world_size: int | None = None, size: str | None = None
+) -> Setup:
     """The run's setting from `table` (the notebook's setup table; its row for `size` where it has one per
     model), else its headline note."""
     hardware = _hardware(results, notebook)
@@ -226,9 +245,17 @@ def _setup(results: Results, notebook: str, table: str, world_size: int | None =
         match = t[t["size"].astype(str) == size] if size is not None and "size" in t else t.iloc[0:0]
         r = (match if len(match) else t).iloc[0]
         get = lambda col, kind=int: kind(r[col]) if col in r and pd.notna(r[col]) else None  # noqa: E731
-        return Setup(size=str(r["size"]), world_size=int(r["world_size"]), backend=str(r["backend"]), hardware=hardware,
-                     parameters=get("parameters", float), context_length=get("context_length"),
-                     global_batch_size=get("global_batch_size"), warmup=get("warmup"), steps=get("steps"))
+        return Setup(
+            size=str(r["size"]),
+            world_size=int(r["world_size"]),
+            backend=str(r["backend"]),
+            hardware=hardware,
+            parameters=get("parameters", float),
+            context_length=get("context_length"),
+            global_batch_size=get("global_batch_size"),
+            warmup=get("warmup"),
+            steps=get("steps"),
+        )
     note = _headline_note(results, notebook)
     if note is None:
         raise NotAnswered(f"this run records neither a `{table}` table nor a headline naming its model and backend")
@@ -244,21 +271,30 @@ def _run_caveat(setup: Setup, handout: str = "2025", xl_failed: bool = False) ->
     GPUs, where the CPU sentence does not already say it); `xl_failed`: that model ran out of memory."""
     parts = []
     if not setup.on_gpus:
-        parts.append(f"This run is the CPU profile: {_model_phrase(setup.size, setup.parameters)} on "
-                     f"{setup.ranks}, not the handout's XL model on two GPUs; its times show the method, not GPU costs.")
+        parts.append(
+            f"This run is the CPU profile: {_model_phrase(setup.size, setup.parameters)} on "
+            f"{setup.ranks}, not the handout's XL model on two GPUs; its times show the method, not GPU costs."
+        )
     if not _is_xl(setup.size, handout) and (handout == "2026" or setup.on_gpus):
         xl = ("its xl model", XL_2026) if handout == "2026" else ("its XL model", "xl")
         why = "which ran out of memory on these GPUs in this run" if xl_failed else "which this run does not include"
-        parts.append(f"The {handout} handout asks for {xl[0]} ({_model_shape(xl[1])}), {why}: these numbers are for "
-                     f"{_model_phrase(setup.size, setup.parameters)}.")
+        parts.append(
+            f"The {handout} handout asks for {xl[0]} ({_model_shape(xl[1])}), {why}: these numbers are for "
+            f"{_model_phrase(setup.size, setup.parameters)}."
+        )
     return " ".join(parts)
 
 
 def _steps_table(df: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
     """The step-phase columns of a DDP step table, renamed for a reader."""
-    columns = {"step_ms": "step (ms)", "step_std_ms": "± std (ms)", "fwd_bwd_ms": "forward+backward (ms)",
-               "sync_ms": "gradient communication after backward (ms)", "optimizer_ms": "optimizer step (ms)",
-               "all_reduce_calls": "all-reduce calls"}
+    columns = {
+        "step_ms": "step (ms)",
+        "step_std_ms": "± std (ms)",
+        "fwd_bwd_ms": "forward+backward (ms)",
+        "sync_ms": "gradient communication after backward (ms)",
+        "optimizer_ms": "optimizer step (ms)",
+        "all_reduce_calls": "all-reduce calls",
+    }
     rows = df[df.flavour.isin(names)].copy()
     rows.insert(0, "DDP", rows.flavour.map(names))
     rows = rows[["DDP", *[c for c in columns if c in rows]]].rename(columns=columns)
@@ -304,20 +340,28 @@ def _backend_sentence(g: pd.DataFrame, backend: str, where: str) -> str:
     small, large = g[g.bytes == g.bytes.min()], g[g.bytes == g.bytes.max()].sort_values("world_size")
     lo, hi = large.iloc[0], large.iloc[-1]
     alpha, share = _per_call_cost(g)
-    text = (f"{backend} on {where}: a {small['size'].iloc[0]} all-reduce takes {_ms(small.mean_ms.min())} to "
-            f"{_ms(small.mean_ms.max())} at {small.world_size.min()} to {small.world_size.max()} processes, at most "
-            f"{small.busbw_gbps.max():.2f} GB/s of bus bandwidth, while {lo['size']} reaches "
-            f"{large.busbw_gbps.max():.2f} GB/s")
+    text = (
+        f"{backend} on {where}: a {small['size'].iloc[0]} all-reduce takes {_ms(small.mean_ms.min())} to "
+        f"{_ms(small.mean_ms.max())} at {small.world_size.min()} to {small.world_size.max()} processes, at most "
+        f"{small.busbw_gbps.max():.2f} GB/s of bus bandwidth, while {lo['size']} reaches "
+        f"{large.busbw_gbps.max():.2f} GB/s"
+    )
     if share == share and share < 0.05:
-        text += (f" (at {int(g.world_size.min())} processes the two smallest sizes take times in proportion to their "
-                 "bytes: no measurable per-call cost)")
+        text += (
+            f" (at {int(g.world_size.min())} processes the two smallest sizes take times in proportion to their "
+            "bytes: no measurable per-call cost)"
+        )
     elif share == share:
-        text += (f" (time = α + S/β through the two smallest sizes at {int(g.world_size.min())} processes gives a "
-                 f"per-call cost α of {_ms(alpha)}, {pct(share)} of the {small['size'].iloc[0]} time)")
+        text += (
+            f" (time = α + S/β through the two smallest sizes at {int(g.world_size.min())} processes gives a "
+            f"per-call cost α of {_ms(alpha)}, {pct(share)} of the {small['size'].iloc[0]} time)"
+        )
     if len(large) > 1:
-        text += (f"; at {lo['size']} the time goes from {_ms(lo.mean_ms)} with {lo.world_size} processes to "
-                 f"{_ms(hi.mean_ms)} with {hi.world_size}, {_x(hi.mean_ms / lo.mean_ms)}, while the ring's traffic per "
-                 f"rank grows {_x(_ring(hi.world_size) / _ring(lo.world_size))}")
+        text += (
+            f"; at {lo['size']} the time goes from {_ms(lo.mean_ms)} with {lo.world_size} processes to "
+            f"{_ms(hi.mean_ms)} with {hi.world_size}, {_x(hi.mean_ms / lo.mean_ms)}, while the ring's traffic per "
+            f"rank grows {_x(_ring(hi.world_size) / _ring(lo.world_size))}"
+        )
     return text + "."
 
 
@@ -333,12 +377,16 @@ def allreduce(results: Results) -> Answer:
     if {"gloo", "nccl"} <= set(shared.index) and (both := shared["gloo"] & shared["nccl"]):
         size = max(both, key=_size_bytes)
         at = df[df["size"] == size].groupby("backend").busbw_gbps.max()
-        text += (f" At {size}, NCCL sustains {at['nccl'] / at['gloo']:,.0f}× gloo's best bus bandwidth "
-                 f"({at['nccl']:.1f} against {at['gloo']:.2f} GB/s): more processes add ring steps for both, but gloo's "
-                 "processes also share the host's cores and memory bandwidth.")
+        text += (
+            f" At {size}, NCCL sustains {at['nccl'] / at['gloo']:,.0f}× gloo's best bus bandwidth "
+            f"({at['nccl']:.1f} against {at['gloo']:.2f} GB/s): more processes add ring steps for both, but gloo's "
+            "processes also share the host's cores and memory bandwidth."
+        )
     caveats = []
     if "nccl" not in set(df.backend):
-        caveats.append("This run had no GPUs, so only gloo on CPU processes ran; the NCCL rows need a machine with GPUs.")
+        caveats.append(
+            "This run had no GPUs, so only gloo on CPU processes ran; the NCCL rows need a machine with GPUs."
+        )
     sizes = sorted(df["size"].unique(), key=_size_bytes)
     if max(_size_bytes(x) for x in sizes) < 1e9:
         caveats.append(f"Sizes measured: {', '.join(sizes)} (the handout's go up to 1 GB).")
@@ -379,75 +427,125 @@ def _where(results: Results, notebook: str, ranks: int | None, setup_table: str)
 
 
 def _check_table(rows: pd.DataFrame) -> pd.DataFrame:
-    cols = {"model": "model", "flavour": "DDP", "buckets": "buckets", "max_abs_diff": "largest weight difference",
-            "max_update": "largest weight update", "matches": "equal (≤ 1e-5)"}
+    cols = {
+        "model": "model",
+        "flavour": "DDP",
+        "buckets": "buckets",
+        "max_abs_diff": "largest weight difference",
+        "max_update": "largest weight update",
+        "matches": "equal (≤ 1e-5)",
+    }
     return rows[[c for c in cols if c in rows and rows[c].notna().any()]].rename(columns=cols)
 
 
-def _code_answer(results: Results, notebook: str, location: str, table: str, flavours: tuple[str, ...],
-                 what: str, headline: str, setup_table: str) -> Answer:
+def _code_answer(
+    results: Results,
+    notebook: str,
+    location: str,
+    table: str,
+    flavours: tuple[str, ...],
+    what: str,
+    headline: str,
+    setup_table: str,
+) -> Answer:
     """Where the code is, then what the notebook's equivalence check measured (or, failing its table, counted)."""
     rows = _equivalence(results, table, flavours)
     checked = rows[~rows.flavour.eq("no-communication")] if rows is not None else None
     if checked is not None and len(checked):
         control = rows[rows.flavour.eq("no-communication")]
-        text = (f"{location} On {_where(results, notebook, int(checked.ranks.iloc[0]), setup_table)}, {int(checked.matches.sum())} "
-                f"of {len(checked)} {what} ended 5 SGD steps with the weights of one process trained on the whole batch, "
-                f"on every rank: the largest difference was {checked.max_abs_diff.max():.1e} while the weights moved by "
-                f"up to {checked.max_update.max():.3g}, and since rank 1 started from other weights (up to "
-                f"{checked.diff_before_wrap.max():.3g} apart) the check also covers the initial broadcast.")
+        text = (
+            f"{location} On {_where(results, notebook, int(checked.ranks.iloc[0]), setup_table)}, {int(checked.matches.sum())} "
+            f"of {len(checked)} {what} ended 5 SGD steps with the weights of one process trained on the whole batch, "
+            f"on every rank: the largest difference was {checked.max_abs_diff.max():.1e} while the weights moved by "
+            f"up to {checked.max_update.max():.3g}, and since rank 1 started from other weights (up to "
+            f"{checked.diff_before_wrap.max():.3g} apart) the check also covers the initial broadcast."
+        )
         if len(control):
-            text += (f" The same wrapper without the all-reduce ends {control.max_abs_diff.min():.3g} to "
-                     f"{control.max_abs_diff.max():.3g} away, so the check catches a missing average.")
+            text += (
+                f" The same wrapper without the all-reduce ends {control.max_abs_diff.min():.3g} to "
+                f"{control.max_abs_diff.max():.3g} away, so the check catches a missing average."
+            )
         return Answer(text=text, table=_check_table(checked))
     count = _headline_value(results, notebook, headline)
     if count is None:
         raise NotAnswered(f"this run records no equivalence check for {what}")
     matched, total = (count.split("/") + [""])[:2]
     note = _headline_note(results, notebook)
-    text = (f"{location} On {_where(results, notebook, note[1] if note else None, setup_table)}, {matched} of {total} {what} ended "
-            "their training steps with the weights of one process trained on the whole batch, on every rank.")
-    return Answer(text=text, caveat="This report's results keep only the count of matching models for this check; "
-                                    "the weight differences are shown on the notebook's page.")
+    text = (
+        f"{location} On {_where(results, notebook, note[1] if note else None, setup_table)}, {matched} of {total} {what} ended "
+        "their training steps with the weights of one process trained on the whole batch, on every rank."
+    )
+    return Answer(
+        text=text,
+        caveat="This report's results keep only the count of matching models for this check; "
+        "the weight differences are shown on the notebook's page.",
+    )
 
 
 @builds("naive_ddp")
 def naive_ddp(results: Results) -> Answer:
     """Where naive DDP is, and the equivalence check the run made."""
-    location = ("`cs336_systems.distributed.DDPNaive` (file `distributed/ddp_naive.py`) wraps an unchanged model, "
-                "broadcasts rank 0's weights at construction and, after `backward()`, all-reduces each parameter's "
-                "gradient and divides it by the world size; `DDPFlat` does the same with one all-reduce of the "
-                "flattened gradients.")
-    return _code_answer(results, NB_NAIVE, location, "equivalence_naive", ("naive", "flat", "no-communication"),
-                        "(model, flavour) pairs (naive and flat DDP on a toy model, a toy model with a tied weight, a "
-                        "frozen parameter and a buffer, and a small Transformer)",
-                        "naive+flat DDP match single-process training", "naive_flat_setup")
+    location = (
+        "`cs336_systems.distributed.DDPNaive` (file `distributed/ddp_naive.py`) wraps an unchanged model, "
+        "broadcasts rank 0's weights at construction and, after `backward()`, all-reduces each parameter's "
+        "gradient and divides it by the world size; `DDPFlat` does the same with one all-reduce of the "
+        "flattened gradients."
+    )
+    return _code_answer(
+        results,
+        NB_NAIVE,
+        location,
+        "equivalence_naive",
+        ("naive", "flat", "no-communication"),
+        "(model, flavour) pairs (naive and flat DDP on a toy model, a toy model with a tied weight, a "
+        "frozen parameter and a buffer, and a small Transformer)",
+        "naive+flat DDP match single-process training",
+        "naive_flat_setup",
+    )
 
 
 @builds("ddp_overlap_individual_parameters")
 def ddp_individual(results: Results) -> Answer:
     """Where overlapping per-parameter DDP is, and its equivalence check."""
-    location = ("`cs336_systems.distributed.DDPIndividualParameters` (file `distributed/ddp_individual.py`) broadcasts "
-                "rank 0's weights and registers `register_post_accumulate_grad_hook` on every trainable parameter, which "
-                "launches an asynchronous all-reduce of the gradient as soon as autograd has accumulated it; "
-                "`finish_gradient_synchronization()` waits for the calls still in flight and divides by the world size.")
-    return _code_answer(results, NB_INDIVIDUAL, location, "equivalence_individual", ("individual",),
-                        "models (a toy model, a toy model with a tied weight, a frozen parameter and a buffer, and a "
-                        "small Transformer)", "individual-parameter DDP matches single-process training",
-                        "overlap_individual_setup")
+    location = (
+        "`cs336_systems.distributed.DDPIndividualParameters` (file `distributed/ddp_individual.py`) broadcasts "
+        "rank 0's weights and registers `register_post_accumulate_grad_hook` on every trainable parameter, which "
+        "launches an asynchronous all-reduce of the gradient as soon as autograd has accumulated it; "
+        "`finish_gradient_synchronization()` waits for the calls still in flight and divides by the world size."
+    )
+    return _code_answer(
+        results,
+        NB_INDIVIDUAL,
+        location,
+        "equivalence_individual",
+        ("individual",),
+        "models (a toy model, a toy model with a tied weight, a frozen parameter and a buffer, and a "
+        "small Transformer)",
+        "individual-parameter DDP matches single-process training",
+        "overlap_individual_setup",
+    )
 
 
 @builds("ddp_overlap_bucketed")
 def ddp_bucketed(results: Results) -> Answer:
     """Where bucketed DDP is, and its equivalence check over bucket sizes."""
-    location = ("`cs336_systems.distributed.DDPBucketed(module, bucket_size_mb)` (file `distributed/ddp_bucketed.py`) "
-                "packs the parameters, in reverse registration order, into buckets of at most `bucket_size_mb`; a hook "
-                "copies each gradient into its bucket's flat buffer when it is ready and launches the bucket's "
-                "asynchronous all-reduce once its last gradient has arrived, and the gradients are views into the "
-                "buckets, so `finish_gradient_synchronization()` only waits.")
-    answer = _code_answer(results, NB_BUCKETED, location, "equivalence_bucketed", ("bucketed",),
-                          "(model, bucket cap) pairs", "bucketed DDP matches single-process training",
-                          "all_flavours_setup")
+    location = (
+        "`cs336_systems.distributed.DDPBucketed(module, bucket_size_mb)` (file `distributed/ddp_bucketed.py`) "
+        "packs the parameters, in reverse registration order, into buckets of at most `bucket_size_mb`; a hook "
+        "copies each gradient into its bucket's flat buffer when it is ready and launches the bucket's "
+        "asynchronous all-reduce once its last gradient has arrived, and the gradients are views into the "
+        "buckets, so `finish_gradient_synchronization()` only waits."
+    )
+    answer = _code_answer(
+        results,
+        NB_BUCKETED,
+        location,
+        "equivalence_bucketed",
+        ("bucketed",),
+        "(model, bucket cap) pairs",
+        "bucketed DDP matches single-process training",
+        "all_flavours_setup",
+    )
     if answer.table is not None:
         b = answer.table["buckets"]
         answer.text += f" The caps tried split the models into {int(b.min())} to {int(b.max())} buckets."
@@ -471,12 +569,14 @@ def _naive_flat(results: Results, handout: str) -> tuple[Setup, pd.DataFrame, pd
 def _naive_benchmarking(results: Results, handout: str) -> Answer:
     setup, df, ok, xl_failed = _naive_flat(results, handout)
     base, naive = ok.loc["no-communication"], ok.loc["naive"]
-    text = (f"Setup: {setup.describe()}; every step is split into forward+backward, gradient communication and the "
-            f"optimizer step, with a device synchronize between them, and the same step without communication is the "
-            f"baseline. Naive DDP, one all-reduce per parameter tensor ({int(naive.all_reduce_calls)} calls) after the "
-            f"backward pass, takes {_ms(naive.step_ms)} ± {naive.step_std_ms:.1f} ms per training step, of which "
-            f"{_ms(naive.sync_ms)} ({pct(naive.sync_fraction)}) is spent communicating gradients; the baseline step "
-            f"takes {_ms(base.step_ms)}.{_noise_note(base, {'naive DDP': naive})}")
+    text = (
+        f"Setup: {setup.describe()}; every step is split into forward+backward, gradient communication and the "
+        f"optimizer step, with a device synchronize between them, and the same step without communication is the "
+        f"baseline. Naive DDP, one all-reduce per parameter tensor ({int(naive.all_reduce_calls)} calls) after the "
+        f"backward pass, takes {_ms(naive.step_ms)} ± {naive.step_std_ms:.1f} ms per training step, of which "
+        f"{_ms(naive.sync_ms)} ({pct(naive.sync_fraction)}) is spent communicating gradients; the baseline step "
+        f"takes {_ms(base.step_ms)}.{_noise_note(base, {'naive DDP': naive})}"
+    )
     table = _steps_table(df, {"no-communication": "no communication (baseline)", "naive": "naive (per parameter)"})
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, xl_failed))
 
@@ -487,25 +587,39 @@ def _flat_benchmarking(results: Results, handout: str) -> Answer:
     naive, flat = ok.loc["naive"], ok.loc["flat"]
     calls = naive.all_reduce_calls - flat.all_reduce_calls
     saved = naive.sync_ms - flat.sync_ms
-    text = (f"With one all-reduce of all {_bytes(setup.gradient_bytes)} of flattened gradients, a step of "
-            f"{_model_name(setup.size)} on {setup.ranks} takes {_ms(flat.step_ms)} ± {flat.step_std_ms:.1f} ms, of which "
-            f"{_ms(flat.sync_ms)} ({pct(flat.sync_fraction)}) is communication, against {_ms(naive.step_ms)} ± "
-            f"{naive.step_std_ms:.1f} ms and {_ms(naive.sync_ms)} with {int(naive.all_reduce_calls)} per-parameter "
-            f"all-reduces: the flat step is {_x(flat.step_ms / naive.step_ms)} the naive one. ")
+    text = (
+        f"With one all-reduce of all {_bytes(setup.gradient_bytes)} of flattened gradients, a step of "
+        f"{_model_name(setup.size)} on {setup.ranks} takes {_ms(flat.step_ms)} ± {flat.step_std_ms:.1f} ms, of which "
+        f"{_ms(flat.sync_ms)} ({pct(flat.sync_fraction)}) is communication, against {_ms(naive.step_ms)} ± "
+        f"{naive.step_std_ms:.1f} ms and {_ms(naive.sync_ms)} with {int(naive.all_reduce_calls)} per-parameter "
+        f"all-reduces: the flat step is {_x(flat.step_ms / naive.step_ms)} the naive one. "
+    )
     if saved > 0:
         per_call = saved / calls
-        text += (f"Batching saves {_ms(saved)} of communication per step, about "
-                 + (f"{per_call * 1e3:.0f} µs" if per_call < 1 else _ms(per_call))
-                 + " per call avoided (net of the copies into and out of the flat buffer)"
-                 + (", small next to the time to move the bytes, which both must do after the backward pass."
-                    if saved < 0.2 * naive.sync_ms else ": here the per-call cost is a large part of naive's "
-                    "communication."))
+        text += (
+            f"Batching saves {_ms(saved)} of communication per step, about "
+            + (f"{per_call * 1e3:.0f} µs" if per_call < 1 else _ms(per_call))
+            + " per call avoided (net of the copies into and out of the flat buffer)"
+            + (
+                ", small next to the time to move the bytes, which both must do after the backward pass."
+                if saved < 0.2 * naive.sync_ms
+                else ": here the per-call cost is a large part of naive's communication."
+            )
+        )
     else:
-        text += (f"Batching saves no communication time here: the single all-reduce takes {_ms(flat.sync_ms)} against "
-                 f"{_ms(naive.sync_ms)} for the per-parameter calls.")
+        text += (
+            f"Batching saves no communication time here: the single all-reduce takes {_ms(flat.sync_ms)} against "
+            f"{_ms(naive.sync_ms)} for the per-parameter calls."
+        )
     text += _spread_note([("the flat and naive steps", flat, naive)])
-    table = _steps_table(df, {"no-communication": "no communication (baseline)", "naive": "naive (per parameter)",
-                              "flat": "flat (one all-reduce)"})
+    table = _steps_table(
+        df,
+        {
+            "no-communication": "no communication (baseline)",
+            "naive": "naive (per parameter)",
+            "flat": "flat (one all-reduce)",
+        },
+    )
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, xl_failed))
 
 
@@ -522,22 +636,34 @@ def _individual_benchmarking(results: Results, handout: str) -> Answer:
     _need(ok, needed, "DDP")
     base, naive, flat, ind = (ok.loc[k] for k in ("no-communication", "naive", "flat", "individual"))
     grew = ind.fwd_bwd_ms - base.fwd_bwd_ms
-    text = (f"With {setup.describe()}, overlapping per-parameter all-reduces with the backward pass gives a step of "
-            f"{_ms(ind.step_ms)} ± {ind.step_std_ms:.1f} ms: {_x(ind.step_ms / naive.step_ms)} naive DDP's "
-            f"{_ms(naive.step_ms)} ± {naive.step_std_ms:.1f} ms and {_x(ind.step_ms / flat.step_ms)} flat DDP's "
-            f"{_ms(flat.step_ms)} ± {flat.step_std_ms:.1f} ms, with {_ms(base.step_ms)} for the step without "
-            f"communication. {'Only ' if ind.sync_ms < min(naive.sync_ms, flat.sync_ms) else ''}{_ms(ind.sync_ms)} of "
-            f"communication is left after the backward pass (naive "
-            f"{_ms(naive.sync_ms)}, flat {_ms(flat.sync_ms)}); the forward+backward phase "
-            + (f"grows by {_ms(grew)} ({_ms(base.fwd_bwd_ms)} → {_ms(ind.fwd_bwd_ms)}) as the all-reduces launched "
-               "from the hooks run alongside the backward computation, which takes back most of what the overlap hides."
-               if grew > 0.5 * (naive.sync_ms - ind.sync_ms) else
-               f"grows by only {_ms(grew)} ({_ms(base.fwd_bwd_ms)} → {_ms(ind.fwd_bwd_ms)})." if grew > 0 else
-               f"does not grow ({_ms(base.fwd_bwd_ms)} → {_ms(ind.fwd_bwd_ms)}).")
-            + _spread_note([("overlapping against naive", ind, naive), ("overlapping against flat", ind, flat)])
-            + _noise_note(base, {"naive": naive, "flat": flat, "overlapping DDP": ind}))
-    table = _steps_table(df, {"no-communication": "no communication (baseline)", "naive": "naive (per parameter)",
-                              "flat": "flat (one all-reduce)", "individual": "overlapping, per parameter"})
+    text = (
+        f"With {setup.describe()}, overlapping per-parameter all-reduces with the backward pass gives a step of "
+        f"{_ms(ind.step_ms)} ± {ind.step_std_ms:.1f} ms: {_x(ind.step_ms / naive.step_ms)} naive DDP's "
+        f"{_ms(naive.step_ms)} ± {naive.step_std_ms:.1f} ms and {_x(ind.step_ms / flat.step_ms)} flat DDP's "
+        f"{_ms(flat.step_ms)} ± {flat.step_std_ms:.1f} ms, with {_ms(base.step_ms)} for the step without "
+        f"communication. {'Only ' if ind.sync_ms < min(naive.sync_ms, flat.sync_ms) else ''}{_ms(ind.sync_ms)} of "
+        f"communication is left after the backward pass (naive "
+        f"{_ms(naive.sync_ms)}, flat {_ms(flat.sync_ms)}); the forward+backward phase "
+        + (
+            f"grows by {_ms(grew)} ({_ms(base.fwd_bwd_ms)} → {_ms(ind.fwd_bwd_ms)}) as the all-reduces launched "
+            "from the hooks run alongside the backward computation, which takes back most of what the overlap hides."
+            if grew > 0.5 * (naive.sync_ms - ind.sync_ms)
+            else f"grows by only {_ms(grew)} ({_ms(base.fwd_bwd_ms)} → {_ms(ind.fwd_bwd_ms)})."
+            if grew > 0
+            else f"does not grow ({_ms(base.fwd_bwd_ms)} → {_ms(ind.fwd_bwd_ms)})."
+        )
+        + _spread_note([("overlapping against naive", ind, naive), ("overlapping against flat", ind, flat)])
+        + _noise_note(base, {"naive": naive, "flat": flat, "overlapping DDP": ind})
+    )
+    table = _steps_table(
+        df,
+        {
+            "no-communication": "no communication (baseline)",
+            "naive": "naive (per parameter)",
+            "flat": "flat (one all-reduce)",
+            "individual": "overlapping, per parameter",
+        },
+    )
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, pick.xl_failed))
 
 
@@ -550,17 +676,24 @@ def _timelines(results: Results, handout: str) -> Answer:
     setup = _setup(results, NB_INDIVIDUAL, "overlap_individual_setup", size=pick.size)
     naive, ind = o.loc["naive"], o.loc["individual"]
     lanes = "CUDA stream" if setup.on_gpus else "gloo threads"
-    text = (f"In one profiled step of each on rank 0 ({_model_name(setup.size)}, {setup.ranks}), "
-            f"{pct(naive.share_inside_backward)} of naive DDP's all-reduce time ({int(naive.communication_spans)} calls) "
-            f"falls inside the backward pass and its last all-reduce ends {_ms(naive.after_backward_ms)} after it, while "
-            f"{pct(ind.share_inside_backward)} of the overlapping DDP's ({int(ind.communication_spans)} calls) runs "
-            f"during the backward pass, on its own {lanes} beside the compute, and its last ends "
-            f"{_ms(ind.after_backward_ms)} after it.")
-    caveat = ("The two timelines are drawn from torch.profiler traces of one step each, not Nsight Systems screenshots; "
-              "the profiler slows a step, so these times are longer than the benchmark's.")
+    text = (
+        f"In one profiled step of each on rank 0 ({_model_name(setup.size)}, {setup.ranks}), "
+        f"{pct(naive.share_inside_backward)} of naive DDP's all-reduce time ({int(naive.communication_spans)} calls) "
+        f"falls inside the backward pass and its last all-reduce ends {_ms(naive.after_backward_ms)} after it, while "
+        f"{pct(ind.share_inside_backward)} of the overlapping DDP's ({int(ind.communication_spans)} calls) runs "
+        f"during the backward pass, on its own {lanes} beside the compute, and its last ends "
+        f"{_ms(ind.after_backward_ms)} after it."
+    )
+    caveat = (
+        "The two timelines are drawn from torch.profiler traces of one step each, not Nsight Systems screenshots; "
+        "the profiler slows a step, so these times are longer than the benchmark's."
+    )
     figure = f"timeline_naive_vs_individual_{pick.size}"  # one figure per size; runs of one size drew one unnamed
-    figure = results.figure(figure if pick.size is not None and (results.folder / f"figures/{figure}.png").exists()
-                            else "timeline_naive_vs_individual")
+    figure = results.figure(
+        figure
+        if pick.size is not None and (results.folder / f"figures/{figure}.png").exists()
+        else "timeline_naive_vs_individual"
+    )
     return Answer(text=text, figure=figure, caveat=f"{caveat} {_run_caveat(setup, handout, pick.xl_failed)}".strip())
 
 
@@ -587,30 +720,41 @@ def _buckets(n: float) -> str:
 
 def _bucket_commentary(base: pd.Series, ind: pd.Series, flat: pd.Series, best: pd.Series, plain: pd.DataFrame) -> str:
     """Expectation against result, worded only as far as the steps' spread lets the run separate them."""
-    expected = ("We expected buckets to beat both per-parameter overlap (many small calls) and flat DDP (nothing "
-                "overlapped), with the best cap between the extremes. ")
-    separated = [name for name, r in (("per-parameter overlap", ind), ("flat DDP", flat))
-                 if best.step_ms < r.step_ms and not _inside_spread(best.step_ms, best.step_std_ms, r.step_ms, r.step_std_ms)]
+    expected = (
+        "We expected buckets to beat both per-parameter overlap (many small calls) and flat DDP (nothing "
+        "overlapped), with the best cap between the extremes. "
+    )
+    separated = [
+        name
+        for name, r in (("per-parameter overlap", ind), ("flat DDP", flat))
+        if best.step_ms < r.step_ms and not _inside_spread(best.step_ms, best.step_std_ms, r.step_ms, r.step_std_ms)
+    ]
     if len(separated) == 2:
         text = expected + "The best bucketed step beats both by more than the steps' spread"
     elif separated:
-        text = expected + f"The best bucketed step beats {separated[0]} by more than the steps' spread, but not the other"
+        text = (
+            expected + f"The best bucketed step beats {separated[0]} by more than the steps' spread, but not the other"
+        )
     else:
-        return (expected + f"This run's step-to-step spread (±{best.step_std_ms:.1f} ms for the best) is as large as the "
-                "differences, so it shows neither that result nor how the bucket size trades off.")
+        return (
+            expected + f"This run's step-to-step spread (±{best.step_std_ms:.1f} ms for the best) is as large as the "
+            "differences, so it shows neither that result nor how the bucket size trades off."
+        )
     if len(plain) < 2:
         return text + "."
     small, large = plain.iloc[0], plain.iloc[-1]
     if not (small.fwd_bwd_ms > large.fwd_bwd_ms > base.fwd_bwd_ms and large.sync_ms > small.sync_ms):
         return text + "; the two ends of the sweep do not show a clear trade-off in this run."
-    return text + (f", and the two ends of the sweep trade off as the overhead model of (b) says: the {_cap_mb(small.name):g} "
-                   f"MB cap slows forward+backward to {_ms(small.fwd_bwd_ms)} ({_ms(base.fwd_bwd_ms)} without "
-                   f"communication) and leaves {_ms(small.sync_ms)} of communication after it, the "
-                   f"{_cap_mb(large.name):g} MB cap {_ms(large.fwd_bwd_ms)} and {_ms(large.sync_ms)}. Unlike the model, "
-                   "the cost of small buckets shows up as a slower backward pass (the copies into the buckets and the "
-                   "all-reduces running beside the backward kernels) rather than as per-call latency after it; slower "
-                   "links (several nodes), more ranks or less compute per rank would make exposed communication the "
-                   "larger term and favour smaller buckets.")
+    return text + (
+        f", and the two ends of the sweep trade off as the overhead model of (b) says: the {_cap_mb(small.name):g} "
+        f"MB cap slows forward+backward to {_ms(small.fwd_bwd_ms)} ({_ms(base.fwd_bwd_ms)} without "
+        f"communication) and leaves {_ms(small.sync_ms)} of communication after it, the "
+        f"{_cap_mb(large.name):g} MB cap {_ms(large.fwd_bwd_ms)} and {_ms(large.sync_ms)}. Unlike the model, "
+        "the cost of small buckets shows up as a slower backward pass (the copies into the buckets and the "
+        "all-reduces running beside the backward kernels) rather than as per-call latency after it; slower "
+        "links (several nodes), more ranks or less compute per rank would make exposed communication the "
+        "larger term and favour smaller buckets."
+    )
 
 
 def _close_note(labels: list[str]) -> str:
@@ -624,8 +768,11 @@ def _close_note(labels: list[str]) -> str:
     if len(tails) == 1:
         tail = tails.pop()
         same = " with the same final bucket" if tail else ""
-        return f" (the {caps} MB caps{same} are within the steps' spread of it)" if len(labels) > 1 else \
-               f" (the {caps} MB cap{same} is within the steps' spread of it)"
+        return (
+            f" (the {caps} MB caps{same} are within the steps' spread of it)"
+            if len(labels) > 1
+            else f" (the {caps} MB cap{same} is within the steps' spread of it)"
+        )
     return f" ({' and '.join(_bucket_label(k) for k in labels)} are within the steps' spread of it)"
 
 
@@ -643,21 +790,45 @@ def bucketed_benchmarking(results: Results) -> Answer:
     plain = plain.iloc[np.argsort([_cap_mb(k) for k in plain.index])]
     base, naive, flat, ind, tddp = (ok.loc[k] for k in ("no-communication", "naive", "flat", "individual", "torch-ddp"))
     best = sweep.loc[sweep.step_ms.idxmin()]
-    close = [k for k, r in sweep.iterrows() if k != best.name and _inside_spread(r.step_ms, r.step_std_ms, best.step_ms, best.step_std_ms)]
-    caps = ", ".join(f"{_ms(r.step_ms)} at {_cap_mb(k):g} MB ({_buckets(r.all_reduce_calls)})" for k, r in plain.iterrows())
-    text = (f"With {setup.describe()}, a bucketed step takes {caps}, against {_ms(ind.step_ms)} with per-parameter "
-            f"overlap, {_ms(flat.step_ms)} flat, {_ms(naive.step_ms)} naive, {_ms(tddp.step_ms)} for PyTorch's "
-            f"DistributedDataParallel and {_ms(base.step_ms)} without communication. ")
-    text += (f"The fastest configuration, {_bucket_label(best.name)}, takes {_ms(best.step_ms)} ± {best.step_std_ms:.1f} ms, "
-             f"{_x(best.step_ms / tddp.step_ms)} DistributedDataParallel's step in the same run{_close_note(close)}. ")
+    close = [
+        k
+        for k, r in sweep.iterrows()
+        if k != best.name and _inside_spread(r.step_ms, r.step_std_ms, best.step_ms, best.step_std_ms)
+    ]
+    caps = ", ".join(
+        f"{_ms(r.step_ms)} at {_cap_mb(k):g} MB ({_buckets(r.all_reduce_calls)})" for k, r in plain.iterrows()
+    )
+    text = (
+        f"With {setup.describe()}, a bucketed step takes {caps}, against {_ms(ind.step_ms)} with per-parameter "
+        f"overlap, {_ms(flat.step_ms)} flat, {_ms(naive.step_ms)} naive, {_ms(tddp.step_ms)} for PyTorch's "
+        f"DistributedDataParallel and {_ms(base.step_ms)} without communication. "
+    )
+    text += (
+        f"The fastest configuration, {_bucket_label(best.name)}, takes {_ms(best.step_ms)} ± {best.step_std_ms:.1f} ms, "
+        f"{_x(best.step_ms / tddp.step_ms)} DistributedDataParallel's step in the same run{_close_note(close)}. "
+    )
     text += _bucket_commentary(base, ind, flat, best, plain)
-    text += _noise_note(base, {"naive": naive, "flat": flat, "per-parameter overlap": ind, "the best bucketed step": best})
-    cols = {"all_reduce_calls": "all-reduce calls", "step_ms": "step (ms)", "step_std_ms": "± std (ms)",
-            "fwd_bwd_ms": "forward+backward (ms)", "sync_ms": "communication after backward (ms)"}
-    names = {"no-communication": "no communication", "naive": "naive", "flat": "flat", "individual": "per-parameter overlap",
-             "torch-ddp": "PyTorch DistributedDataParallel"}
+    text += _noise_note(
+        base, {"naive": naive, "flat": flat, "per-parameter overlap": ind, "the best bucketed step": best}
+    )
+    cols = {
+        "all_reduce_calls": "all-reduce calls",
+        "step_ms": "step (ms)",
+        "step_std_ms": "± std (ms)",
+        "fwd_bwd_ms": "forward+backward (ms)",
+        "sync_ms": "communication after backward (ms)",
+    }
+    names = {
+        "no-communication": "no communication",
+        "naive": "naive",
+        "flat": "flat",
+        "individual": "per-parameter overlap",
+        "torch-ddp": "PyTorch DistributedDataParallel",
+    }
     rows = pd.concat([ok.loc[list(names)], plain, sweep.drop(index=plain.index)])
-    rows.index = [names.get(k, k.replace("bucketed ", "bucket cap ").replace(", tail", ", final bucket")) for k in rows.index]
+    rows.index = [
+        names.get(k, k.replace("bucketed ", "bucket cap ").replace(", tail", ", final bucket")) for k in rows.index
+    ]
     table = rows[list(cols)].rename(columns=cols).rename_axis("DDP").reset_index().round(1)
     return Answer(text=text, table=table, caveat=_run_caveat(setup))
 
@@ -665,39 +836,64 @@ def bucketed_benchmarking(results: Results) -> Answer:
 @builds("ddp_bucketed_benchmarking.b")
 def bucketed_overhead_model(results: Results) -> Answer:
     """The overhead model, its optimum, and its fit to the run (derivation + table)."""
-    text = ("Split the s bytes of gradients into n_b equal buckets; computing one bucket's gradients takes as long "
-            "as communicating it, τ = s / (n_b·w), and each all-reduce also costs o, so bucket k is ready at k·τ "
-            "and, the calls running one after another, ends at (k + 1)·τ + k·o; the backward pass ends at n_b·τ, so "
-            "the overhead after it is **overhead(n_b) = s / (n_b·w) + n_b·o**. Setting its derivative "
-            "−s / (n_b²·w) + o to zero gives n_opt = √(s / (w·o)), i.e. the optimal bucket size "
-            "**b_opt = s / n_opt = √(s·w·o)**, with the least overhead 2·√(s·o / w).")
+    text = (
+        "Split the s bytes of gradients into n_b equal buckets; computing one bucket's gradients takes as long "
+        "as communicating it, τ = s / (n_b·w), and each all-reduce also costs o, so bucket k is ready at k·τ "
+        "and, the calls running one after another, ends at (k + 1)·τ + k·o; the backward pass ends at n_b·τ, so "
+        "the overhead after it is **overhead(n_b) = s / (n_b·w) + n_b·o**. Setting its derivative "
+        "−s / (n_b²·w) + o to zero gives n_opt = √(s / (w·o)), i.e. the optimal bucket size "
+        "**b_opt = s / n_opt = √(s·w·o)**, with the least overhead 2·√(s·o / w)."
+    )
     table = None
     caveat = ""
     if results.has("overhead_model_fit"):
         fit = results.table("overhead_model_fit")
         setup = _setup(results, NB_BUCKETED, "all_flavours_setup")
-        n, y, model = fit.all_reduce_calls.to_numpy(float), fit.overhead_ms.to_numpy(float), fit.model_ms.to_numpy(float)
+        n, y, model = (
+            fit.all_reduce_calls.to_numpy(float),
+            fit.overhead_ms.to_numpy(float),
+            fit.model_ms.to_numpy(float),
+        )
         # the fitted model is a/n + o·n; two of its points give a = s/w and o
         (a, o), *_ = np.linalg.lstsq(np.column_stack([1 / n, n]), model, rcond=None)
         r2 = 1 - np.sum((y - model) ** 2) / np.sum((y - y.mean()) ** 2) if np.ptp(y) > 0 else 1.0
         s = setup.gradient_bytes
         flavours = _ok(results.table("all_flavours")) if results.has("all_flavours") else None
-        sweep = flavours[flavours.index.str.startswith("bucketed")] if flavours is not None else fit.set_index("flavour")
+        sweep = (
+            flavours[flavours.index.str.startswith("bucketed")] if flavours is not None else fit.set_index("flavour")
+        )
         best_cap = _cap_mb(sweep.step_ms.idxmin() if "step_ms" in sweep else sweep.overhead_ms.idxmin())
         text += f" Fitted by least squares to this run's overheads (step minus the no-communication step) with s = {_bytes(s)}: "
         if a > 0 and o > 0:
-            text += (f"o = {o * 1e3:.1f} µs, w = {_rate(s / (a / 1e3))}, so b_opt = "
-                     f"{math.sqrt(s * s / (a / 1e3) * o / 1e3) / 2**20:,.3g} MB (MB = 2^20 bytes, as for the caps; "
-                     f"{math.sqrt(a / o):.1f} buckets), against the measured best cap of {best_cap:g} MB; ")
+            text += (
+                f"o = {o * 1e3:.1f} µs, w = {_rate(s / (a / 1e3))}, so b_opt = "
+                f"{math.sqrt(s * s / (a / 1e3) * o / 1e3) / 2**20:,.3g} MB (MB = 2^20 bytes, as for the caps; "
+                f"{math.sqrt(a / o):.1f} buckets), against the measured best cap of {best_cap:g} MB; "
+            )
         else:
-            bound = ("neither a positive per-call cost nor a bandwidth term comes out" if o <= 0 and a <= 0 else
-                     "the per-call cost comes out at zero" if o <= 0 else "the bandwidth term comes out at zero")
-            text += (f"{bound}, so the model has no interior optimum here (the measured best cap is {best_cap:g} MB); ")
-        text += (f"R² = {r2:.2f}: the model fits these overheads {'worse than' if r2 < 0 else 'hardly better than'} their "
-                 "mean, as what it leaves out (the slower backward pass under concurrent all-reduces and bucket copies, "
-                 "and step-to-step noise) outweighs o and w." if r2 < 0.5 else f"R² = {r2:.2f}.")
-        table = fit.rename(columns={"flavour": "DDP", "all_reduce_calls": "buckets (n_b)",
-                                    "overhead_ms": "measured overhead (ms)", "model_ms": "model (ms)"}).round(1)
+            bound = (
+                "neither a positive per-call cost nor a bandwidth term comes out"
+                if o <= 0 and a <= 0
+                else "the per-call cost comes out at zero"
+                if o <= 0
+                else "the bandwidth term comes out at zero"
+            )
+            text += f"{bound}, so the model has no interior optimum here (the measured best cap is {best_cap:g} MB); "
+        text += (
+            f"R² = {r2:.2f}: the model fits these overheads {'worse than' if r2 < 0 else 'hardly better than'} their "
+            "mean, as what it leaves out (the slower backward pass under concurrent all-reduces and bucket copies, "
+            "and step-to-step noise) outweighs o and w."
+            if r2 < 0.5
+            else f"R² = {r2:.2f}."
+        )
+        table = fit.rename(
+            columns={
+                "flavour": "DDP",
+                "all_reduce_calls": "buckets (n_b)",
+                "overhead_ms": "measured overhead (ms)",
+                "model_ms": "model (ms)",
+            }
+        ).round(1)
         caveat = _run_caveat(setup)
     return Answer(text=text, table=table, caveat=caveat)
 
@@ -716,19 +912,33 @@ def _sharding_setup(results: Results, size: str | None = None) -> Setup:
 def optimizer_state_sharding(results: Results) -> Answer:
     """Where the sharded optimizer is, and its equality with AdamW."""
     eq = results.table("sharding_equality")
-    worst = eq.groupby("optimizer", sort=False).agg(max_abs_diff=("max_abs_diff", "max"), max_update=("max_update", "max"))
+    worst = eq.groupby("optimizer", sort=False).agg(
+        max_abs_diff=("max_abs_diff", "max"), max_update=("max_update", "max")
+    )
     where = _where(results, NB_SHARDING, eq["rank"].nunique(), "sharding_setup")
-    text = ("`cs336_systems.distributed.ShardedOptimizer(params, optimizer_cls, **kwargs)` (module "
-            "`sharded_optimizer`) calls the `torch.optim.Optimizer` constructor, and its `add_param_group` assigns every "
-            "parameter to one rank (largest first, to the least-loaded rank); each rank's wrapped optimizer holds state "
-            "for its own parameters only, and `step()` updates them and then broadcasts every parameter from its owner. "
-            f"On {where}, after {int(eq.steps.iloc[0])} AdamW steps on the {eq['size'].iloc[0]} model (the weights moved "
-            f"by up to {worst.max_update.max():.3g}), the sharded optimizer's weights differ from the unsharded AdamW's "
-            f"by at most {worst.max_abs_diff.get('sharded', float('nan')):.1e}, and PyTorch's ZeroRedundancyOptimizer's "
-            f"by {worst.max_abs_diff.get('zero', float('nan')):.1e}.")
-    names = {"unsharded": "AdamW (unsharded)", "sharded": "ShardedOptimizer(AdamW)", "zero": "ZeroRedundancyOptimizer(AdamW)"}
-    table = worst.rename(index=names).rename_axis("optimizer").reset_index().rename(
-        columns={"max_abs_diff": "largest weight difference from unsharded", "max_update": "largest weight update"})
+    text = (
+        "`cs336_systems.distributed.ShardedOptimizer(params, optimizer_cls, **kwargs)` (module "
+        "`sharded_optimizer`) calls the `torch.optim.Optimizer` constructor, and its `add_param_group` assigns every "
+        "parameter to one rank (largest first, to the least-loaded rank); each rank's wrapped optimizer holds state "
+        "for its own parameters only, and `step()` updates them and then broadcasts every parameter from its owner. "
+        f"On {where}, after {int(eq.steps.iloc[0])} AdamW steps on the {eq['size'].iloc[0]} model (the weights moved "
+        f"by up to {worst.max_update.max():.3g}), the sharded optimizer's weights differ from the unsharded AdamW's "
+        f"by at most {worst.max_abs_diff.get('sharded', float('nan')):.1e}, and PyTorch's ZeroRedundancyOptimizer's "
+        f"by {worst.max_abs_diff.get('zero', float('nan')):.1e}."
+    )
+    names = {
+        "unsharded": "AdamW (unsharded)",
+        "sharded": "ShardedOptimizer(AdamW)",
+        "zero": "ZeroRedundancyOptimizer(AdamW)",
+    }
+    table = (
+        worst.rename(index=names)
+        .rename_axis("optimizer")
+        .reset_index()
+        .rename(
+            columns={"max_abs_diff": "largest weight difference from unsharded", "max_update": "largest weight update"}
+        )
+    )
     return Answer(text=text, table=table)
 
 
@@ -755,36 +965,61 @@ def _sharding_memory(results: Results, handout: str) -> Answer:
     peaks = df["peak"].notna().all()
     u, s = "unsharded", "sharded"
     if peaks:
-        text = (f"With {setup.describe()}, the worst rank's peak memory, unsharded → sharded, is {f(at(u, 'after init', 'peak'))} "
-                f"→ {f(at(s, 'after init', 'peak'))} after model initialization, {f(at(u, 'before step', 'peak'))} → "
-                f"{f(at(s, 'before step', 'peak'))} directly before the optimizer step (the peak of forward and backward), "
-                f"and {f(at(u, 'after step', 'peak'))} → {f(at(s, 'after step', 'peak'))} directly after it. ")
+        text = (
+            f"With {setup.describe()}, the worst rank's peak memory, unsharded → sharded, is {f(at(u, 'after init', 'peak'))} "
+            f"→ {f(at(s, 'after init', 'peak'))} after model initialization, {f(at(u, 'before step', 'peak'))} → "
+            f"{f(at(s, 'before step', 'peak'))} directly before the optimizer step (the peak of forward and backward), "
+            f"and {f(at(u, 'after step', 'peak'))} → {f(at(s, 'after step', 'peak'))} directly after it. "
+        )
     else:
-        text = (f"With {setup.describe()}, there is no allocator peak to read on a CPU, so this counts the live tensors "
-                f"on the worst rank: {f(at(u, 'after init', 'parameters'))} of parameters after initialization with "
-                f"either optimizer. ")
-    text += (f"After the step a rank holds {f(at(u, 'after step', 'parameters'))} of fp32 parameters and "
-             f"{f(at(u, 'after step', 'gradients'))} of gradients either way, and {f(at(u, 'after step', 'optimizer_state'))} "
-             f"→ {f(at(s, 'after step', 'optimizer_state'))} of AdamW state (the analysis expects "
-             f"{f(at(u, 'after step', 'expected_optimizer_state'))} → {f(at(s, 'after step', 'expected_optimizer_state'))})"
-             + (f", plus {f(at(u, 'after step', 'rest'))} → {f(at(s, 'after step', 'rest'))} of other tensors" if peaks else "")
-             + ". This matches the expectation: AdamW's state is created at the first step and lives across steps, so "
-             + (f"halving it lowers every later peak, before the step included, by "
-                f"{f(at(u, 'before step', 'peak') - at(s, 'before step', 'peak'))} (before) and "
-                f"{f(at(u, 'after step', 'peak') - at(s, 'after step', 'peak'))} (after), while the peak after "
-                "initialization, which precedes the state, does not move."
-                if peaks else "halving it lowers what a rank holds before and after every later step by "
-                f"{f(at(u, 'after step', 'optimizer_state') - at(s, 'after step', 'optimizer_state'))}."))
+        text = (
+            f"With {setup.describe()}, there is no allocator peak to read on a CPU, so this counts the live tensors "
+            f"on the worst rank: {f(at(u, 'after init', 'parameters'))} of parameters after initialization with "
+            f"either optimizer. "
+        )
+    text += (
+        f"After the step a rank holds {f(at(u, 'after step', 'parameters'))} of fp32 parameters and "
+        f"{f(at(u, 'after step', 'gradients'))} of gradients either way, and {f(at(u, 'after step', 'optimizer_state'))} "
+        f"→ {f(at(s, 'after step', 'optimizer_state'))} of AdamW state (the analysis expects "
+        f"{f(at(u, 'after step', 'expected_optimizer_state'))} → {f(at(s, 'after step', 'expected_optimizer_state'))})"
+        + (
+            f", plus {f(at(u, 'after step', 'rest'))} → {f(at(s, 'after step', 'rest'))} of other tensors"
+            if peaks
+            else ""
+        )
+        + ". This matches the expectation: AdamW's state is created at the first step and lives across steps, so "
+        + (
+            f"halving it lowers every later peak, before the step included, by "
+            f"{f(at(u, 'before step', 'peak') - at(s, 'before step', 'peak'))} (before) and "
+            f"{f(at(u, 'after step', 'peak') - at(s, 'after step', 'peak'))} (after), while the peak after "
+            "initialization, which precedes the state, does not move."
+            if peaks
+            else "halving it lowers what a rank holds before and after every later step by "
+            f"{f(at(u, 'after step', 'optimizer_state') - at(s, 'after step', 'optimizer_state'))}."
+        )
+    )
     if "zero" in t.index.get_level_values(0) and peaks:
-        text += (f" PyTorch's ZeroRedundancyOptimizer peaks at {f(at('zero', 'before step', 'peak'))} and "
-                 f"{f(at('zero', 'after step', 'peak'))} in the same run.")
-    cols = ["peak", "parameters", "gradients", "optimizer_state", "rest"] if peaks else ["parameters", "gradients", "optimizer_state"]
+        text += (
+            f" PyTorch's ZeroRedundancyOptimizer peaks at {f(at('zero', 'before step', 'peak'))} and "
+            f"{f(at('zero', 'after step', 'peak'))} in the same run."
+        )
+    cols = (
+        ["peak", "parameters", "gradients", "optimizer_state", "rest"]
+        if peaks
+        else ["parameters", "gradients", "optimizer_state"]
+    )
     names = {"unsharded": "AdamW", "sharded": "ShardedOptimizer", "zero": "ZeroRedundancyOptimizer"}
     table = t[cols].reset_index()
     table["optimizer"] = table.optimizer.map(names)
-    table = table.rename(columns={"peak": f"peak since previous point ({unit})", "parameters": f"parameters ({unit})",
-                                  "gradients": f"gradients ({unit})", "optimizer_state": f"optimizer state ({unit})",
-                                  "rest": f"other tensors ({unit})"}).round(2 if unit == "GB" else 3)
+    table = table.rename(
+        columns={
+            "peak": f"peak since previous point ({unit})",
+            "parameters": f"parameters ({unit})",
+            "gradients": f"gradients ({unit})",
+            "optimizer_state": f"optimizer state ({unit})",
+            "rest": f"other tensors ({unit})",
+        }
+    ).round(2 if unit == "GB" else 3)
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, pick.xl_failed))
 
 
@@ -797,24 +1032,42 @@ def _sharding_time(results: Results, handout: str) -> Answer:
         raise NotAnswered("the unsharded and sharded optimizers were not both timed")
     setup = _sharding_setup(results, pick.size)
     u, s = ok.loc["unsharded"], ok.loc["sharded"]
-    text = (f"With {setup.describe()}, an iteration takes {_ms(u.step_ms)} ± {u.step_std_ms:.1f} ms with AdamW and "
-            f"{_ms(s.step_ms)} ± {s.step_std_ms:.1f} ms with the sharded AdamW, {_x(s.step_ms / u.step_ms)} "
-            f"({s.step_ms - u.step_ms:+.1f} ms). The optimizer phase goes from {_ms(u.optimizer_ms)} to "
-            f"{_ms(s.optimizer_ms)}, since each rank updates only its own parameters and then broadcasts them to the "
-            f"others, while forward+backward takes "
-            + (f"{_ms(u.fwd_bwd_ms)} with both." if round(u.fwd_bwd_ms, 1) == round(s.fwd_bwd_ms, 1) else
-               f"{_ms(u.fwd_bwd_ms)} and {_ms(s.fwd_bwd_ms)} respectively."))
+    text = (
+        f"With {setup.describe()}, an iteration takes {_ms(u.step_ms)} ± {u.step_std_ms:.1f} ms with AdamW and "
+        f"{_ms(s.step_ms)} ± {s.step_std_ms:.1f} ms with the sharded AdamW, {_x(s.step_ms / u.step_ms)} "
+        f"({s.step_ms - u.step_ms:+.1f} ms). The optimizer phase goes from {_ms(u.optimizer_ms)} to "
+        f"{_ms(s.optimizer_ms)}, since each rank updates only its own parameters and then broadcasts them to the "
+        f"others, while forward+backward takes "
+        + (
+            f"{_ms(u.fwd_bwd_ms)} with both."
+            if round(u.fwd_bwd_ms, 1) == round(s.fwd_bwd_ms, 1)
+            else f"{_ms(u.fwd_bwd_ms)} and {_ms(s.fwd_bwd_ms)} respectively."
+        )
+    )
     pairs = [("sharded against unsharded", s, u)]
     if "zero" in ok.index:
         z = ok.loc["zero"]
-        text += (f" PyTorch's ZeroRedundancyOptimizer takes {_ms(z.step_ms)} ± {z.step_std_ms:.1f} ms in the same run "
-                 f"(optimizer phase {_ms(z.optimizer_ms)}): ours is {_x(s.step_ms / z.step_ms)} its time.")
+        text += (
+            f" PyTorch's ZeroRedundancyOptimizer takes {_ms(z.step_ms)} ± {z.step_std_ms:.1f} ms in the same run "
+            f"(optimizer phase {_ms(z.optimizer_ms)}): ours is {_x(s.step_ms / z.step_ms)} its time."
+        )
         pairs.append(("ours against ZeroRedundancyOptimizer", s, z))
     text += _spread_note(pairs)
     names = {"unsharded": "AdamW", "sharded": "ShardedOptimizer", "zero": "ZeroRedundancyOptimizer"}
-    cols = {"step_ms": "iteration (ms)", "step_std_ms": "± std (ms)", "fwd_bwd_ms": "forward+backward (ms)",
-            "sync_ms": "exposed gradient all-reduce (ms)", "optimizer_ms": "optimizer step incl. broadcasts (ms)"}
-    table = ok[[c for c in cols if c in ok]].rename(index=names, columns=cols).rename_axis("optimizer").reset_index().round(1)
+    cols = {
+        "step_ms": "iteration (ms)",
+        "step_std_ms": "± std (ms)",
+        "fwd_bwd_ms": "forward+backward (ms)",
+        "sync_ms": "exposed gradient all-reduce (ms)",
+        "optimizer_ms": "optimizer step incl. broadcasts (ms)",
+    }
+    table = (
+        ok[[c for c in cols if c in ok]]
+        .rename(index=names, columns=cols)
+        .rename_axis("optimizer")
+        .reset_index()
+        .round(1)
+    )
     return Answer(text=text, table=table, caveat=_run_caveat(setup, handout, pick.xl_failed))
 
 
@@ -839,41 +1092,49 @@ def sharding_vs_zero1(results: Results) -> Answer:
     world = round(mem.loc[ddp, "optimizer_state_GB"] / mem.loc[zero1, "optimizer_state_GB"])
     extra_kb = (mem.loc[ours, "optimizer_state_GB"] - mem.loc[zero1, "optimizer_state_GB"]) * 1e6
     name = _model_name(sizes[0]) if sizes[0] is not None else "the 2025 handout's XL model"
-    text = (f"ZeRO stage 1 replaces the gradient all-reduce with a reduce-scatter (each rank receives only its slice "
-            f"of the summed gradients) followed by an all-gather of the updated parameters, whereas ours keeps DDP's "
-            f"all-reduce and then broadcasts each parameter from its owner; for {name} ({params / 1e9:.3f} B "
-            f"parameters) on {world} ranks that is {comm.loc[ddp, 'sent_per_rank_GB']:.2f} GB sent per rank and step for "
-            f"DDP and ZeRO-1 ({_x(comm.loc[zero1, 'relative_to_ddp'])} DDP) against "
-            f"{comm.loc[ours, 'sent_per_rank_GB']:.2f} GB for ours ({_x(comm.loc[ours, 'relative_to_ddp'])}). "
-            f"In memory both keep the full fp32 weights and gradients ({mem.loc[ours, 'parameters_GB']:.2f} GB each) and "
-            f"1/{world} of AdamW's state, but ZeRO-1 splits a flat buffer into equal slices "
-            f"({mem.loc[zero1, 'optimizer_state_GB']:.3f} GB of state per rank) while ours assigns whole parameters, "
-            f"leaving {extra_kb:,.1f} kB more on the most loaded rank (greedy assignment bounds the excess by one "
-            f"parameter's state).")
+    text = (
+        f"ZeRO stage 1 replaces the gradient all-reduce with a reduce-scatter (each rank receives only its slice "
+        f"of the summed gradients) followed by an all-gather of the updated parameters, whereas ours keeps DDP's "
+        f"all-reduce and then broadcasts each parameter from its owner; for {name} ({params / 1e9:.3f} B "
+        f"parameters) on {world} ranks that is {comm.loc[ddp, 'sent_per_rank_GB']:.2f} GB sent per rank and step for "
+        f"DDP and ZeRO-1 ({_x(comm.loc[zero1, 'relative_to_ddp'])} DDP) against "
+        f"{comm.loc[ours, 'sent_per_rank_GB']:.2f} GB for ours ({_x(comm.loc[ours, 'relative_to_ddp'])}). "
+        f"In memory both keep the full fp32 weights and gradients ({mem.loc[ours, 'parameters_GB']:.2f} GB each) and "
+        f"1/{world} of AdamW's state, but ZeRO-1 splits a flat buffer into equal slices "
+        f"({mem.loc[zero1, 'optimizer_state_GB']:.3f} GB of state per rank) while ours assigns whole parameters, "
+        f"leaving {extra_kb:,.1f} kB more on the most loaded rank (greedy assignment bounds the excess by one "
+        f"parameter's state)."
+    )
     for size in sizes[1:]:
         m2, c2, p2 = of(size)
-        text += (f" For {_model_name(size)} ({p2 / 1e9:.3f} B parameters) the same comparison gives "
-                 f"{c2.loc[ddp, 'sent_per_rank_GB']:.2f} GB against {c2.loc[ours, 'sent_per_rank_GB']:.2f} GB sent per rank "
-                 f"and step, {m2.loc[ours, 'parameters_GB']:.2f} GB each of weights and gradients, and "
-                 f"{(m2.loc[ours, 'optimizer_state_GB'] - m2.loc[zero1, 'optimizer_state_GB']) * 1e6:,.1f} kB more "
-                 "optimizer state than ZeRO-1's equal slices on the most loaded rank.")
+        text += (
+            f" For {_model_name(size)} ({p2 / 1e9:.3f} B parameters) the same comparison gives "
+            f"{c2.loc[ddp, 'sent_per_rank_GB']:.2f} GB against {c2.loc[ours, 'sent_per_rank_GB']:.2f} GB sent per rank "
+            f"and step, {m2.loc[ours, 'parameters_GB']:.2f} GB each of weights and gradients, and "
+            f"{(m2.loc[ours, 'optimizer_state_GB'] - m2.loc[zero1, 'optimizer_state_GB']) * 1e6:,.1f} kB more "
+            "optimizer state than ZeRO-1's equal slices on the most loaded rank."
+        )
     if results.has("sharding_zero_paper_mixed_precision"):
         zp = _of_size(results.table("sharding_zero_paper_mixed_precision"), sizes[0]).set_index("strategy")
-        text += (f" ZeRO's paper counts mixed-precision training, where the fp32 master weights are optimizer state and "
-                 f"are sharded too: there P_os needs {zp.loc['zero1', 'total_GB']:.2f} GB per rank for "
-                 f"{'this model' if len(sizes) == 1 else name} against DDP's "
-                 f"{zp.loc['ddp', 'total_GB']:.2f} GB, while ours, training in fp32, keeps full fp32 weights.")
+        text += (
+            f" ZeRO's paper counts mixed-precision training, where the fp32 master weights are optimizer state and "
+            f"are sharded too: there P_os needs {zp.loc['zero1', 'total_GB']:.2f} GB per rank for "
+            f"{'this model' if len(sizes) == 1 else name} against DDP's "
+            f"{zp.loc['ddp', 'total_GB']:.2f} GB, while ours, training in fp32, keeps full fp32 weights."
+        )
     rows = [ddp, ours, zero1]
     frames = []
     for size in sizes:
         m2, c2, _ = of(size)
-        frame = pd.DataFrame({
-            "scheme": rows,
-            "collectives per step": [c2.loc[r, "collectives"] for r in rows],
-            "sent per rank (GB)": [c2.loc[r, "sent_per_rank_GB"] for r in rows],
-            "optimizer state per rank (GB)": [m2.loc[r, "optimizer_state_GB"] for r in rows],
-            "weights+gradients+state per rank (GB)": [m2.loc[r, "total_GB"] for r in rows],
-        })
+        frame = pd.DataFrame(
+            {
+                "scheme": rows,
+                "collectives per step": [c2.loc[r, "collectives"] for r in rows],
+                "sent per rank (GB)": [c2.loc[r, "sent_per_rank_GB"] for r in rows],
+                "optimizer state per rank (GB)": [m2.loc[r, "optimizer_state_GB"] for r in rows],
+                "weights+gradients+state per rank (GB)": [m2.loc[r, "total_GB"] for r in rows],
+            }
+        )
         if len(sizes) > 1:
             frame.insert(0, "model", _short_name(size))
         frames.append(frame)
@@ -901,16 +1162,20 @@ def fsdp(results: Results) -> Answer:
     pick = _for_handout(results.table("fsdp_runs"), "2026", _fsdp_compared)
     runs = pick.rows
     setup = _fsdp_setup(results, pick.size)
-    worst = eq.groupby("compute_dtype", sort=False).agg(max_abs_diff=("max_abs_diff", "max"), tolerance=("tolerance", "first"))
+    worst = eq.groupby("compute_dtype", sort=False).agg(
+        max_abs_diff=("max_abs_diff", "max"), tolerance=("tolerance", "first")
+    )
     checks = ", ".join(f"{r.max_abs_diff:.1e} in {d} (tolerance {r.tolerance:.0e})" for d, r in worst.iterrows())
-    text = ("Class `FSDP(module, compute_dtype=None)` of `cs336_systems.distributed` (file `distributed/fsdp.py`) "
-            "shards every Linear and Embedding weight into one fp32 slice per rank (norm gains stay replicated, their "
-            "gradients all-reduced); module hooks all-gather a weight in the compute dtype before its module runs, "
-            "launching the next module's gather when a module starts so that a gather begins only after the module two "
-            "before has finished, free it after use, gather again for the backward pass and reduce-scatter the "
-            "gradients to their owners, and each rank's shard trains with the assignment-1 AdamW. "
-            f"After {int(eq.steps.iloc[0])} steps on the {eq['size'].iloc[0]} model on {eq['rank'].nunique()} ranks the "
-            f"gathered weights differ from non-parallel training by at most {checks}.")
+    text = (
+        "Class `FSDP(module, compute_dtype=None)` of `cs336_systems.distributed` (file `distributed/fsdp.py`) "
+        "shards every Linear and Embedding weight into one fp32 slice per rank (norm gains stay replicated, their "
+        "gradients all-reduced); module hooks all-gather a weight in the compute dtype before its module runs, "
+        "launching the next module's gather when a module starts so that a gather begins only after the module two "
+        "before has finished, free it after use, gather again for the backward pass and reduce-scatter the "
+        "gradients to their owners, and each rank's shard trains with the assignment-1 AdamW. "
+        f"After {int(eq.steps.iloc[0])} steps on the {eq['size'].iloc[0]} model on {eq['rank'].nunique()} ranks the "
+        f"gathered weights differ from non-parallel training by at most {checks}."
+    )
     ok = runs[runs.status == "ok"].set_index(["strategy", "compute_dtype"])
     ratios, pairs = [], []
     for dtype in runs.compute_dtype.unique():
@@ -920,10 +1185,17 @@ def fsdp(results: Results) -> Answer:
             ratios.append(f"in {dtype} {_ms(a.step_ms)} against {_ms(b.step_ms)}, {_x(a.step_ms / b.step_ms)}{peak}")
             pairs.append((f"the {dtype} steps", a, b))
     if ratios:
-        text += (f" With {_model_name(setup.size)} on {setup.ranks}, a training step of this FSDP and of PyTorch's FSDP2 "
-                 f"(`fully_shard` on every block) in the same run takes {'; '.join(ratios)}." + _spread_note(pairs))
-    cols = {"step_ms": "step (ms)", "step_std_ms": "± std (ms)", "fwd_bwd_ms": "forward+backward (ms)",
-            "optimizer_ms": "optimizer step (ms)", "peak": "peak memory (GB)"}
+        text += (
+            f" With {_model_name(setup.size)} on {setup.ranks}, a training step of this FSDP and of PyTorch's FSDP2 "
+            f"(`fully_shard` on every block) in the same run takes {'; '.join(ratios)}." + _spread_note(pairs)
+        )
+    cols = {
+        "step_ms": "step (ms)",
+        "step_std_ms": "± std (ms)",
+        "fwd_bwd_ms": "forward+backward (ms)",
+        "optimizer_ms": "optimizer step (ms)",
+        "peak": "peak memory (GB)",
+    }
     names = {"replicated": "replicated (DDP)", "fsdp": "this FSDP", "fsdp2": "PyTorch FSDP2"}
     table = runs[runs.status == "ok"].copy()
     table["strategy"] = table.strategy.map(names)
@@ -931,7 +1203,9 @@ def fsdp(results: Results) -> Answer:
         table["peak"] = table["peak"] / 1e9
     else:
         cols.pop("peak")
-    table = table[["strategy", "compute_dtype", *cols]].rename(columns={**cols, "compute_dtype": "compute dtype"}).round(2)
+    table = (
+        table[["strategy", "compute_dtype", *cols]].rename(columns={**cols, "compute_dtype": "compute dtype"}).round(2)
+    )
     return Answer(text=text, table=table.reset_index(drop=True), caveat=_run_caveat(setup, "2026", pick.xl_failed))
 
 
@@ -952,22 +1226,29 @@ def _measured_saving(results: Results, setup: Setup) -> str:
     unit, scale = ("GB", 1e9) if expected > 1 else ("MB", 1e6)
     state = (r.parameters + r.gradients + r.optimizer_state - f.parameters - f.gradients - f.optimizer_state) / scale
     digits = 2 if unit == "GB" else 3
-    text = (f" Measured with {_model_name(setup.size)} on {setup.ranks} in fp32, where the analysis expects "
-            f"{expected * 1e9 / scale:.{digits}f} {unit}: the live weights, gradients and optimizer state shrink by "
-            f"{state:.{digits}f} {unit}")
+    text = (
+        f" Measured with {_model_name(setup.size)} on {setup.ranks} in fp32, where the analysis expects "
+        f"{expected * 1e9 / scale:.{digits}f} {unit}: the live weights, gradients and optimizer state shrink by "
+        f"{state:.{digits}f} {unit}"
+    )
     if pd.notna(r.peak) and pd.notna(f.peak):
         drop = (r.peak - f.peak) / scale
-        text += (f", and the allocator's peak falls from {r.peak / scale:.2f} to {f.peak / scale:.2f} {unit}, "
-                 f"{drop:.2f} {unit} ({pct(drop / (expected * 1e9 / scale))} of the expected saving), the peak also "
-                 "holding what the analysis ignores, the gathered weights and gradient buffers of the modules in flight")
+        text += (
+            f", and the allocator's peak falls from {r.peak / scale:.2f} to {f.peak / scale:.2f} {unit}, "
+            f"{drop:.2f} {unit} ({pct(drop / (expected * 1e9 / scale))} of the expected saving), the peak also "
+            "holding what the analysis ignores, the gathered weights and gradient buffers of the modules in flight"
+        )
     return text + "."
 
 
 @builds("fsdp_accounting.a")
 def fsdp_expected_saving(results: Results) -> Answer:
     """The memory FSDP should save from the peak, from the sharding analysis, next to what the run saved."""
-    measured = _for_handout(results.table("fsdp_runs"), "2026", lambda rows: (rows.status == "ok").any()) \
-        if results.has("fsdp_runs") else _Rows(pd.DataFrame(), None)
+    measured = (
+        _for_handout(results.table("fsdp_runs"), "2026", lambda rows: (rows.status == "ok").any())
+        if results.has("fsdp_runs")
+        else _Rows(pd.DataFrame(), None)
+    )
     setup = _fsdp_setup(results, measured.size)
     # The analysis of both XL models (a size column); runs before it kept the 2026 xl's in a table of its own.
     analysis = results.table("fsdp_analysis_memory")
@@ -982,19 +1263,33 @@ def fsdp_expected_saving(results: Results) -> Answer:
     ddp, sharded = analysis.loc["ddp"], analysis.loc["fsdp"]
     params = ddp.parameters_GB * 1e9 / 4
     world = round(ddp.parameters_GB / (sharded.parameters_GB - 0)) if sharded.parameters_GB else setup.world_size
-    text = (f"Without sharding a rank holds 16 bytes per parameter (fp32 weights and gradients, AdamW's two fp32 "
-            f"moments); FSDP keeps 1/N of that for the sharded Linear and Embedding weights (Ψ_s) and all of it for the "
-            f"replicated norm gains, so it saves 16·Ψ_s·(1 − 1/N) bytes from the peak, the gathered-weight buffers "
-            f"ignored. For {_model_phrase(model, params)} on N = {world} ranks that is {ddp.total_GB:.2f} GB → "
-            f"{sharded.total_GB:.2f} GB per rank, an expected saving of {sharded.saving_vs_ddp_GB:.2f} GB.")
+    text = (
+        f"Without sharding a rank holds 16 bytes per parameter (fp32 weights and gradients, AdamW's two fp32 "
+        f"moments); FSDP keeps 1/N of that for the sharded Linear and Embedding weights (Ψ_s) and all of it for the "
+        f"replicated norm gains, so it saves 16·Ψ_s·(1 − 1/N) bytes from the peak, the gathered-weight buffers "
+        f"ignored. For {_model_phrase(model, params)} on N = {world} ranks that is {ddp.total_GB:.2f} GB → "
+        f"{sharded.total_GB:.2f} GB per rank, an expected saving of {sharded.saving_vs_ddp_GB:.2f} GB."
+    )
     text += _measured_saving(results, setup)
-    table = analysis.reset_index()[["label", "parameters_GB", "gradients_GB", "optimizer_state_GB", "total_GB"]].rename(
-        columns={"label": "strategy", "parameters_GB": "weights (GB)", "gradients_GB": "gradients (GB)",
-                 "optimizer_state_GB": "AdamW state (GB)", "total_GB": "total per rank (GB)"}).round(2)
+    table = (
+        analysis.reset_index()[["label", "parameters_GB", "gradients_GB", "optimizer_state_GB", "total_GB"]]
+        .rename(
+            columns={
+                "label": "strategy",
+                "parameters_GB": "weights (GB)",
+                "gradients_GB": "gradients (GB)",
+                "optimizer_state_GB": "AdamW state (GB)",
+                "total_GB": "total per rank (GB)",
+            }
+        )
+        .round(2)
+    )
     caveats = []
     if not _is_xl(model, "2026"):
-        caveats.append(f"The 2026 handout's standard model is its xl ({_model_shape(XL_2026)}); this run's analysis is "
-                       f"for {_model_phrase(model, params)}.")
+        caveats.append(
+            f"The 2026 handout's standard model is its xl ({_model_shape(XL_2026)}); this run's analysis is "
+            f"for {_model_phrase(model, params)}."
+        )
     if not setup.on_gpus:
         caveats.append(f"The measured comparison ran on {setup.ranks}, without an allocator peak to read.")
     return Answer(text=text, table=table, caveat=" ".join(caveats))
@@ -1015,50 +1310,78 @@ def fsdp_gather_timing(results: Results) -> Answer:
     late = t[~t.in_time & t.gather_found]
     shape = f"{_sequences(p.batch_per_rank)} of {int(p.context_length)} tokens per rank"
     gpu = pd.notna(p.busy_fraction)
-    text = (f"Forward passes of {_model_name(pick.size or setup.size)} with FSDP in {p.compute_dtype} were profiled on rank 0 of "
-            f"{setup.ranks}, without gradients (torch.no_grad: FSDP's hooks gather and prefetch as in training"
-            + (", and a batch large enough to keep the GPU busy fits). " if gpu else "). "))
+    text = (
+        f"Forward passes of {_model_name(pick.size or setup.size)} with FSDP in {p.compute_dtype} were profiled on rank 0 of "
+        f"{setup.ranks}, without gradients (torch.no_grad: FSDP's hooks gather and prefetch as in training"
+        + (", and a batch large enough to keep the GPU busy fits). " if gpu else "). ")
+    )
     figure = results.figure("fsdp_profiler_timeline")
     caveat = "The timeline is drawn from a torch.profiler trace, not an Nsight Systems screenshot."
     if not gpu:
-        text += (f"At {shape}, {int(p.gathers_in_time)} of the {int(p.gathers)} forward all-gathers finished before "
-                 f"their module's forward needed the weight; a gather counts as late when its wait blocked"
-                 + (f", and {len(late)} did, by {_ms(late.exposed_ms.sum())} in all." if len(late) else "."))
+        text += (
+            f"At {shape}, {int(p.gathers_in_time)} of the {int(p.gathers)} forward all-gathers finished before "
+            f"their module's forward needed the weight; a gather counts as late when its wait blocked"
+            + (f", and {len(late)} did, by {_ms(late.exposed_ms.sum())} in all." if len(late) else ".")
+        )
         caveat = f"On the CPU (gloo) the gathers are timed by the host's waits, not by GPU kernels. {caveat}"
         return Answer(text=text, figure=figure, caveat=f"{caveat} {_run_caveat(setup, '2026', pick.xl_failed)}".strip())
     threshold = float(p.busy_threshold)
-    text += (f"At {shape} the GPU was busy {pct(p.busy_fraction, 0)} of the {_ms(p.forward_ms)} forward (the union of its "
-             f"compute kernels over the pass's span on the GPU clock)"
-             + (", so the GPU, not the host, set the pace. " if p.gpu_bound else
-                f", below the {pct(threshold, 0)} from which this report counts a pass as paced by the GPU. ")
-             + f"Its {int(p.gathers)} all-gathers kept the NCCL stream busy {_ms(p.gather_ms)}, {pct(p.hidden_fraction)} of "
-             f"it while a compute kernel ran on the other stream, which leaves {_ms(p.exposed_ms)} of communication "
-             f"exposed ({pct(p.exposed_ms / p.forward_ms)} of the forward); {int(p.gathers_in_time)} of the "
-             f"{int(p.gathers)} gathers finished before their module's first kernel"
-             + (f" and {len(late)} {'was' if len(late) == 1 else 'were'} late by {_ms(late.exposed_ms.sum())} in all"
-                if len(late) else "") + ". ")
+    text += (
+        f"At {shape} the GPU was busy {pct(p.busy_fraction, 0)} of the {_ms(p.forward_ms)} forward (the union of its "
+        f"compute kernels over the pass's span on the GPU clock)"
+        + (
+            ", so the GPU, not the host, set the pace. "
+            if p.gpu_bound
+            else f", below the {pct(threshold, 0)} from which this report counts a pass as paced by the GPU. "
+        )
+        + f"Its {int(p.gathers)} all-gathers kept the NCCL stream busy {_ms(p.gather_ms)}, {pct(p.hidden_fraction)} of "
+        f"it while a compute kernel ran on the other stream, which leaves {_ms(p.exposed_ms)} of communication "
+        f"exposed ({pct(p.exposed_ms / p.forward_ms)} of the forward); {int(p.gathers_in_time)} of the "
+        f"{int(p.gathers)} gathers finished before their module's first kernel"
+        + (
+            f" and {len(late)} {'was' if len(late) == 1 else 'were'} late by {_ms(late.exposed_ms.sum())} in all"
+            if len(late)
+            else ""
+        )
+        + ". "
+    )
     if p.gpu_bound:
         # exposed: the GPU only communicated; under 5% of the pass, the gathers cost the forward little
         if p.exposed_ms < 0.05 * p.forward_ms:
-            text += ("So the all-gathers overlap compute and finish in time: communication does not hold up the forward pass."
-                     if p.hidden_fraction >= 0.5 else
-                     "So the all-gathers finish in time, though mostly while the compute stream was between kernels "
-                     "rather than beside compute.")
+            text += (
+                "So the all-gathers overlap compute and finish in time: communication does not hold up the forward pass."
+                if p.hidden_fraction >= 0.5
+                else "So the all-gathers finish in time, though mostly while the compute stream was between kernels "
+                "rather than beside compute."
+            )
         else:
-            text += (f"So communication does not keep pace with compute: for {pct(p.exposed_ms / p.forward_ms)} of the "
-                     "forward pass the GPU does nothing but gather weights.")
+            text += (
+                f"So communication does not keep pace with compute: for {pct(p.exposed_ms / p.forward_ms)} of the "
+                "forward pass the GPU does nothing but gather weights."
+            )
     else:
-        text += (f"With the GPU idle {pct(1 - p.busy_fraction, 0)} of the pass, the gathers could run in its idle time: this "
-                 "profile shows that they are issued early enough, not whether they keep pace with compute.")
-        caveat += (f" Even the busiest forward profiled kept the GPU busy only {pct(p.busy_fraction, 0)} of the time, so "
-                   "it cannot show whether the gathers would keep pace with a compute-bound forward pass.")
-    smaller = profiles[(profiles.status == "ok") & (profiles.batch_per_rank < p.batch_per_rank) & profiles.busy_fraction.notna()]
+        text += (
+            f"With the GPU idle {pct(1 - p.busy_fraction, 0)} of the pass, the gathers could run in its idle time: this "
+            "profile shows that they are issued early enough, not whether they keep pace with compute."
+        )
+        caveat += (
+            f" Even the busiest forward profiled kept the GPU busy only {pct(p.busy_fraction, 0)} of the time, so "
+            "it cannot show whether the gathers would keep pace with a compute-bound forward pass."
+        )
+    smaller = profiles[
+        (profiles.status == "ok") & (profiles.batch_per_rank < p.batch_per_rank) & profiles.busy_fraction.notna()
+    ]
     if len(smaller):
         s0 = smaller.iloc[0]
-        text += (f" At {_sequences(s0.batch_per_rank)} per rank the same forward kept the GPU busy only "
-                 f"{pct(s0.busy_fraction, 0)} of {_ms(s0.forward_ms)}"
-                 + (": there the GPU spent most of the pass waiting for the host's hooks and kernel launches."
-                    if s0.busy_fraction < 0.5 else "."))
+        text += (
+            f" At {_sequences(s0.batch_per_rank)} per rank the same forward kept the GPU busy only "
+            f"{pct(s0.busy_fraction, 0)} of {_ms(s0.forward_ms)}"
+            + (
+                ": there the GPU spent most of the pass waiting for the host's hooks and kernel launches."
+                if s0.busy_fraction < 0.5
+                else "."
+            )
+        )
     return Answer(text=text, figure=figure, caveat=f"{caveat} {_run_caveat(setup, '2026', pick.xl_failed)}".strip())
 
 
@@ -1077,24 +1400,33 @@ def _gather_timing_of_one_step(results: Results) -> Answer:
     gpu_clock = setup.on_gpus and str(t.clock.iloc[0]).startswith("GPU")
     model = _model_name(setup.size)
     count = f"all {len(t)}" if in_time == len(t) else f"{in_time} of the {len(t)}"
-    text = (f"In one profiled step of {model} with bf16 compute on rank 0 of {setup.ranks}, {count} "
-            f"forward all-gathers finished before their module's "
-            + ("first kernel started" if gpu_clock else "forward needed the weight"))
+    text = (
+        f"In one profiled step of {model} with bf16 compute on rank 0 of {setup.ranks}, {count} "
+        f"forward all-gathers finished before their module's "
+        + ("first kernel started" if gpu_clock else "forward needed the weight")
+    )
     ready = timed[timed.in_time]
     lead = (ready.compute_start_ms - ready.gather_end_ms).median()
-    text += (f", {'those ' if len(ready) < len(t) else ''}a median {_ms(lead)} before it" if len(ready) else "")
-    text += (f"; {len(late)} were late, by {_ms(late.exposed_ms.sum())} in all." if len(late) else
-             ", so none delayed the forward pass.")
+    text += f", {'those ' if len(ready) < len(t) else ''}a median {_ms(lead)} before it" if len(ready) else ""
+    text += (
+        f"; {len(late)} were late, by {_ms(late.exposed_ms.sum())} in all."
+        if len(late)
+        else ", so none delayed the forward pass."
+    )
     if gpu_clock:
         idle = (timed.compute_start_ms - timed.ready_ms).median()
         gap = (t.compute_start_ms.shift(-1) - t.compute_start_ms).dropna().median()
         nccl = (timed.gather_end_ms - timed.gather_start_ms).sum()
-        text += (f" But this forward pass was paced by the host, not the GPU: it lasted {_ms(forward)}, consecutive "
-                 f"modules' first kernels started a median {_ms(gap)} apart, and before each module the compute stream "
-                 f"sat idle a median {_ms(idle)} with its gather long finished, so the {_ms(nccl)} of all-gather kernels "
-                 "ran in idle time.")
-        caveat = ("Because the GPU was mostly idle in this profile, it shows that the gathers are issued early enough, "
-                  "not that they would keep pace with a compute-bound forward pass or how much they overlap compute. ")
+        text += (
+            f" But this forward pass was paced by the host, not the GPU: it lasted {_ms(forward)}, consecutive "
+            f"modules' first kernels started a median {_ms(gap)} apart, and before each module the compute stream "
+            f"sat idle a median {_ms(idle)} with its gather long finished, so the {_ms(nccl)} of all-gather kernels "
+            "ran in idle time."
+        )
+        caveat = (
+            "Because the GPU was mostly idle in this profile, it shows that the gathers are issued early enough, "
+            "not that they would keep pace with a compute-bound forward pass or how much they overlap compute. "
+        )
     else:
         text += f" The profiled forward pass lasted {_ms(forward)} on the CPU; a gather counts as late when its wait blocked."
         caveat = "On the CPU (gloo) the gathers are timed by the host's waits, not by GPU kernels. "

@@ -33,8 +33,10 @@ def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, str]:
         rows = results.table("leaderboard_8b_two_gpus_command")
         two = rows[(rows.world_size == 2) & (rows.status == "ok")]
         if "ours" in set(two.variant):
-            return two, ("Timed by `torchrun --nproc-per-node 2 -m cs336_systems.training.leaderboard_8b` from empty "
-                         "caches beside this notebook's run, which had one GPU (`tools/leaderboard_8b_two_gpus.py`).")
+            return two, (
+                "Timed by `torchrun --nproc-per-node 2 -m cs336_systems.training.leaderboard_8b` from empty "
+                "caches beside this notebook's run, which had one GPU (`tools/leaderboard_8b_two_gpus.py`)."
+            )
     raise NotAnswered("the step at batch 2 needs two GPUs, and this run had fewer")
 
 
@@ -44,11 +46,15 @@ def eight_b_step(results: Results) -> Answer:
     by = two.set_index("variant")
     ours = by.loc["ours"]
     device = ours.get("device", "GPU")
-    text = (f"Our fastest complete 8B training step (forward, loss, backward, AdamW; context 32,768, one sequence "
-            f"per GPU) takes **{ours.ms:,.1f} ms** on two {device}s, timed with {timing_words(ours)}.")
+    text = (
+        f"Our fastest complete 8B training step (forward, loss, backward, AdamW; context 32,768, one sequence "
+        f"per GPU) takes **{ours.ms:,.1f} ms** on two {device}s, timed with {timing_words(ours)}."
+    )
     if "torch_native" in by.index:
         base = by.loc["torch_native"]
-        text += (f" The torch-native step (SDPA, full logits and `F.cross_entropy`, `torch.optim.AdamW`) under the "
-                 f"same sharding takes {base.ms:,.1f} ms: ours is {ours.ms / base.ms:.3f}× its time.")
+        text += (
+            f" The torch-native step (SDPA, full logits and `F.cross_entropy`, `torch.optim.AdamW`) under the "
+            f"same sharding takes {base.ms:,.1f} ms: ours is {ours.ms / base.ms:.3f}× its time."
+        )
     table = two[["variant", "ms", "peak_gib"]].rename(columns={"ms": "step (ms)", "peak_gib": "peak per GPU (GiB)"})
     return Answer(text, table=table.reset_index(drop=True), caveat=caveat)

@@ -13,8 +13,8 @@ import re
 import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds, builds_each_handout
-from cs336_systems.report.answers import Answer
 from cs336_systems.experiments.answers.words import and_join
+from cs336_systems.report.answers import Answer
 
 PROFILING = "05_memory_profiling"
 CHECKPOINTING = "06_gradient_checkpointing"
@@ -27,6 +27,7 @@ MODEL_KEYS = ("d_model", "d_ff", "num_layers", "num_heads")
 
 
 # ---------------------------------------------------------------- shared wording
+
 
 def _num(x: float) -> str:
     """A size for prose: three significant digits, thousands separated (0.0625, 2.65, 174, 8,551)."""
@@ -108,8 +109,10 @@ def _missing_2026(contexts) -> str:
     missing = [c for c in CONTEXTS_2026 if c not in set(contexts)]
     if not missing:
         return ""
-    return (f"The 2026 handout asks for contexts {and_join(CONTEXTS_2026)}; this run measured "
-            f"{_contexts(sorted(set(contexts)))}, so {_contexts(missing)} {'is' if len(missing) == 1 else 'are'} missing.")
+    return (
+        f"The 2026 handout asks for contexts {and_join(CONTEXTS_2026)}; this run measured "
+        f"{_contexts(sorted(set(contexts)))}, so {_contexts(missing)} {'is' if len(missing) == 1 else 'are'} missing."
+    )
 
 
 def _caveat(*parts: str) -> str:
@@ -127,7 +130,7 @@ def timeline_contexts(recorded, handout: str) -> list[int]:
     """The contexts of `recorded` a handout's timelines show: its own, else as many of the run's as it asks for."""
     recorded = sorted({int(c) for c in recorded})
     wanted = [c for c in TIMELINE_CONTEXTS[handout] if c in recorded]
-    return wanted or recorded[:len(TIMELINE_CONTEXTS[handout])]
+    return wanted or recorded[: len(TIMELINE_CONTEXTS[handout])]
 
 
 def _snapshot_context(results: Results, model: dict) -> int | None:
@@ -157,8 +160,10 @@ def _measured_snapshots(results: Results) -> pd.DataFrame:
     phases = results.table("phase_memory")
     phases = phases[phases["run"] != "example"]
     if phases.empty:
-        raise NotAnswered("memory snapshots record the CUDA caching allocator and this run had no GPU; the notebook "
-                          "draws a synthetic example snapshot instead of a measurement")
+        raise NotAnswered(
+            "memory snapshots record the CUDA caching allocator and this run had no GPU; the notebook "
+            "draws a synthetic example snapshot instead of a measurement"
+        )
     return phases
 
 
@@ -188,21 +193,29 @@ def _timelines(results: Results, handout: str) -> Answer:
     params = _parameters(results, suffix)
     several = len(contexts) > 1
     sentences = []
-    forward = [(c, at[("forward", c, "forward")]) for c in contexts
-               if ("forward", c, "forward") in at and ("forward", c) not in failed]
+    forward = [
+        (c, at[("forward", c, "forward")])
+        for c in contexts
+        if ("forward", c, "forward") in at and ("forward", c) not in failed
+    ]
     if forward:
         mib = 1024 if unit == "GiB" else 1
-        rises = [f"{(v(f, 'peak') - v(f, 'start')) * mib:,.0f} MiB" + (f" at context {c}" if several else "")
-                 for c, f in forward]
+        rises = [
+            f"{(v(f, 'peak') - v(f, 'start')) * mib:,.0f} MiB" + (f" at context {c}" if several else "")
+            for c, f in forward
+        ]
         sentences.append(
             f"In inference (forward only, under no_grad) memory starts at {_values([v(f, 'start') for _, f in forward], unit)}"
             + (f", {params:.2f} {unit} of it the parameters" if params else "")
             + f", rises by at most {and_join(rises)} in one short spike per layer and ends at "
             f"{_values([v(f, 'end') for _, f in forward], unit)}: each layer's intermediates are freed once the next layer "
-            "has used them, and there are no gradients and no optimizer state.")
+            "has used them, and there are no gradients and no optimizer state."
+        )
     for c in contexts:
         lead = f"At context {c}, in" if several else "In"
-        steps = {p: at[("train-step", c, p)] for p in ("forward", "backward", "optimizer step") if ("train-step", c, p) in at}
+        steps = {
+            p: at[("train-step", c, p)] for p in ("forward", "backward", "optimizer step") if ("train-step", c, p) in at
+        }
         if ("train-step", c) in failed:
             sentences.append(_failed_step(failed[("train-step", c)], steps, c, unit, v))
         elif len(steps) == 3:
@@ -213,15 +226,19 @@ def _timelines(results: Results, handout: str) -> Answer:
                 f"activations are saved for the backward; the backward starts at {v(b, 'start'):.2f}, peaks at "
                 f"{v(b, 'peak'):.2f} and ends at {v(b, 'end'):.2f} {unit}, freeing the saved activations while it creates the "
                 f"gradients; the optimizer step peaks at {v(o, 'peak'):.2f} {unit} and drops to {v(o, 'end'):.2f} {unit} "
-                "when the gradients are released.")
+                "when the gradients are released."
+            )
             sentences.append(
                 "So each stage shows in the shape: the ramp is the forward, the backward follows until every gradient "
                 f"exists, and AdamW's per-parameter temporaries end in the drop; the step's highest point, "
-                f"{v(steps[top], 'peak'):.2f} {unit}, is in the {top}.")
+                f"{v(steps[top], 'peak'):.2f} {unit}, is in the {top}."
+            )
     if not sentences:
         raise NotAnswered("this run recorded no timeline of a forward pass or of a training step")
-    text = (f"Timelines of {_model_name(model, handout)} at {_contexts(contexts)}, recorded {_on(results, PROFILING)}. "
-            + " ".join(sentences))
+    text = (
+        f"Timelines of {_model_name(model, handout)} at {_contexts(contexts)}, recorded {_on(results, PROFILING)}. "
+        + " ".join(sentences)
+    )
     names = [f"active_memory_timelines_ctx{'_'.join(map(str, contexts))}", "active_memory_timelines"]
     figure = next((f"figures/{n}.png" for n in names if (results.folder / "figures" / f"{n}.png").exists()), None)
     note = ""
@@ -230,7 +247,9 @@ def _timelines(results: Results, handout: str) -> Answer:
         note = "The figure here is the training step's timeline; the inference timeline is the notebook's other figure."
     context_note = ""
     if handout == "2026" and not set(CONTEXTS_2026) <= set(contexts):
-        context_note = f"The timelines are at {_contexts(contexts)}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
+        context_note = (
+            f"The timelines are at {_contexts(contexts)}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
+        )
     return Answer(text=text, figure=figure, caveat=_caveat(note, context_note, _model_caveat(model, handout)))
 
 
@@ -239,24 +258,31 @@ def _failed_step(failed: dict, steps: dict, context: int, unit: str, v) -> str:
     got, and the analytic peak of the whole step."""
     phase = failed["failed_phase"]
     text = f"At context {context} the training step does not fit: " + (
-        "not even the model and its optimizer could be built" if phase == "model" else f"it ran out of memory in its {phase}")
+        "not even the model and its optimizer could be built"
+        if phase == "model"
+        else f"it ran out of memory in its {phase}"
+    )
     if phase in steps:
         fresh = int(failed.get("warmup", 1)) == 0
-        text += (f", after memory had reached {v(steps[phase], 'peak'):.2f} {unit}"
-                 + (" (recorded from a fresh model without a warm-up step, so with no gradients or AdamW state yet)"
-                    if fresh else ""))
+        text += f", after memory had reached {v(steps[phase], 'peak'):.2f} {unit}" + (
+            " (recorded from a fresh model without a warm-up step, so with no gradients or AdamW state yet)"
+            if fresh
+            else ""
+        )
         done = [p for p in ("forward", "backward", "optimizer step") if p in steps and p != phase]
         if done:
             text += f", its {and_join(done)} having run"
     peak = failed.get("predicted_peak_gib")
     if peak is not None and peak == peak:
         device = failed.get("device_memory_gib")
-        text += (f"; the analytic model puts the whole step's peak at {peak:,.1f} GiB"
-                 + (f", against the GPU's {device:.0f} GiB" if device is not None and device == device else ""))
+        text += f"; the analytic model puts the whole step's peak at {peak:,.1f} GiB" + (
+            f", against the GPU's {device:.0f} GiB" if device is not None and device == device else ""
+        )
     return text + "."
 
 
 # ---------------------------------------------------------------- (b), (c) peaks
+
 
 def _peaks(results: Results) -> tuple[pd.DataFrame, str, str]:
     peaks = results.table("peak_memory")
@@ -302,34 +328,47 @@ def _peak_answer(results: Results, handout: str) -> Answer:
     table = _peak_table(peaks, contexts, suffix, unit)
     fwd, train = table.columns[1], table.columns[2]
     params, fixed = _fixed_state(peaks, suffix)
-    text = (f"Peak memory of {_model_name(model, handout)} in fp32 at batch {int(model.get('batch', 4))}, measured "
-            f"{_on(results, PROFILING)}: for a forward pass {and_join(_fmt_peak(v, unit) for v in table[fwd])} and for a full "
-            f"training step {and_join(_fmt_peak(v, unit) for v in table[train])} at {_contexts(contexts)}.")
+    text = (
+        f"Peak memory of {_model_name(model, handout)} in fp32 at batch {int(model.get('batch', 4))}, measured "
+        f"{_on(results, PROFILING)}: for a forward pass {and_join(_fmt_peak(v, unit) for v in table[fwd])} and for a full "
+        f"training step {and_join(_fmt_peak(v, unit) for v in table[train])} at {_contexts(contexts)}."
+    )
     ok = [(c, v) for c, v in zip(contexts, table[train]) if not isinstance(v, str)]
     if ok:
-        text += (f" Parameters take {params:.2f} {unit}, and parameters, gradients and AdamW state together {fixed:.2f} "
-                 f"{unit} at every context; the training step's peak is {and_join(f'{v - fixed:.2f} {unit}' for _, v in ok)} "
-                 f"above that at {_contexts(c for c, _ in ok)}: what the step itself adds at its peak (saved activations and "
-                 "temporaries).")
+        text += (
+            f" Parameters take {params:.2f} {unit}, and parameters, gradients and AdamW state together {fixed:.2f} "
+            f"{unit} at every context; the training step's peak is {and_join(f'{v - fixed:.2f} {unit}' for _, v in ok)} "
+            f"above that at {_contexts(c for c, _ in ok)}: what the step itself adds at its peak (saved activations and "
+            "temporaries)."
+        )
         text += _lower_at_longer(peaks, ok, suffix, unit)
     text += _out_of_memory(peaks, contexts, suffix, unit)
-    caveat = _caveat(_missing_2026(run) if handout == "2026" else "", _estimate_2048(peaks, model, run, handout, unit),
-                     _model_caveat(model, handout))
+    caveat = _caveat(
+        _missing_2026(run) if handout == "2026" else "",
+        _estimate_2048(peaks, model, run, handout, unit),
+        _model_caveat(model, handout),
+    )
     return Answer(text=text, table=table, caveat=caveat)
 
 
 def _out_of_memory(peaks: pd.DataFrame, contexts, suffix: str, unit: str, precisions=("fp32",)) -> str:
     """A sentence for the training steps that ran out of memory, with the analytic model's peak for them."""
-    train = peaks[(peaks["mode"] == "train-step") & peaks.context_length.isin(contexts) & peaks.precision.isin(precisions)]
+    train = peaks[
+        (peaks["mode"] == "train-step") & peaks.context_length.isin(contexts) & peaks.precision.isin(precisions)
+    ]
     failed = train[train.status != "ok"]
     if failed.empty:
         return ""
     at = sorted(failed.context_length.unique())
-    predicted = and_join(f"{float(r[f'predicted_{suffix}']):,.1f} {unit}" + (f" ({r.precision})" if len(precisions) > 1 else "")
-                      for _, r in failed.sort_values(["context_length", "precision"], ascending=[True, False]).iterrows())
-    return (f" At {_contexts(at)} the training step ran out of the GPU's memory"
-            + (" in both precisions" if len(precisions) > 1 and len(failed) == len(at) * len(precisions) else "")
-            + f"; the analytic model puts its peak at {predicted}.")
+    predicted = and_join(
+        f"{float(r[f'predicted_{suffix}']):,.1f} {unit}" + (f" ({r.precision})" if len(precisions) > 1 else "")
+        for _, r in failed.sort_values(["context_length", "precision"], ascending=[True, False]).iterrows()
+    )
+    return (
+        f" At {_contexts(at)} the training step ran out of the GPU's memory"
+        + (" in both precisions" if len(precisions) > 1 and len(failed) == len(at) * len(precisions) else "")
+        + f"; the analytic model puts its peak at {predicted}."
+    )
 
 
 def _lower_at_longer(peaks: pd.DataFrame, ok: list, suffix: str, unit: str) -> str:
@@ -338,10 +377,12 @@ def _lower_at_longer(peaks: pd.DataFrame, ok: list, suffix: str, unit: str) -> s
         if v2 < v1:
             train = peaks[(peaks["mode"] == "train-step") & (peaks.precision == "fp32")].set_index("context_length")
             p1, p2 = (float(train.loc[c, f"predicted_{suffix}"]) for c in (c1, c2))
-            return (f" At {c1} and {c2} the peaks differ by only {v1 - v2:.2f} {unit} ({100 * (v1 / v2 - 1):.1f}%), the "
-                    f"longer context the lower: both are set mostly by the fixed state, and the analytic model, which puts "
-                    f"the peak in the {train.loc[c1, 'peak_at']} at {c1} and in the {train.loc[c2, 'peak_at']} at {c2}, "
-                    f"predicts them {abs(p2 - p1):.2f} {unit} apart.")
+            return (
+                f" At {c1} and {c2} the peaks differ by only {v1 - v2:.2f} {unit} ({100 * (v1 / v2 - 1):.1f}%), the "
+                f"longer context the lower: both are set mostly by the fixed state, and the analytic model, which puts "
+                f"the peak in the {train.loc[c1, 'peak_at']} at {c1} and in the {train.loc[c2, 'peak_at']} at {c2}, "
+                f"predicts them {abs(p2 - p1):.2f} {unit} apart."
+            )
     return ""
 
 
@@ -358,8 +399,10 @@ def _estimate_2048(peaks: pd.DataFrame, model: dict, run, handout: str, unit: st
     fwd, train = (memory_estimate(config, batch, 2048, mode)["peak"] / scale for mode in ("forward", "train-step"))
     ok = peaks[peaks.status == "ok"]
     worst = 100 * float(ok["error"].abs().max())
-    return (f"The notebook's analytic memory model, within {worst:.1f}% of every peak measured here, puts context 2048 "
-            f"at {fwd:.1f} {unit} for the forward pass and {train:.1f} {unit} for the training step.")
+    return (
+        f"The notebook's analytic memory model, within {worst:.1f}% of every peak measured here, puts context 2048 "
+        f"at {fwd:.1f} {unit} for the forward pass and {train:.1f} {unit} for the training step."
+    )
 
 
 @builds_each_handout("memory_profiling.c")
@@ -374,7 +417,10 @@ def _mixed_answer(results: Results, handout: str) -> Answer:
     ok = peaks[(peaks.status == "ok") & peaks.context_length.isin(contexts)]
     value = ok.set_index(["context_length", "mode", "precision"])[f"measured_{suffix}"]
     act = ok[ok["mode"] == "train-step"].set_index(["context_length", "precision"])[f"activations_{suffix}"]
-    both = {m: [c for c in contexts if all((c, m, p) in value.index for p in ("fp32", "bf16"))] for m in ("forward", "train-step")}
+    both = {
+        m: [c for c in contexts if all((c, m, p) in value.index for p in ("fp32", "bf16"))]
+        for m in ("forward", "train-step")
+    }
     if not both["forward"] and not both["train-step"]:
         raise NotAnswered("no context has both its fp32 and bf16 peaks measured in this run")
     _, fixed = _fixed_state(peaks, suffix)
@@ -386,20 +432,32 @@ def _mixed_answer(results: Results, handout: str) -> Answer:
         return and_join(f"{act[(c, precision)]:.2f}" for c in both["train-step"])
 
     same = both["forward"] == both["train-step"]
-    parts = [f"{listed(m, 'bf16')} {unit} for {name} (fp32: {listed(m, 'fp32')})" + ("" if same else f" at {_contexts(both[m])}")
-             for m, name in (("forward", "a forward pass"), ("train-step", "a training step")) if both[m]]
-    text = (f"With bf16 autocast, {_model_name(model, handout)} peaks at {' and at '.join(parts)}"
-            + (f" at {_contexts(both['forward'])}" if same else "") + f", measured {_on(results, PROFILING)}")
+    parts = [
+        f"{listed(m, 'bf16')} {unit} for {name} (fp32: {listed(m, 'fp32')})"
+        + ("" if same else f" at {_contexts(both[m])}")
+        for m, name in (("forward", "a forward pass"), ("train-step", "a training step"))
+        if both[m]
+    ]
+    text = (
+        f"With bf16 autocast, {_model_name(model, handout)} peaks at {' and at '.join(parts)}"
+        + (f" at {_contexts(both['forward'])}" if same else "")
+        + f", measured {_on(results, PROFILING)}"
+    )
     train = both["train-step"]
     if train:
         change = {c: value[(c, "train-step", "bf16")] / value[(c, "train-step", "fp32")] - 1 for c in train}
-        text += (f": a change of {and_join(f'{100 * change[c]:+.1f}%' for c in train)} for the training step. "
-                 + ("Mixed precision does not change memory much here" if max(map(abs, change.values())) < 0.10
-                    else "Mixed precision changes memory noticeably here")
-                 + f": the fp32 parameters, gradients and AdamW state ({fixed:.2f} {unit}) stay as they are and only the "
-                 f"saved activations change, from {activations('fp32')} to {activations('bf16')} {unit} in the analytic "
-                 "count, since bf16 halves each activation but autocast also saves a bf16 copy of every weight for the "
-                 "backward.")
+        text += (
+            f": a change of {and_join(f'{100 * change[c]:+.1f}%' for c in train)} for the training step. "
+            + (
+                "Mixed precision does not change memory much here"
+                if max(map(abs, change.values())) < 0.10
+                else "Mixed precision changes memory noticeably here"
+            )
+            + f": the fp32 parameters, gradients and AdamW state ({fixed:.2f} {unit}) stay as they are and only the "
+            f"saved activations change, from {activations('fp32')} to {activations('bf16')} {unit} in the analytic "
+            "count, since bf16 halves each activation but autocast also saves a bf16 copy of every weight for the "
+            "backward."
+        )
     else:
         text += "."
     text += _out_of_memory(peaks, contexts, suffix, unit, precisions=("fp32", "bf16"))
@@ -409,6 +467,7 @@ def _mixed_answer(results: Results, handout: str) -> Answer:
 
 # ---------------------------------------------------------------- (d) residual stream
 
+
 @builds_each_handout("memory_profiling.d")
 def _residual_answer(results: Results, handout: str) -> Answer:
     residual = results.table("residual_stream_size")
@@ -416,15 +475,25 @@ def _residual_answer(results: Results, handout: str) -> Answer:
     d = int(model["d_model"])
     per_context = residual.set_index("context_length")["elements"] // residual.set_index("context_length").index
     batch = int(per_context.iloc[0]) // d
-    contexts = _handout_contexts(residual.context_length, "2025") if handout == "2025" else sorted(set(CONTEXTS_2026) | {512})
-    rows = [dict(context=c, elements=batch * c * d, bytes=4 * batch * c * d, MiB=4 * batch * c * d / MIB) for c in contexts]
+    contexts = (
+        _handout_contexts(residual.context_length, "2025") if handout == "2025" else sorted(set(CONTEXTS_2026) | {512})
+    )
+    rows = [
+        dict(context=c, elements=batch * c * d, bytes=4 * batch * c * d, MiB=4 * batch * c * d / MIB) for c in contexts
+    ]
     table = pd.DataFrame(rows)
     first = rows[-1] if handout == "2025" else next(r for r in rows if r["context"] == 512)
     others = [r for r in rows if r is not first]
-    text = (f"A residual-stream activation of {_model_name(model, handout)} holds batch × context × d_model single-precision "
-            f"numbers of 4 bytes: at context {first['context']}, {batch} × {first['context']} × {d} × 4 = "
-            f"{first['bytes']:,} bytes = {first['bytes']:,} / 1024² = **{_num(first['bytes'] / MIB)} MiB**"
-            + (f"; at {_contexts(r['context'] for r in others)}, {and_join(_mib(r) for r in others)} MiB." if others else "."))
+    text = (
+        f"A residual-stream activation of {_model_name(model, handout)} holds batch × context × d_model single-precision "
+        f"numbers of 4 bytes: at context {first['context']}, {batch} × {first['context']} × {d} × 4 = "
+        f"{first['bytes']:,} bytes = {first['bytes']:,} / 1024² = **{_num(first['bytes'] / MIB)} MiB**"
+        + (
+            f"; at {_contexts(r['context'] for r in others)}, {and_join(_mib(r) for r in others)} MiB."
+            if others
+            else "."
+        )
+    )
     if handout == "2026":
         text += " (The 2026 handout's default context is 512; its memory profiles use 128 and 2048.)"
     return Answer(text=text, table=table, caveat=_model_caveat(model, handout))
@@ -436,11 +505,14 @@ def _mib(row: dict) -> str:
 
 # ---------------------------------------------------------------- (e) largest allocations
 
+
 @builds_each_handout("memory_profiling.e")
 def _largest_answer(results: Results, handout: str) -> Answer:
     if not results.has("largest_allocations_forward"):
-        raise NotAnswered("the largest allocations are read from a CUDA memory snapshot of a forward pass, and this run "
-                          "recorded none (it had no GPU, or the snapshot ran out of memory)")
+        raise NotAnswered(
+            "the largest allocations are read from a CUDA memory snapshot of a forward pass, and this run "
+            "recorded none (it had no GPU, or the snapshot ran out of memory)"
+        )
     model = _model(results, PROFILING, "memory_model")
     every = _with_contexts(results.table("largest_allocations_forward"), results, model)
     contexts = timeline_contexts(every.context, handout)
@@ -449,25 +521,43 @@ def _largest_answer(results: Results, handout: str) -> Answer:
     top_size = largest.size_mib.max()
     top = largest[largest.size_mib == top_size]
     nxt = largest[largest.size_mib < top_size].drop_duplicates("size_mib").head(2)
-    text = (f"In the forward-pass snapshot of {_model_name(model, handout)} at batch {int(model.get('batch', 4))}, context "
-            f"{context}, recorded {_on(results, PROFILING)}, the largest allocations are **{top_size:,.1f} MiB** each"
-            + _made_by(top) + ".")
+    text = (
+        f"In the forward-pass snapshot of {_model_name(model, handout)} at batch {int(model.get('batch', 4))}, context "
+        f"{context}, recorded {_on(results, PROFILING)}, the largest allocations are **{top_size:,.1f} MiB** each"
+        + _made_by(top)
+        + "."
+    )
     if len(nxt):
-        text += " Next come " + and_join(
-            f"{r.size_mib:,.1f} MiB ({_tensor_words(r.looks_like)})" if isinstance(r.looks_like, str) and r.looks_like
-            else f"{r.size_mib:,.1f} MiB" for r in nxt.itertuples()) + "."
+        text += (
+            " Next come "
+            + and_join(
+                f"{r.size_mib:,.1f} MiB ({_tensor_words(r.looks_like)})"
+                if isinstance(r.looks_like, str) and r.looks_like
+                else f"{r.size_mib:,.1f} MiB"
+                for r in nxt.itertuples()
+            )
+            + "."
+        )
     for c in contexts[:-1]:
         rows = every[every.context == c]
         first = rows[rows.size_mib == rows.size_mib.max()]
         text += f" At context {c} the largest are {rows.size_mib.max():,.1f} MiB each" + _made_by(first) + "."
     shown = every[every.context.isin(contexts)].sort_values("context", ascending=False, kind="stable")
     table = shown.drop(columns=[] if len(contexts) > 1 and "context" in shown else ["context"]).rename(
-        columns={"size_mib": "size (MiB)", "label": "made at", "count": "allocations", "looks_like": "tensor it matches",
-                 "code": "source line"})
+        columns={
+            "size_mib": "size (MiB)",
+            "label": "made at",
+            "count": "allocations",
+            "looks_like": "tensor it matches",
+            "code": "source line",
+        }
+    )
     table["size (MiB)"] = table["size (MiB)"].round(2)
     context_note = ""
     if handout == "2026" and not set(CONTEXTS_2026) <= set(contexts):
-        context_note = f"The snapshot is at {_contexts(contexts)}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
+        context_note = (
+            f"The snapshot is at {_contexts(contexts)}; the 2026 handout's contexts are {and_join(CONTEXTS_2026)}."
+        )
     return Answer(text=text, table=table, caveat=_caveat(context_note, _model_caveat(model, handout)))
 
 
@@ -475,8 +565,12 @@ def _made_by(top: pd.DataFrame) -> str:
     """', fp32 B×H×S×S (attention scores / probabilities) tensors; their stack traces lead to `naive.py:20 …` (…) (64
     times)' for the rows of one allocation size."""
     shapes = [_tensor_words(s) for s in dict.fromkeys(top.looks_like.fillna("")) if s]
-    made = and_join(f"`{r.label}`" + (f" (`{r.code.strip()}`)" if isinstance(getattr(r, "code", None), str) else "")
-                    + f" ({r.count} times)" for r in top.itertuples())
+    made = and_join(
+        f"`{r.label}`"
+        + (f" (`{r.code.strip()}`)" if isinstance(getattr(r, "code", None), str) else "")
+        + f" ({r.count} times)"
+        for r in top.itertuples()
+    )
     return (f", {' or '.join(shapes)} tensors" if shapes else "") + f"; their stack traces lead to {made}"
 
 
@@ -488,11 +582,13 @@ def _tensor_words(looks_like: str) -> str:
 
 # ---------------------------------------------------------------- (f) one block's saved tensors and gradients
 
+
 @builds("memory_profiling.f")
 def block_saved(results: Results) -> Answer:
     if not results.has("block_memory"):
-        raise NotAnswered("the per-block saved-tensor table was added to the notebook after this run; "
-                          "the CPU report answers it")
+        raise NotAnswered(
+            "the per-block saved-tensor table was added to the notebook after this run; the CPU report answers it"
+        )
     summary = results.table("block_memory")
     ops = results.table("block_saved_by_operation")
     row = summary.iloc[(summary.context - 2048).abs().argmin()] if len(summary) > 1 else summary.iloc[0]
@@ -508,7 +604,8 @@ def block_saved(results: Results) -> Answer:
         f"attention) at batch {int(row.batch)}, context {context} saves **{_num(saved)} MiB** for the backward, measured "
         f"{_on(results, PROFILING)} with autograd's saved-tensor hooks (the analytic count gives "
         f"{_num(row.analytic_saved_bytes / MIB)} MiB). The five largest contributions, by the operation that made the "
-        "tensor, are " + and_join(f"`{r.operation}` ({_num(r.bytes / MIB)} MiB, {100 * r.share:.1f}%)" for r in top.itertuples())
+        "tensor, are "
+        + and_join(f"`{r.operation}` ({_num(r.bytes / MIB)} MiB, {100 * r.share:.1f}%)" for r in top.itertuples())
         + f", together {100 * top.share.sum():.1f}% of it.\n\n"
         f"Over the block's backward, allocated memory changes by {'+' if row.backward_change_bytes >= 0 else '-'}"
         f"{_num(abs(row.backward_change_bytes) / MIB)} MiB while the {_num(row.saved_freed_bytes / MIB)} MiB of saved "
@@ -516,16 +613,27 @@ def block_saved(results: Results) -> Answer:
         f"makes take {_num(inferred)} MiB. We expect the parameters' gradients, as large as the fp32 parameters "
         f"({_num(row.parameter_gradient_bytes / MIB)} MiB), plus the input's gradient, one residual-stream tensor "
         f"({_num(row.input_gradient_bytes / MIB)} MiB): {_num(direct)} MiB, "
-        + (f"which the measurement matches {_relative(inferred - direct, gap)}." if abs(gap) < 0.02 else
-           f"while the measurement is {_num(abs(inferred - direct))} MiB ({abs(100 * gap):.1f}%) "
-           f"{'more' if gap > 0 else 'less'}, so it does not match.")
+        + (
+            f"which the measurement matches {_relative(inferred - direct, gap)}."
+            if abs(gap) < 0.02
+            else f"while the measurement is {_num(abs(inferred - direct))} MiB ({abs(100 * gap):.1f}%) "
+            f"{'more' if gap > 0 else 'less'}, so it does not match."
+        )
     )
     table = top.assign(MiB=(top.bytes / MIB).round(3), share=(100 * top.share).round(1))[
-        ["operation", "tensors", "shapes", "MiB", "share"]].rename(
-        columns={"operation": "made by (module: operation)", "tensors": "tensors saved", "shapes": "shapes",
-                 "share": "share of the block's saved memory (%)"})
-    caveat = ("Measured with autograd's saved-tensor hooks and the allocator's counters around one block run on its own, "
-              "rather than read from Nsight Systems memory traces; the block is not compiled.")
+        ["operation", "tensors", "shapes", "MiB", "share"]
+    ].rename(
+        columns={
+            "operation": "made by (module: operation)",
+            "tensors": "tensors saved",
+            "shapes": "shapes",
+            "share": "share of the block's saved memory (%)",
+        }
+    )
+    caveat = (
+        "Measured with autograd's saved-tensor hooks and the allocator's counters around one block run on its own, "
+        "rather than read from Nsight Systems memory traces; the block is not compiled."
+    )
     if not _same(dict(model, num_layers=32), XL_2026):
         caveat += f" The block has this run's model width, not the 2026 xl's ({_dims(dict(XL_2026))})."
     return Answer(text=text, table=table, caveat=caveat)
@@ -560,21 +668,24 @@ def nested_checkpoints(results: Results) -> Answer:
         "and the gradient flowing down: **O(1) peak activation memory in N**, the least possible since a block's backward "
         "needs its own activations, for **O(N²) compute** (N(N+1)/2 block forwards instead of N); binary nesting "
         "(checkpoint each half, recursively) is the middle ground at O(log N) memory and O(N log N) compute.\n\n"
-        + CHAIN_SKETCH + "\n\n"
+        + CHAIN_SKETCH
+        + "\n\n"
         f"Measured {_on(results, CHECKPOINTING)} on stacks of {lo} to {hi} TransformerBlocks (weights frozen, so the peak "
         f"is activations only): the chain's peak {_from_to(peak.loc[lo, 'chain'], peak.loc[hi, 'chain'])} MiB "
         f"while no checkpointing's goes from {_num(peak.loc[lo, 'none'])} to {_num(peak.loc[hi, 'none'])} MiB, and at "
         f"N = {hi} the chain ran {int(work.loc[hi, 'chain'])} block forwards (N(N+1)/2 = {hi * (hi + 1) // 2})."
     )
-    table = pd.DataFrame({
-        "blocks N": peak.index,
-        "peak, no checkpoints (MiB)": peak["none"].round(1).to_numpy(),
-        "peak, groups of √N (MiB)": peak["every"].round(1).to_numpy(),
-        "peak, binary nesting (MiB)": peak["binary"].round(1).to_numpy(),
-        "peak, chain nesting (MiB)": peak["chain"].round(1).to_numpy(),
-        "block forwards, binary": work.loc[peak.index, "binary"].to_numpy(),
-        "block forwards, chain": work.loc[peak.index, "chain"].to_numpy(),
-    })
+    table = pd.DataFrame(
+        {
+            "blocks N": peak.index,
+            "peak, no checkpoints (MiB)": peak["none"].round(1).to_numpy(),
+            "peak, groups of √N (MiB)": peak["every"].round(1).to_numpy(),
+            "peak, binary nesting (MiB)": peak["binary"].round(1).to_numpy(),
+            "peak, chain nesting (MiB)": peak["chain"].round(1).to_numpy(),
+            "block forwards, binary": work.loc[peak.index, "binary"].to_numpy(),
+            "block forwards, chain": work.loc[peak.index, "chain"].to_numpy(),
+        }
+    )
     return Answer(text=text, table=table)
 
 
@@ -626,26 +737,47 @@ def checkpoint_block_size(results: Results) -> Answer:
         f"For {_model_name(model, '2026')} at batch {batch}, context {context}, one block saves a = {_num(a)} MiB for the "
         f"backward and a checkpoint (the block's input) is c = {_num(c)} MiB, so with one level of groups of k blocks the "
         f"memory (N/k)·c + k·a is smallest at k = √(N·c/a) = {k_star:.2f} (N = {n}): "
-        + ("a block's activations outweigh its checkpoint so much that the best single-level strategy is the smallest "
-           "group, **a checkpoint around every block**, and each part of a block (attention, feed-forward) is the next "
-           "smaller size. " if k_star < 1.5 else f"groups of about **{round(k_star)} blocks** balance the two terms. ")
+        + (
+            "a block's activations outweigh its checkpoint so much that the best single-level strategy is the smallest "
+            "group, **a checkpoint around every block**, and each part of a block (attention, feed-forward) is the next "
+            "smaller size. "
+            if k_star < 1.5
+            else f"groups of about **{round(k_star)} blocks** balance the two terms. "
+        )
         + f"Measured {_on(results, CHECKPOINTING)} ({str(model.get('mode', 'forward-backward')).replace('-', ' and ')}): "
         + "; ".join(f"{_size_words(name)} {r[col]:.2f} {unit}" for name, r in ok.iterrows())
-        + (f"; {and_join(_size_words(r.checkpoint) for r in failed.itertuples())} ran out of memory" if len(failed) else "")
+        + (
+            f"; {and_join(_size_words(r.checkpoint) for r in failed.itertuples())} ran out of memory"
+            if len(failed)
+            else ""
+        )
         + f". The lowest measured peak is {_size_words(best)} ({ok.loc[best, col]:.2f} {unit})"
-        + (f", {_num(ok.loc[one, col] - ok.loc[best, col])} {unit} ({100 * (1 - ok.loc[best, col] / ok.loc[one, col]):.1f}%) "
-           f"below {_size_words(one)}." if best != one else ", and the next smaller and larger sizes measure higher.")
+        + (
+            f", {_num(ok.loc[one, col] - ok.loc[best, col])} {unit} ({100 * (1 - ok.loc[best, col] / ok.loc[one, col]):.1f}%) "
+            f"below {_size_words(one)}."
+            if best != one
+            else ", and the next smaller and larger sizes measure higher."
+        )
         + _per_block_step(ok, col, unit, a)
     )
     table = sizes.assign(
-        measured=sizes[col].round(2), predicted=sizes[pred].round(2),
+        measured=sizes[col].round(2),
+        predicted=sizes[pred].round(2),
         checkpoint=[_size_words(k) for k in sizes.checkpoint],
-    )[["checkpoint", "status", "measured", "predicted"]].rename(columns={
-        "checkpoint": "checkpoint around", "status": "run", "measured": f"measured peak ({unit})",
-        "predicted": f"analytic peak ({unit})"})
+    )[["checkpoint", "status", "measured", "predicted"]].rename(
+        columns={
+            "checkpoint": "checkpoint around",
+            "status": "run",
+            "measured": f"measured peak ({unit})",
+            "predicted": f"analytic peak ({unit})",
+        }
+    )
     table["run"] = table["run"].replace({"ok": "ran", "OOM": "out of memory"})
-    caveat = "" if _same(model, XL_2026) else (
-        f"This run used {_model_name(model, '2026')}; the 2026 handout's xl is {_dims(dict(XL_2026))}.")
+    caveat = (
+        ""
+        if _same(model, XL_2026)
+        else (f"This run used {_model_name(model, '2026')}; the 2026 handout's xl is {_dims(dict(XL_2026))}.")
+    )
     return Answer(text=text, table=table, caveat=caveat)
 
 
@@ -658,8 +790,10 @@ def _per_block_step(ok: pd.DataFrame, col: str, unit: str, a_mib: float) -> str:
     scale = 1024 if unit == "GiB" else 1
     words = [f"{_num(v)} {unit}" for v in steps]
     added = f"{words[0]}{' each time' if len(words) > 1 else ''}" if len(set(words)) == 1 else and_join(words)
-    return (f" Each further block per group adds {added} to the peak, against "
-            f"a = {_num(a_mib / scale)} {unit} of one block's saved activations.")
+    return (
+        f" Each further block per group adds {added} to the peak, against "
+        f"a = {_num(a_mib / scale)} {unit} of one block's saved activations."
+    )
 
 
 def _size_words(name: str) -> str:
@@ -669,4 +803,3 @@ def _size_words(name: str) -> str:
         return "each half block"
     k = int(name.removeprefix("k = "))
     return "every block" if k == 1 else f"every {k} blocks"
-
