@@ -330,7 +330,10 @@ if len(ran) >= 2:
     lo, hi = ran[0], ran[-1]
     at = scaled.set_index(["flavour", "world_size"])
     base_lo, base_hi = at.loc[("no-communication", lo)], at.loc[("no-communication", hi)]
-    ring = lambda n: 2 * (n - 1) / n
+
+    def ring(n):
+        return 2 * (n - 1) / n
+
     parts = []
     for flavour in [f for f in scaled.flavour.unique() if f != "no-communication"]:
         a, b = at.loc[(flavour, lo)], at.loc[(flavour, hi)]

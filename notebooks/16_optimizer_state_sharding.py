@@ -148,7 +148,10 @@ for size in table["size"].unique():
 gpu_peaks = table["peak"].notna().all()
 for size, rows in table.groupby("size", sort=False, observed=True):
     t = rows.groupby(["optimizer", "point"], observed=True).max(numeric_only=True)
-    at = lambda kind, point, col: t.loc[(kind, point), col]  # noqa: E731
+
+    def at(kind, point, col, t=t):
+        return t.loc[(kind, point), col]
+
     lines = []
     for kind in ("unsharded", "sharded", "zero"):
         if (kind, "after step") not in t.index:

@@ -195,9 +195,9 @@ def test_2026_timing_names_the_optimizer_step_and_the_reason_for_out_of_memory(t
         in a.text
     )
     assert (
-        "10B runs out of memory for the forward+backward and training step: the analytic peak of its fp32 training step "
-        "is 206 GiB, of which the parameters, gradients and AdamW state alone take 191 GiB before any activation, more "
-        "than the GPU's 79 GiB; its forward fits (1,400 ms)."
+        "10B runs out of memory for the forward+backward and training step: the analytic peak of its fp32 training "
+        "step is 206 GiB, of which the parameters, gradients and AdamW state alone take 191 GiB before any activation, "
+        "more than the GPU's 79 GiB; its forward fits (1,400 ms)."
     ) in a.text
     assert "optimizer step is not timed" not in a.caveat and "no 10B" not in a.caveat
     assert "training step (ms)" in a.table and "optimizer step (ms)" in a.table
@@ -308,12 +308,13 @@ def test_the_precision_answer_measures_the_inversion_and_the_graphed_speed_up(tm
     _with_probe(pd.concat([fp32, bf16], ignore_index=True), launch).to_csv(tmp_path / "precision_raw.csv", index=False)
     a = build("benchmarking_mixed_precision.c", Results(tmp_path))
     assert (
-        "the bf16 forward+backward of xl and 2.7B (the GPU busy 30–55%; as one CUDA graph 60.00–100 ms against 175–180 ms eager)"
-        in a.text
+        "the bf16 forward+backward of xl and 2.7B (the GPU busy 30–55%; as one CUDA graph 60.00–100 ms against "
+        "175–180 ms eager)" in a.text
     )
     assert (
-        "the 48-layer xl's bf16 forward+backward is slower eager than the 32-layer 2.7B's (180 ms against 175 ms) although "
-        "it is the smaller model, while as CUDA graphs they take 60.00 ms and 100 ms, in the order of their sizes"
+        "the 48-layer xl's bf16 forward+backward is slower eager than the 32-layer 2.7B's (180 ms against 175 ms) "
+        "although it is the smaller model, while as CUDA graphs they take 60.00 ms and 100 ms, "
+        "in the order of their sizes"
     ) in a.text
     assert "as CUDA graphs, bf16 runs the forward+backward 6.30× (xl) and 5.19× (2.7B) as fast as fp32" in a.text
     assert "bound by kernel launches" not in a.text and a.text.count(". ") <= 3

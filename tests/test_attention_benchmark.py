@@ -191,9 +191,11 @@ def test_saved_for_backward_counts_each_storage_once_and_enforces_budget():
         y = x * x  # saves x twice: one storage
     assert saved.saved_bytes == 64 * 64 * 4
     assert saved.live_bytes(y) == 2 * 64 * 64 * 4
-    with pytest.raises(torch.OutOfMemoryError, match="simulated budget"):
-        with SavedForBackward(resident=[x], budget_bytes=64 * 64 * 4 + 1):
-            (x * 2).exp()  # exp saves its 16 KiB output
+    with (
+        pytest.raises(torch.OutOfMemoryError, match="simulated budget"),
+        SavedForBackward(resident=[x], budget_bytes=64 * 64 * 4 + 1),
+    ):
+        (x * 2).exp()  # exp saves its 16 KiB output
 
 
 def test_quadratic_fit_recovers_coefficients():

@@ -67,7 +67,8 @@ class Blocker(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Blocker())
 import importlib.util
-importlib.util.find_spec = lambda name, *a, _real=importlib.util.find_spec: None if name.split(".")[0] in BLOCKED else _real(name, *a)
+_real_find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name.split(".")[0] in BLOCKED else _real_find_spec(name, *a)
 import cs336_systems
 failed = []
 for m in pkgutil.walk_packages(cs336_systems.__path__, "cs336_systems."):

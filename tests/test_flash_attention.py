@@ -1270,8 +1270,9 @@ GPU_CAUSAL_RAGGED = {
 @pytest.mark.parametrize("n_q, n_k", GPU_CAUSAL_RAGGED.values(), ids=GPU_CAUSAL_RAGGED.keys())
 def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
     """The real kernels against SDPA's causal attention, through the Python `autograd.Function`
-    (`FlashAttentionTriton.python_apply`) and `FlashAttentionTriton.apply` (the C++ node where it builds). `split`: every forward splits its keys, in about
-    8 chunks of the longest query tile's, and (8,192 SMs given) every fp32 backward kernel splits its loop."""
+    (`FlashAttentionTriton.python_apply`) and `FlashAttentionTriton.apply` (the C++ node where it builds).
+    `split`: every forward splits its keys, in about 8 chunks of the longest query tile's, and (8,192 SMs
+    given) every fp32 backward kernel splits its loop."""
     from cs336_systems.attention import configs as flash_configs
     from cs336_systems.attention.launch import native as flash_native
     from cs336_systems.attention.launch.plans import LAUNCHES

@@ -161,7 +161,7 @@ def test_the_memory_budget_skips_the_materialised_attention_from_its_shape():
 
 def test_no_kernel_becomes_a_row_with_torchs_reason(monkeypatch):
     def refuses(q, k, v, is_causal):
-        warnings.warn("Flash attention kernel not used because: dtype float32 is not supported")
+        warnings.warn("Flash attention kernel not used because: dtype float32 is not supported", stacklevel=2)
         raise RuntimeError("No available kernel. Aborting execution.")
 
     monkeypatch.setattr(registry, "_sdpa", refuses)

@@ -362,7 +362,7 @@ def test_native_node_shows_its_saved_tensors_as_the_python_function_does(native)
     torch.testing.assert_close(saved[4], out.detach())
     out.backward(torch.ones_like(out))
     with pytest.raises(RuntimeError):
-        out.grad_fn.saved_tensors
+        _ = out.grad_fn.saved_tensors
 
 
 @gpu

@@ -14,12 +14,21 @@ OURS = [
     "Memset (Device)",
     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, at::native::func_wrapper_t<float>>>",
     "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>, std::array<char*, 1>>",
-    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda>>",
+    (
+        "void at::native::elementwise_kernel<128, 4, "
+        "at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda>>"
+    ),
     "flash_bwd_preprocess_kernel",
     "flash_bwd_gluon_kernel",
     "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)>",
-    "void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::native::(anonymous namespace)::OpaqueType<2>>",
-    "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3>>",
+    (
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<"
+        "at::native::(anonymous namespace)::OpaqueType<2>>"
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<8, "
+        "at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3>>"
+    ),
 ]
 CUDNN = [
     "Memset (Device)",

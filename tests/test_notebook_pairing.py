@@ -113,5 +113,8 @@ def test_a_notebook_without_its_script_and_a_script_without_its_notebook_are_rep
     (one_pair / "03_mixed_precision_accumulation.py").rename(one_pair / "04_orphan.py")
     assert pairing_problems(one_pair) == [
         "04_orphan.py has no notebook 04_orphan.ipynb (make sync-notebooks writes it)",
-        "03_mixed_precision_accumulation.ipynb has no script 03_mixed_precision_accumulation.py (make sync-notebooks writes it)",
+        (
+            "03_mixed_precision_accumulation.ipynb has no script 03_mixed_precision_accumulation.py "
+            "(make sync-notebooks writes it)"
+        ),
     ]

@@ -12,7 +12,7 @@ def test_adamw_matches_torch_adamw(weight_decay):
     model.load_state_dict(ref_model.state_dict())
     kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
     ours, ref = AdamW(model.parameters(), **kw), torch.optim.AdamW(ref_model.parameters(), **kw)
-    for step in range(20):
+    for _step in range(20):
         x = torch.randn(8, 6)
         for m, opt in ((model, ours), (ref_model, ref)):
             opt.zero_grad()

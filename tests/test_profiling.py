@@ -57,7 +57,8 @@ NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>
         ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matmul", "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"),
         (MUL, "elementwise", "vectorized_elementwise_kernel [MulFunctor]"),
         (
-            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MaxOps<float>, unsigned int, float, 4, 4> >"
+            "void at::native::reduce_kernel<512, 1, "
+            "at::native::ReduceOp<float, at::native::MaxOps<float>, unsigned int, float, 4, 4> >"
             "(at::native::ReduceOp<float, at::native::MaxOps<float>, unsigned int, float, 4, 4>)",
             "reduction",
             "reduce_kernel [MaxOps]",

@@ -8,9 +8,9 @@ The reference is the same model's weights in a second TransformerLM with attenti
   different summation orders (tiled online-softmax attention, chunked loss with a Triton log-sum-exp):
   a few ulps (~1e-7 relative) per op, a few dozen ops deep, stays well under 1e-5;
 - parameters after one AdamW step from the same gradients (ours copied into the reference's `.grad`):
-  rtol 2.4e-7 (two fp32 ulps), atol 1e-7, with lr 1e-3. The two optimizers do the same fp32 arithmetic on the same inputs, possibly
-  in another order: an update of size ~lr = 1e-3 differs by a few ulps (~1e-10), the parameters
-  by at most a rounding or two. (Not from each side's own gradients: on the
+  rtol 2.4e-7 (two fp32 ulps), atol 1e-7, with lr 1e-3. The two optimizers do the same fp32 arithmetic on
+  the same inputs, possibly in another order: an update of size ~lr = 1e-3 differs by a few ulps (~1e-10),
+  the parameters by at most a rounding or two. (Not from each side's own gradients: on the
   first step m/sqrt(v) = g/(|g|+eps), so a gradient of ~1e-8, comparable with eps, turns its 1e-5
   relative difference into an update difference of up to ~lr/2; one lm_head entry does that here);
 - 50 training steps on one batch: the losses agree within 2e-4 relative with fp32 AdamW states, 2e-3

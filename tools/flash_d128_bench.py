@@ -3,8 +3,8 @@
 at the 2026 leaderboard model's attention shape, in rounds whose order rotates, against the two Triton
 backward kernels and SDPA's cuDNN and flash backends. Writes every timing as CSV rows, prints a summary.
 
-    python tools/flash_d128_bench.py OUT.csv [--rounds 4] [--ms 2000] [--regs 240,24 232,40] [--shape 1,32,32768,128 ...]
-        [--variant NAME=PATH[:STAGES] ...] [--skip triton sdpa_flash]
+    python tools/flash_d128_bench.py OUT.csv [--rounds 4] [--ms 2000] [--regs 240,24 232,40]
+        [--shape 1,32,32768,128 ...] [--variant NAME=PATH[:STAGES] ...] [--skip triton sdpa_flash]
 
 A variant is a candidate kernel module (PATH defines `flash_bwd_gluon_d128_kernel` with the shipped kernel's
 signature), launched by the library's host code with its STAGES (default the shipped ones).

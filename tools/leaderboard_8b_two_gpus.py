@@ -8,9 +8,10 @@ torch-native step on the same two GPUs; then one two-GPU step profiled (compute 
 Each command runs from empty Triton and Inductor caches (`torchrun_step(cold_cache=True)`), in this order:
 ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two. DIR receives
 `leaderboard_8b_two_gpus_command.csv` (the schema of `reports/gpu/results/leaderboard_8b_command.csv`
-plus `blocks_recomputed`, `wall_s`, `status` and `note`), and from the trace `leaderboard_8b_two_gpus_streams.csv`
-(`two_gpu_profile`: `stream_summary`), `leaderboard_8b_two_gpus_overlap.csv` (`communication_overlap`), a timeline figure
-and the gzipped trace itself. `--from-trace TRACE` rebuilds only those from a trace (no GPU needed).
+plus `blocks_recomputed`, `wall_s`, `status` and `note`), and from the trace
+`leaderboard_8b_two_gpus_streams.csv` (`two_gpu_profile`: `stream_summary`), `leaderboard_8b_two_gpus_overlap.csv`
+(`communication_overlap`), a timeline figure and the gzipped trace itself. `--from-trace TRACE` rebuilds only
+those from a trace (no GPU needed).
 """
 
 from __future__ import annotations

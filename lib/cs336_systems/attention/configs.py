@@ -101,7 +101,8 @@ class ProblemKey:
         return cls(kernel, head_dim_tile, str(dtype).removeprefix("torch."), bool(is_causal), bucket, bool(small_grid))
 
     def to_str(self) -> str:
-        text = f"{self.kernel}|d{self.head_dim_tile}|{self.dtype}|{'causal' if self.is_causal else 'full'}|n{self.seq_bucket}"
+        mask = "causal" if self.is_causal else "full"
+        text = f"{self.kernel}|d{self.head_dim_tile}|{self.dtype}|{mask}|n{self.seq_bucket}"
         return text + "|small-grid" if self.small_grid else text
 
     @classmethod

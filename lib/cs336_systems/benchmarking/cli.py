@@ -60,7 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compile-scope",
         choices=COMPILE_SCOPES,
         default="model",
-        help="with --compile: the whole model, or each repeated block (regional compilation, compiles in one block's time)",
+        help=(
+            "with --compile: the whole model, or each repeated block "
+            "(regional compilation, compiles in one block's time)"
+        ),
     )
     p.add_argument("--attention", default="naive", help="naive, sdpa, flash_pytorch or flash_triton")
     p.add_argument(

@@ -179,7 +179,8 @@ def spawn(
             how = err.signal_name or f"exit code {err.exit_code}"
             if not all(r.exists() for r in results):
                 raise RuntimeError(
-                    f"rank {err.error_index} of distributed job {worker.__name__} (world size {world_size}) died with {how}{where}"
+                    f"rank {err.error_index} of distributed job {worker.__name__} (world size {world_size}) "
+                    f"died with {how}{where}"
                 ) from err
             warnings.warn(
                 f"rank {err.error_index} of {worker.__name__} died with {how} while shutting down, "

@@ -194,7 +194,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         parameters this rank owns only, under those same global indices.
         """
         local = self.local_optimizer.state_dict()["state"]
-        state = {g: local[l] for g, l in self._global_to_local_index().items() if l in local}
+        state = {g: local[i] for g, i in self._global_to_local_index().items() if i in local}
         return {"state": state, "param_groups": self._param_groups_description()}
 
     def consolidated_state_dict(self, to: int = 0) -> dict[str, Any] | None:
@@ -219,12 +219,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError(
                 "state_dict parameter groups have sizes "
-                f"{[len(g['params']) for g in groups]}, this optimizer's have {[len(g['params']) for g in self.param_groups]}"
+                f"{[len(g['params']) for g in groups]}, "
+                f"this optimizer's have {[len(g['params']) for g in self.param_groups]}"
             )
         for group, saved in zip(self.param_groups, groups):
             group.update(_hyperparameters(saved))
         saved_state = {int(k): v for k, v in state_dict["state"].items()}
-        local_state = {l: saved_state[g] for g, l in self._global_to_local_index().items() if g in saved_state}
+        local_state = {i: saved_state[g] for g, i in self._global_to_local_index().items() if g in saved_state}
         local_groups, start = [], 0
         for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
             n = len(local_group["params"])

@@ -191,13 +191,20 @@ def describe_allreduce(df: pd.DataFrame) -> str:
             verdict = "close to" if abs(ratio / ring - 1) < 0.25 else "above" if ratio > ring else "below"
             why = {
                 "close to": "so the ring's bandwidth cost explains the change",
-                "above": "so the ranks slow each other beyond the extra traffic (shared links, memory bandwidth or CPU cores)",
-                "below": "so something other than bandwidth sets the time here (fixed per-call latency, or noise from sharing the machine)",
+                "above": (
+                    "so the ranks slow each other beyond the extra traffic "
+                    "(shared links, memory bandwidth or CPU cores)"
+                ),
+                "below": (
+                    "so something other than bandwidth sets the time here "
+                    "(fixed per-call latency, or noise from sharing the machine)"
+                ),
             }[verdict]
             lines.append(
-                f"- At {lo['size']}, going from {lo.world_size} to {hi.world_size} {backend} processes changes the time "
-                f"from {lo.mean_ms:.2f} ms to {hi.mean_ms:.2f} ms ({ratio:.2f}×); a ring all-reduce's traffic per rank "
-                f"grows {ring:.2f}×, and the measured factor is {verdict} that, {why}."
+                f"- At {lo['size']}, going from {lo.world_size} to {hi.world_size} {backend} processes "
+                f"changes the time from {lo.mean_ms:.2f} ms to {hi.mean_ms:.2f} ms ({ratio:.2f}×); "
+                f"a ring all-reduce's traffic per rank grows {ring:.2f}×, "
+                f"and the measured factor is {verdict} that, {why}."
             )
     shared = set(df[df.backend == "gloo"].size_bytes) & set(df[df.backend == "nccl"].size_bytes)
     if shared:

@@ -100,7 +100,8 @@ class SavedForBackward:
         used = self.live_bytes(*extra)
         if self.budget_bytes is not None and used > self.budget_bytes:
             raise torch.OutOfMemoryError(
-                f"out of memory (simulated budget): {used / MiB:.1f} MiB needed, budget {self.budget_bytes / MiB:.1f} MiB"
+                f"out of memory (simulated budget): {used / MiB:.1f} MiB needed, "
+                f"budget {self.budget_bytes / MiB:.1f} MiB"
             )
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -576,8 +577,9 @@ def accuracy_table(
             if progress:
                 worst = max(e["relative_error"] for e in errors)
                 print(
-                    f"{name}: q {tuple(case['shape_q'])}, k/v {tuple(case['shape_kv'])}, {str(dtype).removeprefix('torch.')}, "
-                    f"causal={case['is_causal']}: worst relative error {worst:.1e}, {timeit.default_timer() - start:.1f} s",
+                    f"{name}: q {tuple(case['shape_q'])}, k/v {tuple(case['shape_kv'])}, "
+                    f"{str(dtype).removeprefix('torch.')}, causal={case['is_causal']}: "
+                    f"worst relative error {worst:.1e}, {timeit.default_timer() - start:.1f} s",
                     flush=True,
                 )
             for err in errors:

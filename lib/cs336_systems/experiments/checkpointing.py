@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from cs336_systems.model import TransformerLM
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Layer = Callable[[torch.Tensor], torch.Tensor]
 STRATEGIES = ("none", "every", "binary", "chain")
@@ -174,7 +178,7 @@ def strategy_costs(
             for b in blocks:
                 b.calls = 0
 
-            def step() -> None:
+            def step(blocks: list[CountingLayer] = blocks, x: torch.Tensor = x, strategy: str = strategy) -> None:
                 run_strategy(blocks, x, strategy).sum().backward()
                 x.grad = None
 

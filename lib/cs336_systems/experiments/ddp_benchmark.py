@@ -371,9 +371,12 @@ def _describe_size(size: str, rows: pd.DataFrame) -> str:
         "default": " Every step runs at the default CUDA stream priority, the same as NCCL's.",
     }.get(r.get("compute_priority"), "")
     return (
-        f"Model **{r['size']}** ({r.parameters / 1e6:,.1f} M parameters, {format_bytes(r.gradient_bytes)} of fp32 gradients), "
-        f"global batch {r.global_batch_size} sequences of {r.context_length} tokens ({r.global_batch_size // r.world_size} per rank), "
-        f"{r.world_size} ranks on {r.backend}, fp32, AdamW; {r.warmup} warm-up and {r.steps} measured steps per flavour, "
+        f"Model **{r['size']}** ({r.parameters / 1e6:,.1f} M parameters, "
+        f"{format_bytes(r.gradient_bytes)} of fp32 gradients), "
+        f"global batch {r.global_batch_size} sequences of {r.context_length} tokens "
+        f"({r.global_batch_size // r.world_size} per rank), "
+        f"{r.world_size} ranks on {r.backend}, fp32, AdamW; "
+        f"{r.warmup} warm-up and {r.steps} measured steps per flavour, "
         f"all flavours in one run, each with a fresh model and optimizer.{stream}"
     )
 

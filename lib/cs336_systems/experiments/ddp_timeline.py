@@ -104,7 +104,7 @@ def plot_timeline(events: pd.DataFrame, title: str = "", ax=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    lanes = ["step phases", *sorted(l for l in events.lane.unique() if l != "step phases")]
+    lanes = ["step phases", *sorted(name for name in events.lane.unique() if name != "step phases")]
     if ax is None:
         _, ax = plt.subplots(figsize=(12, 0.6 * len(lanes) + 1.2))
     for y, lane in enumerate(lanes):

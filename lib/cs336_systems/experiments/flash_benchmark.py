@@ -21,10 +21,11 @@ FLOPs counted as the matmuls of the algorithm (FlashAttention-2 paper convention
 
 Every configuration is checked in the same run: O, dQ, dK, dV of each implementation against the
 float64 reference (attention/reference.py) on the same (rounded) inputs, norm-wise relative error
-‖x − ref‖ / ‖ref‖; above the dtype's sweep tolerance (`TOLERANCE[dtype].sweeps`) the row's status is "wrong". Other statuses: "ok", "OOM", "no kernel" (an SDPA backend
-that cannot run this dtype or device), "backend error" (an SDPA backend that accepted the inputs
-and then failed), "skipped: memory" (the materialised attention whose predicted peak exceeds the
-memory budget, decided from the shape before anything is allocated).
+‖x − ref‖ / ‖ref‖; above the dtype's sweep tolerance (`TOLERANCE[dtype].sweeps`) the row's status
+is "wrong". Other statuses: "ok", "OOM", "no kernel" (an SDPA backend that cannot run this dtype or
+device), "backend error" (an SDPA backend that accepted the inputs and then failed), "skipped:
+memory" (the materialised attention whose predicted peak exceeds the memory budget, decided from
+the shape before anything is allocated).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def attention_min_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dty
 
 
 def naive_peak_bytes(batch: int, heads: int, seq_len: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Predicted peak of the materialised attention's forward+backward (experiments/attention_benchmark.py's accounting)."""
+    """Predicted peak of the materialised attention's forward+backward
+    (experiments/attention_benchmark.py's accounting)."""
     parts = naive_attention_memory(batch * heads, seq_len, head_dim, dtype.itemsize)
     return parts["before_backward"] + parts["backward_extra"]
 
@@ -95,7 +97,7 @@ def _three_passes(
         times["forward"] = measure(lambda: impl.apply(q, k, v, is_causal))
         out = impl.apply(q, k, v, is_causal)
         times["backward"] = measure(lambda: out.backward(grad_out, retain_graph=True))
-        del out
+        out = None  # frees the recorded forward's graph before the forward+backward is timed
         times["forward_backward"] = measure(lambda: impl.apply(q, k, v, is_causal).backward(grad_out))
     q.grad = k.grad = v.grad = None
     return times

@@ -240,7 +240,7 @@ def _profile_forwards(ctx: DistContext, config: FSDPBenchmarkConfig, wrapped: nn
         generator = torch.Generator().manual_seed(config.seed)
         tokens = torch.randint(0, config.vocab_size, (batch, config.context_length), generator=generator).to(ctx.device)
 
-        def forward():
+        def forward(tokens: torch.Tensor = tokens):
             with torch.no_grad(), annotated("forward"):
                 wrapped(tokens)
             synchronize(ctx.device)  # the trace ends with the pass's last kernel, not when the host is done

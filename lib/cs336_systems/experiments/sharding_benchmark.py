@@ -81,7 +81,8 @@ class ShardingBenchmarkConfig:
         unknown = set(self.optimizers) - set(OPTIMIZERS)
         if unknown or "unsharded" not in self.optimizers:
             raise ValueError(
-                f"optimizers {self.optimizers}: choose from {', '.join(OPTIMIZERS)}, 'unsharded' (the reference) included"
+                f"optimizers {self.optimizers}: choose from {', '.join(OPTIMIZERS)}, "
+                "'unsharded' (the reference) included"
             )
         if self.warmup < 1 or self.steps < 1:
             raise ValueError(
@@ -184,7 +185,7 @@ def _equality(ctx: DistContext, config: ShardingBenchmarkConfig) -> list[dict]:
         inputs, targets = local_batch(
             ctx, mcfg.vocab_size, config.global_batch_size, mcfg.context_length, config.seed + step
         )
-        for model, ddp, optimizer in runs.values():
+        for _model, ddp, optimizer in runs.values():
             cross_entropy(ddp(inputs), targets).backward()
             ddp.finish_gradient_synchronization()
             optimizer.step()
@@ -389,7 +390,7 @@ def breakdown_table(memory: pd.DataFrame, config: ShardingBenchmarkConfig, unit:
     sizes = list(dict.fromkeys(memory["size"])) if "size" in memory else [config.size]
     expected = pd.concat([analytic_breakdown(replace(config, size=s)).assign(size=s) for s in sizes], ignore_index=True)
     expected = expected.rename(columns={p: f"expected_{p}" for p in PARTS})
-    df = memory.assign(size=memory["size"] if "size" in memory else config.size)
+    df = memory.assign(size=memory.get("size", config.size))
     df = df.merge(expected, on=["size", "optimizer", "rank", "point"], how="left")
     cols = ["allocated", "peak", "rest", *PARTS, *(f"expected_{p}" for p in PARTS)]
     df[cols] = df[cols].astype(float) / UNITS[unit]

@@ -4,10 +4,10 @@
 `F.cross_entropy((hidden @ weight.T).float().view(-1, V), targets.view(-1))` in value and in the
 gradients of `hidden` and `weight`. The FORWARD does all the work, C token rows at a time:
 
-    logits_c = hidden_c @ weight^T                  torch.mm, input dtype (fp32 accumulate), into one reused (C, V) buffer
-    loss_c, logits_c <- d loss / d logits_c         one Triton kernel (`cross_entropy_kernels`), in place
-    grad_hidden_c = logits_c @ weight               into the preallocated (N, D) grad_hidden
-    grad_weight  += logits_c^T @ hidden_c           fp32 accumulator (V, D)
+    logits_c = hidden_c @ weight^T              torch.mm, input dtype (fp32 accumulate), into one reused (C, V) buffer
+    loss_c, logits_c <- d loss / d logits_c     one Triton kernel (`cross_entropy_kernels`), in place
+    grad_hidden_c = logits_c @ weight           into the preallocated (N, D) grad_hidden
+    grad_weight  += logits_c^T @ hidden_c       fp32 accumulator (V, D)
 
 and the BACKWARD only multiplies the saved grad_hidden and grad_weight by the incoming scalar
 grad_output: no second pass over the vocabulary. Extra memory is one (C, V) buffer in the input dtype,

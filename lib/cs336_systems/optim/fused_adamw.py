@@ -149,7 +149,8 @@ class FusedAdamW(torch.optim.Optimizer):
         group = self.param_groups[index]
         if device.type == "cpu" and not kernels_interpreted():
             raise RuntimeError(
-                "FusedAdamW: CPU parameters need the Triton interpreter (set TRITON_INTERPRET=1 before triton is imported)"
+                "FusedAdamW: CPU parameters need the Triton interpreter "
+                "(set TRITON_INTERPRET=1 before triton is imported)"
             )
         if device.type != "cpu" and kernels_interpreted():
             raise RuntimeError(
@@ -258,7 +259,8 @@ def check_group(group: dict, index: int) -> None:
             raise TypeError(f"FusedAdamW: parameters must be float32 or bfloat16; group {index} has one of {p.dtype}")
         if not p.is_contiguous():
             raise ValueError(
-                f"FusedAdamW: parameters must be contiguous; group {index} has one of shape {tuple(p.shape)} that is not"
+                f"FusedAdamW: parameters must be contiguous; "
+                f"group {index} has one of shape {tuple(p.shape)} that is not"
             )
 
 

@@ -34,7 +34,8 @@ _CATEGORY_PATTERNS: list[tuple[str, re.Pattern]] = [
     (
         "other",
         re.compile(
-            r"(^|: )(View|UnsafeView|Permute|Transpose|Squeeze|Unsqueeze|Expand|Reshape|Alias|T|Slice|Select|AsStrided)Backward\d*$"
+            r"(^|: )(View|UnsafeView|Permute|Transpose|Squeeze|Unsqueeze|Expand|Reshape|Alias|T|Slice|Select|AsStrided)"
+            r"Backward\d*$"
         ),
     ),
     ("matmul", re.compile(r"(^|: )(Mm|Bmm|Addmm|Baddbmm|Matmul|Linear)Backward\d*$")),

@@ -139,7 +139,8 @@ def load_snapshot(path: str | Path) -> tuple[dict, list[dict]]:
         inside = [p for p in phases if p["end_us"] >= min(times) and p["start_us"] <= max(times)]
         if len(inside) < len(phases):
             warnings.warn(
-                f"{len(phases) - len(inside)} phase mark(s) of {path} fall outside the snapshot's time range; dropped"
+                f"{len(phases) - len(inside)} phase mark(s) of {path} fall outside the snapshot's time range; dropped",
+                stacklevel=2,
             )
         phases = inside
     return snapshot, phases

@@ -156,8 +156,8 @@ _2025 = [
         "sentences",
         "02_nsys_profile",
         "nsys_profile.b",
-        "Name the kernel with the largest share of forward GPU time, its calls per forward, and whether adding backward "
-        "changes the leader.",
+        "Name the kernel with the largest share of forward GPU time, its calls per forward, and whether adding "
+        "backward changes the leader.",
     ),
     (
         "nsys_profile",
@@ -534,8 +534,8 @@ _2026 = [
         "sentences",
         "02_nsys_profile",
         "nsys_profile.a.2026",
-        "For two chosen sizes at three contexts above 128 up to the longest that fits, compare profiled and Python-timer "
-        "forward times.",
+        "For two chosen sizes at three contexts above 128 up to the longest that fits, compare profiled and "
+        "Python-timer forward times.",
     ),
     (
         "nsys_profile",
@@ -653,8 +653,8 @@ _2026 = [
         "sentences",
         "05_memory_profiling",
         "memory_profiling.f",
-        "With Nsight memory tracing, measure one block's saved-for-backward memory and its top five sources, then infer "
-        "the block's gradient memory.",
+        "With Nsight memory tracing, measure one block's saved-for-backward memory and its top five sources, "
+        "then infer the block's gradient memory.",
     ),
     (
         "gradient_checkpointing",
@@ -862,7 +862,10 @@ _2026 = [
         "sentences",
         "17_fsdp",
         "fsdp_accounting.b",
-        "Profile xl on two GPUs and show with Nsight whether weight all-gathers complete before the forward needs them.",
+        (
+            "Profile xl on two GPUs and show with Nsight whether weight all-gathers complete before the forward "
+            "needs them."
+        ),
     ),
     (
         "alternate_ring_all_reduce",

@@ -316,12 +316,16 @@ def write_index(out_dir: Path, runs: list[NotebookRun], env: dict[str, str]) -> 
         if writeups
         else ""
     )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>CS336 systems report ({env.get("profile")})</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.2rem .6rem;text-align:left;vertical-align:top}}
-pre{{white-space:pre-wrap;color:#a00;margin:0}}table{{border-collapse:collapse}}tr{{border-bottom:1px solid #ddd}}</style></head><body>
+    page = f"""<!doctype html><html><head>\
+<meta charset="utf-8"><title>CS336 systems report ({env.get("profile")})</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto}}\
+td,th{{padding:.2rem .6rem;text-align:left;vertical-align:top}}
+pre{{white-space:pre-wrap;color:#a00;margin:0}}table{{border-collapse:collapse}}tr{{border-bottom:1px solid #ddd}}\
+</style></head><body>
 <h1>CS336 assignment 2 — systems report</h1>{writeup}
 <h2>Environment of the latest run</h2><table>{env_rows}</table>
-<h2>Notebooks</h2><table><tr><th></th><th>notebook</th><th></th><th>time</th><th>machine · commit · date</th><th>error</th></tr>{"".join(nb_rows)}</table>
+<h2>Notebooks</h2><table><tr><th></th><th>notebook</th><th></th><th>time</th><th>machine · commit · date</th>\
+<th>error</th></tr>{"".join(nb_rows)}</table>
 </body></html>"""
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")

@@ -32,9 +32,11 @@ HANDOUTS = ("2026", "2025")
 
 PRINT_CSS = """
 @page { size: A4; margin: 14mm 13mm; }
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 52rem; margin: 1.5rem auto; line-height: 1.45;
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 52rem; margin: 1.5rem auto; \
+line-height: 1.45;
        font-size: 11pt; color: #111; padding: 0 1rem; }
-h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { font-size: 1.25em; margin: 1.6em 0 .4em; border-bottom: 1px solid #ccc; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } \
+h2 { font-size: 1.25em; margin: 1.6em 0 .4em; border-bottom: 1px solid #ccc; }
 h3 { font-size: 1.0em; margin: 1.1em 0 .2em; } .asks { color: #555; font-style: italic; margin: 0 0 .3em; }
 .answer p { margin: .3em 0; } .caveat { color: #6a4a00; font-size: .92em; } .unanswered { color: #a00; }
 .details { font-size: .85em; color: #555; } img { max-width: 100%; height: auto; break-inside: avoid; }

@@ -15,12 +15,13 @@ checkpointed, full logits, torch.optim.AdamW(fused=True)).
 Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment (notebook 20 and
 `torchrun_step` do): the plan fills the GPU to a 5 GiB margin, and with fixed-size segments the caching
 allocator can strand several GiB in fragments and run out of memory. `--state-dtype` defaults to bf16,
-the states the record chose. CUDA only: it exits with a clear message elsewhere. Under `torchrun --nproc-per-node N` the same
-command runs the step data parallel (`TrainStep`: gradients and AdamW states sharded over the ranks,
-each bucket of gradients reduced to its owner overlapping the backward), batch `--batch` per GPU, each rank its own
-random tokens; the handout's test is batch 2 on two GPUs: `--batch 1` on 2 ranks. There every rank
-times the step with do_bench's algorithm and the same number of calls (`do_bench_agreed`: each rank's own
-estimate could round to one call more, and that rank would wait in a collective until the timeout).
+the states the record chose. CUDA only: it exits with a clear message elsewhere. Under
+`torchrun --nproc-per-node N` the same command runs the step data parallel (`TrainStep`: gradients and
+AdamW states sharded over the ranks, each bucket of gradients reduced to its owner overlapping the
+backward), batch `--batch` per GPU, each rank its own random tokens; the handout's test is batch 2 on two
+GPUs: `--batch 1` on 2 ranks. There every rank times the step with do_bench's algorithm and the same
+number of calls (`do_bench_agreed`: each rank's own estimate could round to one call more, and that rank
+would wait in a collective until the timeout).
 `--trace PATH` profiles one more step after the timing (torch.profiler, CPU and CUDA) and writes rank 0's
 Chrome trace there (gzipped for a `.gz` name): the compute and communication streams of one step.
 """

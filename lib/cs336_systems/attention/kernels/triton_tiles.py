@@ -5,8 +5,9 @@ Two sources, chosen per launch by the constexpr USE_TMA:
 - a tensor descriptor (Hopper's Tensor Memory Accelerator): one thread issues a bulk copy of
   the whole tile into shared memory. Rows past N and columns past D arrive as zeros, so no
   boundary checks are needed, and the copy costs no per-thread address arithmetic or registers
-  (faster and fewer registers at the leaderboard shape: docs/flash_attention_tuning.md). Needs a unit last stride and 16-byte-aligned rows
-  (`tma_compatible`); used for 16-bit inputs (`launch.layout.reads_by_tma` says why not fp32).
+  (faster and fewer registers at the leaderboard shape: docs/flash_attention_tuning.md). Needs a unit last stride
+  and 16-byte-aligned rows (`tma_compatible`); used for 16-bit inputs (`launch.layout.reads_by_tma` says why not
+  fp32).
 - a block pointer, for everything else: per-thread (cp.async) loads, rows and columns checked
   where a tile can pass the end.
 """

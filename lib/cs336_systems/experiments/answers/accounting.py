@@ -40,8 +40,8 @@ def xxl_memory(results: Results) -> Answer:
     return Answer(
         f"The XXL stack has P = 2·D·F·L = **{XXL.num_parameters:,} parameters**; FP32 master weights, accumulated "
         f"gradients and the two AdamW moments (16 bytes per parameter) take **{state / GB:,.1f} GB**, the memory of "
-        f"**{state / H100.memory_bytes:.1f} H100s** of {H100.memory_bytes / GB:.0f} GB. Saving each linear layer's input "
-        f"in BF16 for backward adds 2·(D + F)·L bytes = **{per_token / 1e6:.2f} MB per token** of the batch.",
+        f"**{state / H100.memory_bytes:.1f} H100s** of {H100.memory_bytes / GB:.0f} GB. Saving each linear layer's "
+        f"input in BF16 for backward adds 2·(D + F)·L bytes = **{per_token / 1e6:.2f} MB per token** of the batch.",
         table=table[["memory", "GB", "H100s (80 GB)"]],
     )
 
@@ -135,8 +135,8 @@ CALCS_WHY = {
     "tp_calcs.d": "Compute falls as 1/N_TP while the all-reduce does not, and the batch cancels; the forward, with "
     "half the FLOPs for the same all-reduce, hits the limit first.",
     "fsdp_tp_calcs.a": "Device (i, j) runs B/N_FSDP rows through D_FF/N_TP hidden units.",
-    "fsdp_tp_calcs.b": "It all-gathers its TP shards of the weights over the FSDP axis and all-reduces its (B/N_FSDP, D) "
-    "output over the TP axis; overlapped, the larger of the two counts.",
+    "fsdp_tp_calcs.b": "It all-gathers its TP shards of the weights over the FSDP axis and all-reduces its (B/N_FSDP, "
+    "D) output over the TP axis; overlapped, the larger of the two counts.",
     "fsdp_tp_calcs.c": "Overlapped, compute must beat each collective alone, and each axis keeps its own limit; "
     "the best grid takes both at their limits.",
     "fsdp_tp_calcs.d": "Sharing the network, the two times add: a linear budget "
@@ -167,8 +167,8 @@ def _value(value: float, unit: str) -> str:
 def _calcs_answer(results: Results, key: str) -> Answer:
     rows = _calcs_rows(results, key)
     statements = "; ".join(
-        f"{r.quantity}: `{_formula(str(r.formula))}` ({'=' if r.relation == '=' else '≤'} {_value(r.value, r.unit)} at the "
-        "worked example)"
+        f"{r.quantity}: `{_formula(str(r.formula))}` ({'=' if r.relation == '=' else '≤'} {_value(r.value, r.unit)} at "
+        "the worked example)"
         for r in rows.itertuples()
     )
     return Answer(f"{CALCS_WHY[key]} {statements[0].upper()}{statements[1:]}.", caveat=_example(results))

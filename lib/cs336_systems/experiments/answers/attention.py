@@ -151,7 +151,8 @@ def accounting_sentence(sweep: pd.DataFrame, accounting: pd.DataFrame, batch: in
     return (
         f"Accounting for d = {d}, N = {n:,} (fp32, 4 bytes per element): before the backward the attention keeps "
         f"S = QKᵀ/√d, exp(S − max S) and P = softmax(S), three B·N² tensors of {part['scores']:,.1f} {unit} each "
-        f"{f'(B = {batch})' if batch else ''}, and {small:,.2f} {unit} of Q, K, V, O and row statistics, {part['before backward']:,.1f} {unit} "
+        f"{f'(B = {batch})' if batch else ''}, and {small:,.2f} {unit} of Q, K, V, O and row statistics, "
+        f"{part['before backward']:,.1f} {unit} "
         f"in all; the backward adds dP and dS ({part['backward extra']:,.1f} {unit}), against "
         f"{part['memory limit of this run']:,.1f} {unit} available."
     )
@@ -242,7 +243,8 @@ def compiled_attention_text(both: pd.DataFrame, sweep: pd.DataFrame) -> str:
         text += (
             f"at N = {long:,} the forward is {span(at[long].forward_speedup)} and the backward "
             f"{span(at[long].backward_speedup)}, at N = {short:,} (eager calls of "
-            f"{ms_span(at[short][['forward_ms_eager', 'backward_ms_eager']].stack())}) {span(at[short].forward_speedup)} "
+            f"{ms_span(at[short][['forward_ms_eager', 'backward_ms_eager']].stack())}) "
+            f"{span(at[short].forward_speedup)} "
             f"and {span(at[short].backward_speedup)}. "
         )
     else:
@@ -324,7 +326,8 @@ def whole_model_text(ok: pd.DataFrame, scope: str) -> str:
     if mode not in b.index:
         return ""
     return (
-        f" Compiled as one whole-model graph, {size} ran its {MODE_NAMES.get(mode, mode)} in {fmt_ms(w.loc[mode].compiled_ms)} "
+        f" Compiled as one whole-model graph, {size} ran its {MODE_NAMES.get(mode, mode)} in "
+        f"{fmt_ms(w.loc[mode].compiled_ms)} "
         f"against {fmt_ms(b.loc[mode].compiled_ms)} compiled block by block, after a first call (the compilation) of "
         f"{w.loc[mode].compiled_first_call_s:.1f} s against {b.loc[mode].compiled_first_call_s:.1f} s."
     )
@@ -495,12 +498,12 @@ def flash_forward_pytorch(results: Results) -> Answer:
     text = (
         f"`cs336_systems.attention.FlashAttentionPytorch` (`attention/pytorch.py`, returned by "
         f"`cs336_systems.adapters.get_flashattention_autograd_function_pytorch`) runs Algorithm 1 over "
-        f"{FlashAttentionPytorch.q_tile} × {FlashAttentionPytorch.k_tile} tiles (B_q × B_k, at least {MIN_TILE}) with a "
-        f"running max, sum and output per query tile, and saves L, Q, K, V and O for the backward. "
+        f"{FlashAttentionPytorch.q_tile} × {FlashAttentionPytorch.k_tile} tiles (B_q × B_k, at least {MIN_TILE}) with "
+        f"a running max, sum and output per query tile, and saves L, Q, K, V and O for the backward. "
         f"{on_machine(results, nb)} its O and logsumexp L matched softmax attention computed in float64 in "
         f"{within(table)} cases of the check ({case_summary(raw[raw.implementation == 'flash_pytorch'])}), with worst "
-        f"relative error {worst_errors(table, 'O')} for O and at most {table['worst relative error L'].max():.1e} for L "
-        f"({TOLERANCE_TEXT})."
+        f"relative error {worst_errors(table, 'O')} for O and at most {table['worst relative error L'].max():.1e} for "
+        f"L ({TOLERANCE_TEXT})."
     )
     return Answer(text, table=errors_as_text(table), caveat=code_caveat(results, nb))
 
@@ -513,10 +516,11 @@ def flash_forward_triton(results: Results) -> Answer:
     table = accuracy_table(raw, "flash_triton", ["O", "L"])
     text = (
         f"`cs336_systems.attention.FlashAttentionTriton` (`attention/api.py`, returned by "
-        f"`cs336_systems.adapters.get_flashattention_autograd_function_triton`) calls the fused kernel `flash_fwd_kernel` "
-        f"(`attention/kernels/triton_forward.py`): launch grid (⌈N_q/B_q⌉, batch·heads), one loop over key tiles with block "
-        f"pointers advanced at its end, O, l and m held in fp32 on chip, P̃ cast to V's dtype before its product, and "
-        f"O and L written once. {on_machine(results, nb)} its O and L matched float64 attention in {within(table)} "
+        "`cs336_systems.adapters.get_flashattention_autograd_function_triton`) calls the fused kernel "
+        "`flash_fwd_kernel` (`attention/kernels/triton_forward.py`): launch grid (⌈N_q/B_q⌉, batch·heads), one loop "
+        "over key tiles with block pointers advanced at its end, O, l and m held in fp32 on chip, P̃ cast to V's dtype "
+        f"before its product, and O and L written once. {on_machine(results, nb)} its O and L matched float64 "
+        f"attention in {within(table)} "
         f"cases of the check ({case_summary(raw[raw.implementation == 'flash_triton'])}), with worst relative error "
         f"{worst_errors(table, 'O')} for O and at most {table['worst relative error L'].max():.1e} for L "
         f"({TOLERANCE_TEXT})."
@@ -547,8 +551,8 @@ def flash_forward_causal(results: Results) -> Answer:
         "`ctx.is_causal` for the backward; the kernel's `is_causal: tl.constexpr` builds query and key index vectors "
         "per tile, adds −10⁶ to the scores of keys after their query (query i sees keys j ≤ i, as "
         "`scaled_dot_product_attention(is_causal=True)`), masks only the diagonal tiles and skips key tiles entirely "
-        f"after the query tile. {on_machine(results, nb)} the Triton forward's causal outputs matched float64 attention in "
-        f"{within(triton if len(triton) else table)} causal cases of the check, with worst relative error "
+        f"after the query tile. {on_machine(results, nb)} the Triton forward's causal outputs matched float64 "
+        f"attention in {within(triton if len(triton) else table)} causal cases of the check, with worst relative error "
         f"{worst_errors(triton if len(triton) else table, 'O')} for O ({TOLERANCE_TEXT})."
     )
     return Answer(text, table=errors_as_text(table), caveat=code_caveat(results, nb))
@@ -604,8 +608,8 @@ def flash_backward(results: Results) -> Answer:
         "S and P = exp(S − L) from Q, K and the saved L, and returns dQ, dK, dV by equations 13–19; "
         '`FlashAttentionPytorch.backward` (and `FlashAttentionTriton` with `backward_impl="pytorch"`) call it through '
         f"`torch.compile` (`flash_backward`). {on_machine(results, nb)} its dQ, dK and dV matched the gradients of "
-        f"float64 attention in {within(main)} cases of the check, worst relative error {worst} over the three gradients "
-        f"({TOLERANCE_TEXT}); the optional Triton backward (Algorithm 2) is in the table too."
+        f"float64 attention in {within(main)} cases of the check, worst relative error {worst} over the three "
+        f"gradients ({TOLERANCE_TEXT}); the optional Triton backward (Algorithm 2) is in the table too."
     )
     caveat = (
         "The accuracy check runs this backward uncompiled (the same equations; compiling it per precision and "
@@ -676,9 +680,9 @@ def skipped_text(table: pd.DataFrame) -> str:
             for dt, n in skipped.drop_duplicates(["dtype", "seq_len"])[["dtype", "seq_len"]].itertuples(index=False)
         ]
     )
+    reasons = skipped.status.str.replace("skipped: memory", "its predicted memory exceeded the budget")
     return (
-        f" (the materialised attention did not run at {len(skipped)} points, {where}: "
-        f"{and_join(sorted(set(skipped.status.str.replace('skipped: memory', 'its predicted memory exceeded the budget'))))})"
+        f" (the materialised attention did not run at {len(skipped)} points, {where}: {and_join(sorted(set(reasons)))})"
     )
 
 
@@ -718,7 +722,8 @@ def flash_benchmarking(results: Results) -> Answer:
     n_points = table.drop_duplicates(["dtype", "head_dim", "seq_len"]).shape[0]
     grid = (
         f"batch 1, causal, {n_points} points: N = {table.seq_len.min():,}–{table.seq_len.max():,}, "
-        f"d = {span(table.head_dim, fmt=count)}, {and_join([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(table.dtype)])}"
+        f"d = {span(table.head_dim, fmt=count)}, "
+        f"{and_join([DTYPE_NAMES.get(d, d) for d in dict.fromkeys(table.dtype)])}"
     )
     ours = table[(table.impl == "triton") & (table.status == "ok")].forward_backward_ms
     how = "medians of a few timed calls" if is_cpu_run(results, nb) else "do_bench medians"
@@ -735,7 +740,8 @@ def flash_benchmarking(results: Results) -> Answer:
             "forward+backward is "
             + and_join(
                 [
-                    f"{span(g.ratio)} in {DTYPE_NAMES.get(dt, dt)} (ours faster at {int((g.ratio < 1).sum())} of {len(g)} "
+                    f"{span(g.ratio)} in {DTYPE_NAMES.get(dt, dt)} (ours faster at {int((g.ratio < 1).sum())} of "
+                    f"{len(g)} "
                     f"points{sole_backend(results, dt)})"
                     for dt, g in vs_sdpa.items()
                 ]

@@ -236,7 +236,10 @@ def _spread_sentence(t: pd.DataFrame, steps: int, handout: str) -> str:
     worst = cv[["forward", "forward+backward"]].max(axis=1)
     low, high = cv[worst <= 0.02], cv[worst > 0.02]
     if high.empty:
-        return f"The standard deviation over {steps} steps is small: at most {pct(worst.max())} of the mean for every size."
+        return (
+            f"The standard deviation over {steps} steps is small: at most {pct(worst.max())} of the mean for every "
+            "size."
+        )
     i = worst.idxmax()
     mode = "forward" if cv.loc[i, "forward"] >= cv.loc[i, "forward+backward"] else "forward+backward"
     where = f"{cv.loc[i, 'size']}'s {mode}"
@@ -466,7 +469,8 @@ def _oom_sentence(raw: pd.DataFrame, handout: str, gpu: bool) -> str:
 
 
 def _train_step_sentence(t: pd.DataFrame, handout: str) -> str:
-    """The full training step and its optimizer step (training step less forward+backward), smallest and largest size."""
+    """The full training step and its optimizer step (training step less forward+backward), smallest and largest
+    size."""
     if "train-step_mean_ms" not in t or t["train-step_mean_ms"].isna().all():
         return ""
     s = t.dropna(subset=["train-step_mean_ms"]).reset_index(drop=True)
@@ -513,7 +517,8 @@ def benchmarking_script_b_2026(results: Results) -> Answer:
         "" if context == 512 else f"It is at context {context}, not the 2026 default 512.",
         ""
         if "train-step" in set(raw["mode"])
-        else "The optimizer step is not timed by the Python timer here; notebook 02 profiles a full training step with AdamW.",
+        else "The optimizer step is not timed by the Python timer here; notebook 02 profiles a full training step with "
+        "AdamW.",
         cpu_caveat(gpu, raw["size"]),
     )
     return Answer(text=text, table=table, caveat=caveat)
@@ -554,8 +559,8 @@ def _warmup_answer(results: Results) -> Answer:
             "context and library handles, loading and selecting kernels, and the caching allocator requesting memory "
             "from the driver."
             if gpu
-            else " The first step of a process pays one-time costs that are not the model's work: first calls that fill "
-            "PyTorch's dispatcher and allocator caches, and memory the process requests from the system."
+            else " The first step of a process pays one-time costs that are not the model's work: first calls that "
+            "fill PyTorch's dispatcher and allocator caches, and memory the process requests from the system."
         )
     else:
         text += (
@@ -647,11 +652,12 @@ def mixed_precision_accumulation(results: Results) -> Answer:
     n = round(fp32.result / fp32.addend_as_stored) if fp32.addend_as_stored else 1000
     same = "the same" if mixed.result == upcast.result else f"{upcast.result:.6f} with the explicit cast"
     text = (
-        f"fp32 throughout gives {fp32.result:.6f} (error {fp32.abs_error:.1e}): 0.01 has no exact binary form and every "
-        f"addition rounds, but to fp32's spacing near 10 ({fp32.accumulator_spacing_at_result:.1e}), so the error stays "
-        f"tiny. fp16 throughout gives {fp16.result:.6f}, off by {fp16.abs_error:.3f}, because near 10 consecutive fp16 "
-        f"numbers are {fp16.accumulator_spacing_at_result:g} apart, close to 0.01 itself, so each addition is rounded "
-        f"by a large part of the addend. An fp32 accumulator with fp16 addends gives {mixed.result:.6f} ({same} "
+        f"fp32 throughout gives {fp32.result:.6f} (error {fp32.abs_error:.1e}): 0.01 has no exact binary form and "
+        f"every addition rounds, but to fp32's spacing near 10 ({fp32.accumulator_spacing_at_result:.1e}), so the "
+        f"error stays tiny. fp16 throughout gives {fp16.result:.6f}, off by {fp16.abs_error:.3f}, because near 10 "
+        f"consecutive fp16 numbers are {fp16.accumulator_spacing_at_result:g} apart, close to 0.01 itself, so each "
+        "addition is rounded by a large part of the addend. An fp32 accumulator with fp16 addends gives "
+        f"{mixed.result:.6f} ({same} "
         f"whether the addend is cast implicitly or explicitly): its whole error, {mixed.abs_error:.1e}, is the fp16 "
         f"rounding of 0.01 ({mixed.addend_rounding_error:+.1e}) added {n} times, so accumulating in fp32 keeps the "
         f"sum accurate even with low-precision inputs."
@@ -862,7 +868,8 @@ def _precision_answer(results: Results, handout: str) -> Answer:
             )
         text += (
             ", so in bf16 these steps are bound by kernel launches (autocast adds cast kernels too), and the speed-ups "
-            "measure how far each fp32 step is above that floor rather than the tensor cores' full gain on the matmuls. "
+            "measure how far each fp32 step is above that floor rather than the tensor cores' full gain on the "
+            "matmuls. "
         )
     if handout == "2026" and "speedup ts" in t and t["speedup ts"].notna().any():
         ts = t.dropna(subset=["speedup ts"])

@@ -63,7 +63,8 @@ def _spread_note(pairs: list[tuple[str, pd.Series, pd.Series]]) -> str:
     if not close:
         return ""
     parts = [
-        f"{label} ({abs(a.step_ms - b.step_ms):.1f} ms apart, spread ±{math.hypot(a.step_std_ms, b.step_std_ms):.1f} ms)"
+        f"{label} ({abs(a.step_ms - b.step_ms):.1f} ms apart, spread ±{math.hypot(a.step_std_ms, b.step_std_ms):.1f} "
+        "ms)"
         for label, a, b in close
     ]
     return (
@@ -454,7 +455,8 @@ def _code_answer(
     if checked is not None and len(checked):
         control = rows[rows.flavour.eq("no-communication")]
         text = (
-            f"{location} On {_where(results, notebook, int(checked.ranks.iloc[0]), setup_table)}, {int(checked.matches.sum())} "
+            f"{location} On {_where(results, notebook, int(checked.ranks.iloc[0]), setup_table)}, "
+            f"{int(checked.matches.sum())} "
             f"of {len(checked)} {what} ended 5 SGD steps with the weights of one process trained on the whole batch, "
             f"on every rank: the largest difference was {checked.max_abs_diff.max():.1e} while the weights moved by "
             f"up to {checked.max_update.max():.3g}, and since rank 1 started from other weights (up to "
@@ -472,7 +474,8 @@ def _code_answer(
     matched, total = (count.split("/") + [""])[:2]
     note = _headline_note(results, notebook)
     text = (
-        f"{location} On {_where(results, notebook, note[1] if note else None, setup_table)}, {matched} of {total} {what} ended "
+        f"{location} On {_where(results, notebook, note[1] if note else None, setup_table)}, {matched} of {total} "
+        f"{what} ended "
         "their training steps with the weights of one process trained on the whole batch, on every rank."
     )
     return Answer(
@@ -804,8 +807,8 @@ def bucketed_benchmarking(results: Results) -> Answer:
         f"DistributedDataParallel and {_ms(base.step_ms)} without communication. "
     )
     text += (
-        f"The fastest configuration, {_bucket_label(best.name)}, takes {_ms(best.step_ms)} ± {best.step_std_ms:.1f} ms, "
-        f"{_x(best.step_ms / tddp.step_ms)} DistributedDataParallel's step in the same run{_close_note(close)}. "
+        f"The fastest configuration, {_bucket_label(best.name)}, takes {_ms(best.step_ms)} ± {best.step_std_ms:.1f} "
+        f"ms, {_x(best.step_ms / tddp.step_ms)} DistributedDataParallel's step in the same run{_close_note(close)}. "
     )
     text += _bucket_commentary(base, ind, flat, best, plain)
     text += _noise_note(
@@ -863,7 +866,10 @@ def bucketed_overhead_model(results: Results) -> Answer:
             flavours[flavours.index.str.startswith("bucketed")] if flavours is not None else fit.set_index("flavour")
         )
         best_cap = _cap_mb(sweep.step_ms.idxmin() if "step_ms" in sweep else sweep.overhead_ms.idxmin())
-        text += f" Fitted by least squares to this run's overheads (step minus the no-communication step) with s = {_bytes(s)}: "
+        text += (
+            " Fitted by least squares to this run's overheads (step minus the no-communication step) with s = "
+            f"{_bytes(s)}: "
+        )
         if a > 0 and o > 0:
             text += (
                 f"o = {o * 1e3:.1f} µs, w = {_rate(s / (a / 1e3))}, so b_opt = "
@@ -966,7 +972,8 @@ def _sharding_memory(results: Results, handout: str) -> Answer:
     u, s = "unsharded", "sharded"
     if peaks:
         text = (
-            f"With {setup.describe()}, the worst rank's peak memory, unsharded → sharded, is {f(at(u, 'after init', 'peak'))} "
+            f"With {setup.describe()}, the worst rank's peak memory, unsharded → sharded, is "
+            f"{f(at(u, 'after init', 'peak'))} "
             f"→ {f(at(s, 'after init', 'peak'))} after model initialization, {f(at(u, 'before step', 'peak'))} → "
             f"{f(at(s, 'before step', 'peak'))} directly before the optimizer step (the peak of forward and backward), "
             f"and {f(at(u, 'after step', 'peak'))} → {f(at(s, 'after step', 'peak'))} directly after it. "
@@ -979,7 +986,8 @@ def _sharding_memory(results: Results, handout: str) -> Answer:
         )
     text += (
         f"After the step a rank holds {f(at(u, 'after step', 'parameters'))} of fp32 parameters and "
-        f"{f(at(u, 'after step', 'gradients'))} of gradients either way, and {f(at(u, 'after step', 'optimizer_state'))} "
+        f"{f(at(u, 'after step', 'gradients'))} of gradients either way, and "
+        f"{f(at(u, 'after step', 'optimizer_state'))} "
         f"→ {f(at(s, 'after step', 'optimizer_state'))} of AdamW state (the analysis expects "
         f"{f(at(u, 'after step', 'expected_optimizer_state'))} → {f(at(s, 'after step', 'expected_optimizer_state'))})"
         + (
@@ -1311,8 +1319,8 @@ def fsdp_gather_timing(results: Results) -> Answer:
     shape = f"{_sequences(p.batch_per_rank)} of {int(p.context_length)} tokens per rank"
     gpu = pd.notna(p.busy_fraction)
     text = (
-        f"Forward passes of {_model_name(pick.size or setup.size)} with FSDP in {p.compute_dtype} were profiled on rank 0 of "
-        f"{setup.ranks}, without gradients (torch.no_grad: FSDP's hooks gather and prefetch as in training"
+        f"Forward passes of {_model_name(pick.size or setup.size)} with FSDP in {p.compute_dtype} were profiled on "
+        f"rank 0 of {setup.ranks}, without gradients (torch.no_grad: FSDP's hooks gather and prefetch as in training"
         + (", and a batch large enough to keep the GPU busy fits). " if gpu else "). ")
     )
     figure = results.figure("fsdp_profiler_timeline")
@@ -1349,7 +1357,8 @@ def fsdp_gather_timing(results: Results) -> Answer:
         # exposed: the GPU only communicated; under 5% of the pass, the gathers cost the forward little
         if p.exposed_ms < 0.05 * p.forward_ms:
             text += (
-                "So the all-gathers overlap compute and finish in time: communication does not hold up the forward pass."
+                "So the all-gathers overlap compute and finish in time: communication does not hold up the forward "
+                "pass."
                 if p.hidden_fraction >= 0.5
                 else "So the all-gathers finish in time, though mostly while the compute stream was between kernels "
                 "rather than beside compute."
@@ -1361,8 +1370,8 @@ def fsdp_gather_timing(results: Results) -> Answer:
             )
     else:
         text += (
-            f"With the GPU idle {pct(1 - p.busy_fraction, 0)} of the pass, the gathers could run in its idle time: this "
-            "profile shows that they are issued early enough, not whether they keep pace with compute."
+            f"With the GPU idle {pct(1 - p.busy_fraction, 0)} of the pass, the gathers could run in its idle time: "
+            "this profile shows that they are issued early enough, not whether they keep pace with compute."
         )
         caveat += (
             f" Even the busiest forward profiled kept the GPU busy only {pct(p.busy_fraction, 0)} of the time, so "
@@ -1428,7 +1437,10 @@ def _gather_timing_of_one_step(results: Results) -> Answer:
             "not that they would keep pace with a compute-bound forward pass or how much they overlap compute. "
         )
     else:
-        text += f" The profiled forward pass lasted {_ms(forward)} on the CPU; a gather counts as late when its wait blocked."
+        text += (
+            f" The profiled forward pass lasted {_ms(forward)} on the CPU; a gather counts as late when its wait "
+            "blocked."
+        )
         caveat = "On the CPU (gloo) the gathers are timed by the host's waits, not by GPU kernels. "
     caveat += "The timeline is drawn from a torch.profiler trace, not an Nsight Systems screenshot."
     extra = _run_caveat(setup, "2026")

@@ -60,7 +60,10 @@ def _model_caveat(model: dict, handout: str) -> str:
     if _same(model, XL_2026):
         return ""
     wanted = "xl model" if handout == "2026" else "2.7B model"
-    return f"This run measured {_model_name(model, handout)}, not the handout's {wanted} ({_dims(dict(size='', **XL_2026))})."
+    return (
+        f"This run measured {_model_name(model, handout)}, not the handout's {wanted} "
+        f"({_dims(dict(size='', **XL_2026))})."
+    )
 
 
 def _headline_model(results: Results, notebook: str) -> dict:
@@ -205,11 +208,12 @@ def _timelines(results: Results, handout: str) -> Answer:
             for c, f in forward
         ]
         sentences.append(
-            f"In inference (forward only, under no_grad) memory starts at {_values([v(f, 'start') for _, f in forward], unit)}"
+            "In inference (forward only, under no_grad) memory starts at "
+            f"{_values([v(f, 'start') for _, f in forward], unit)}"
             + (f", {params:.2f} {unit} of it the parameters" if params else "")
             + f", rises by at most {and_join(rises)} in one short spike per layer and ends at "
-            f"{_values([v(f, 'end') for _, f in forward], unit)}: each layer's intermediates are freed once the next layer "
-            "has used them, and there are no gradients and no optimizer state."
+            f"{_values([v(f, 'end') for _, f in forward], unit)}: each layer's intermediates are freed once the next "
+            "layer has used them, and there are no gradients and no optimizer state."
         )
     for c in contexts:
         lead = f"At context {c}, in" if several else "In"
@@ -224,9 +228,9 @@ def _timelines(results: Results, handout: str) -> Answer:
             sentences.append(
                 f"{lead} a training step the forward ramps from {v(f, 'start'):.2f} to {v(f, 'end'):.2f} {unit} as "
                 f"activations are saved for the backward; the backward starts at {v(b, 'start'):.2f}, peaks at "
-                f"{v(b, 'peak'):.2f} and ends at {v(b, 'end'):.2f} {unit}, freeing the saved activations while it creates the "
-                f"gradients; the optimizer step peaks at {v(o, 'peak'):.2f} {unit} and drops to {v(o, 'end'):.2f} {unit} "
-                "when the gradients are released."
+                f"{v(b, 'peak'):.2f} and ends at {v(b, 'end'):.2f} {unit}, freeing the saved activations while it "
+                f"creates the gradients; the optimizer step peaks at {v(o, 'peak'):.2f} {unit} and drops to "
+                f"{v(o, 'end'):.2f} {unit} when the gradients are released."
             )
             sentences.append(
                 "So each stage shows in the shape: the ramp is the forward, the backward follows until every gradient "
@@ -330,16 +334,17 @@ def _peak_answer(results: Results, handout: str) -> Answer:
     params, fixed = _fixed_state(peaks, suffix)
     text = (
         f"Peak memory of {_model_name(model, handout)} in fp32 at batch {int(model.get('batch', 4))}, measured "
-        f"{_on(results, PROFILING)}: for a forward pass {and_join(_fmt_peak(v, unit) for v in table[fwd])} and for a full "
-        f"training step {and_join(_fmt_peak(v, unit) for v in table[train])} at {_contexts(contexts)}."
+        f"{_on(results, PROFILING)}: for a forward pass {and_join(_fmt_peak(v, unit) for v in table[fwd])} and for a "
+        f"full training step {and_join(_fmt_peak(v, unit) for v in table[train])} at {_contexts(contexts)}."
     )
     ok = [(c, v) for c, v in zip(contexts, table[train]) if not isinstance(v, str)]
     if ok:
         text += (
             f" Parameters take {params:.2f} {unit}, and parameters, gradients and AdamW state together {fixed:.2f} "
-            f"{unit} at every context; the training step's peak is {and_join(f'{v - fixed:.2f} {unit}' for _, v in ok)} "
-            f"above that at {_contexts(c for c, _ in ok)}: what the step itself adds at its peak (saved activations and "
-            "temporaries)."
+            f"{unit} at every context; the training step's peak is "
+            f"{and_join(f'{v - fixed:.2f} {unit}' for _, v in ok)} "
+            f"above that at {_contexts(c for c, _ in ok)}: what the step itself adds at its peak (saved activations "
+            "and temporaries)."
         )
         text += _lower_at_longer(peaks, ok, suffix, unit)
     text += _out_of_memory(peaks, contexts, suffix, unit)
@@ -485,8 +490,8 @@ def _residual_answer(results: Results, handout: str) -> Answer:
     first = rows[-1] if handout == "2025" else next(r for r in rows if r["context"] == 512)
     others = [r for r in rows if r is not first]
     text = (
-        f"A residual-stream activation of {_model_name(model, handout)} holds batch × context × d_model single-precision "
-        f"numbers of 4 bytes: at context {first['context']}, {batch} × {first['context']} × {d} × 4 = "
+        f"A residual-stream activation of {_model_name(model, handout)} holds batch × context × d_model "
+        f"single-precision numbers of 4 bytes: at context {first['context']}, {batch} × {first['context']} × {d} × 4 = "
         f"{first['bytes']:,} bytes = {first['bytes']:,} / 1024² = **{_num(first['bytes'] / MIB)} MiB**"
         + (
             f"; at {_contexts(r['context'] for r in others)}, {and_join(_mib(r) for r in others)} MiB."
@@ -600,17 +605,17 @@ def block_saved(results: Results) -> Answer:
     gap = inferred / direct - 1
     model = {k: int(row[k]) for k in ("d_model", "d_ff", "num_heads")}
     text = (
-        f"One fp32 TransformerBlock (d_model {model['d_model']}, d_ff {model['d_ff']}, {model['num_heads']} heads, naive "
-        f"attention) at batch {int(row.batch)}, context {context} saves **{_num(saved)} MiB** for the backward, measured "
-        f"{_on(results, PROFILING)} with autograd's saved-tensor hooks (the analytic count gives "
+        f"One fp32 TransformerBlock (d_model {model['d_model']}, d_ff {model['d_ff']}, {model['num_heads']} heads, "
+        f"naive attention) at batch {int(row.batch)}, context {context} saves **{_num(saved)} MiB** for the backward, "
+        f"measured {_on(results, PROFILING)} with autograd's saved-tensor hooks (the analytic count gives "
         f"{_num(row.analytic_saved_bytes / MIB)} MiB). The five largest contributions, by the operation that made the "
         "tensor, are "
         + and_join(f"`{r.operation}` ({_num(r.bytes / MIB)} MiB, {100 * r.share:.1f}%)" for r in top.itertuples())
         + f", together {100 * top.share.sum():.1f}% of it.\n\n"
         f"Over the block's backward, allocated memory changes by {'+' if row.backward_change_bytes >= 0 else '-'}"
         f"{_num(abs(row.backward_change_bytes) / MIB)} MiB while the {_num(row.saved_freed_bytes / MIB)} MiB of saved "
-        "tensors other than the block's input (still held as the previous block's output) are freed, so the gradients it "
-        f"makes take {_num(inferred)} MiB. We expect the parameters' gradients, as large as the fp32 parameters "
+        "tensors other than the block's input (still held as the previous block's output) are freed, so the gradients "
+        f"it makes take {_num(inferred)} MiB. We expect the parameters' gradients, as large as the fp32 parameters "
         f"({_num(row.parameter_gradient_bytes / MIB)} MiB), plus the input's gradient, one residual-stream tensor "
         f"({_num(row.input_gradient_bytes / MIB)} MiB): {_num(direct)} MiB, "
         + (
@@ -665,13 +670,12 @@ def nested_checkpoints(results: Results) -> Answer:
         "Nest the checkpoints as a chain: block N runs on `checkpoint(prefix of blocks 1…N−1)(x)`, and the prefix is "
         "built the same way inside, so the backward through block j first re-runs blocks 1…j−1 from the stored input "
         "without keeping their activations. At any time only one block's saved tensors exist, plus the stored input "
-        "and the gradient flowing down: **O(1) peak activation memory in N**, the least possible since a block's backward "
-        "needs its own activations, for **O(N²) compute** (N(N+1)/2 block forwards instead of N); binary nesting "
-        "(checkpoint each half, recursively) is the middle ground at O(log N) memory and O(N log N) compute.\n\n"
-        + CHAIN_SKETCH
-        + "\n\n"
-        f"Measured {_on(results, CHECKPOINTING)} on stacks of {lo} to {hi} TransformerBlocks (weights frozen, so the peak "
-        f"is activations only): the chain's peak {_from_to(peak.loc[lo, 'chain'], peak.loc[hi, 'chain'])} MiB "
+        "and the gradient flowing down: **O(1) peak activation memory in N**, the least possible since a block's "
+        "backward needs its own activations, for **O(N²) compute** (N(N+1)/2 block forwards instead of N); binary "
+        "nesting (checkpoint each half, recursively) is the middle ground at O(log N) memory and O(N log N) "
+        "compute.\n\n" + CHAIN_SKETCH + "\n\n"
+        f"Measured {_on(results, CHECKPOINTING)} on stacks of {lo} to {hi} TransformerBlocks (weights frozen, so the "
+        f"peak is activations only): the chain's peak {_from_to(peak.loc[lo, 'chain'], peak.loc[hi, 'chain'])} MiB "
         f"while no checkpointing's goes from {_num(peak.loc[lo, 'none'])} to {_num(peak.loc[hi, 'none'])} MiB, and at "
         f"N = {hi} the chain ran {int(work.loc[hi, 'chain'])} block forwards (N(N+1)/2 = {hi * (hi + 1) // 2})."
     )
@@ -696,7 +700,8 @@ def _from_to(first: float, last: float) -> str:
 
 
 def _checkpoint_model(results: Results) -> dict:
-    """The model, batch, context and step of (b): the notebook's table, else its headline and the notebook's defaults."""
+    """The model, batch, context and step of (b): the notebook's table, else its headline and the notebook's
+    defaults."""
     if results.has("checkpoint_model"):
         return results.table("checkpoint_model").iloc[0].to_dict()
     model = _headline_model(results, CHECKPOINTING)
@@ -734,17 +739,18 @@ def checkpoint_block_size(results: Results) -> Answer:
     one = "k = 1" if "k = 1" in ok.index else (block_sizes[0] if block_sizes else best)
     failed = sizes[sizes.status != "ok"]
     text = (
-        f"For {_model_name(model, '2026')} at batch {batch}, context {context}, one block saves a = {_num(a)} MiB for the "
-        f"backward and a checkpoint (the block's input) is c = {_num(c)} MiB, so with one level of groups of k blocks the "
-        f"memory (N/k)·c + k·a is smallest at k = √(N·c/a) = {k_star:.2f} (N = {n}): "
+        f"For {_model_name(model, '2026')} at batch {batch}, context {context}, one block saves a = {_num(a)} MiB for "
+        f"the backward and a checkpoint (the block's input) is c = {_num(c)} MiB, so with one level of groups of k "
+        f"blocks the memory (N/k)·c + k·a is smallest at k = √(N·c/a) = {k_star:.2f} (N = {n}): "
         + (
             "a block's activations outweigh its checkpoint so much that the best single-level strategy is the smallest "
-            "group, **a checkpoint around every block**, and each part of a block (attention, feed-forward) is the next "
-            "smaller size. "
+            "group, **a checkpoint around every block**, and each part of a block (attention, feed-forward) is the "
+            "next smaller size. "
             if k_star < 1.5
             else f"groups of about **{round(k_star)} blocks** balance the two terms. "
         )
-        + f"Measured {_on(results, CHECKPOINTING)} ({str(model.get('mode', 'forward-backward')).replace('-', ' and ')}): "
+        + f"Measured {_on(results, CHECKPOINTING)} "
+        f"({str(model.get('mode', 'forward-backward')).replace('-', ' and ')}): "
         + "; ".join(f"{_size_words(name)} {r[col]:.2f} {unit}" for name, r in ok.iterrows())
         + (
             f"; {and_join(_size_words(r.checkpoint) for r in failed.itertuples())} ran out of memory"
@@ -753,7 +759,8 @@ def checkpoint_block_size(results: Results) -> Answer:
         )
         + f". The lowest measured peak is {_size_words(best)} ({ok.loc[best, col]:.2f} {unit})"
         + (
-            f", {_num(ok.loc[one, col] - ok.loc[best, col])} {unit} ({100 * (1 - ok.loc[best, col] / ok.loc[one, col]):.1f}%) "
+            f", {_num(ok.loc[one, col] - ok.loc[best, col])} {unit} "
+            f"({100 * (1 - ok.loc[best, col] / ok.loc[one, col]):.1f}%) "
             f"below {_size_words(one)}."
             if best != one
             else ", and the next smaller and larger sizes measure higher."

@@ -241,7 +241,8 @@ def _nsys_a(results: Results, handout: str) -> Answer:
             text += (
                 f": where the kernels fill at least {BUSY:.0%} of the forward's span ({configurations(len(busy))}) "
                 f"the two agree to {span(busy.ratio)}×, while where the GPU waits between kernels for the CPU to "
-                f"launch them (kernels {span(100 * idle.busy, '{:.0f}', '%')} of the span, {configurations(len(idle))}) "
+                f"launch them (kernels {span(100 * idle.busy, '{:.0f}', '%')} of the span, "
+                f"{configurations(len(idle))}) "
                 f"the profile runs {span(idle.ratio)}× the timer's time: the profiler's own cost per launch "
                 f"lengthens those gaps."
             )
@@ -282,9 +283,10 @@ def _nsys_b(results: Results, handout: str) -> Answer:
     same = top.same_kernel.astype(str).str.lower() == "true"
     leaders = list(dict.fromkeys(top.kernel))
     text = (
-        f"For {size_label(r['size'], handout)} at context {int(r.context_length)} the {unit} with the most forward time "
-        f"is `{r.kernel}` ({pct(r.share)} of the forward's {unit} time), called {r.calls_per_forward:.0f} times per "
-        f"forward pass (the model makes {weight} weight matmuls and {attention} attention matmuls per forward pass). "
+        f"For {size_label(r['size'], handout)} at context {int(r.context_length)} the {unit} with the most forward "
+        f"time is `{r.kernel}` ({pct(r.share)} of the forward's {unit} time), called {r.calls_per_forward:.0f} times "
+        f"per forward pass (the model makes {weight} weight matmuls and {attention} attention matmuls per forward "
+        "pass). "
     )
     if isinstance(r.kernel_fwd_bwd, str):
         leader = f"the same {unit}" if bool(same[r.name]) else f"`{r.kernel_fwd_bwd}`"
@@ -459,9 +461,9 @@ def _nsys_e(results: Results, handout: str) -> Answer:
     text += (
         ""
         if not gpu
-        else "The matmuls reuse every element they load from memory across a whole tile of products, while the softmax's "
-        "max, subtract, exp, sum and divide read and write the batch × heads × context² score tensor with about one "
-        "FLOP per element each, so its time is set by memory traffic, not arithmetic."
+        else "The matmuls reuse every element they load from memory across a whole tile of products, while the "
+        "softmax's max, subtract, exp, sum and divide read and write the batch × heads × context² score tensor with "
+        "about one FLOP per element each, so its time is set by memory traffic, not arithmetic."
     )
     text = text.strip()
     table = a[
