@@ -112,6 +112,18 @@ def _wait_for_compute(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+def run_columns(ctx: DistContext, config) -> dict:
+    """The columns every row of a distributed benchmark carries: the model, the process group and the batch
+    (`config` is any of the benchmarks' configurations: size, global_batch_size, context_length)."""
+    return dict(
+        size=config.size,
+        world_size=ctx.world_size,
+        backend=ctx.backend,
+        global_batch_size=config.global_batch_size,
+        context_length=config.context_length,
+    )
+
+
 def timed_step(
     ddp: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
 ) -> tuple[float, float, float]:
@@ -251,11 +263,7 @@ def _benchmark_flavours(
 ) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     inputs, targets = local_batch(ctx, config)
     common = dict(
-        size=config.size,
-        world_size=ctx.world_size,
-        backend=ctx.backend,
-        global_batch_size=config.global_batch_size,
-        context_length=config.context_length,
+        run_columns(ctx, config),
         warmup=config.warmup,
         steps=config.steps,
         compute_priority=compute_priority(config, ctx.device),

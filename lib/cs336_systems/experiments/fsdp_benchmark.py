@@ -50,7 +50,7 @@ from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_mem
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.fsdp import FSDP, shardable_weight
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
-from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
+from cs336_systems.experiments.ddp_benchmark import one_per_size, run_columns, timed_step
 from cs336_systems.experiments.fsdp_timeline import forward_overlap
 from cs336_systems.experiments.sharding_benchmark import PHASES, allocated_bytes, local_batch, reset_peak
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM, cross_entropy
@@ -355,15 +355,7 @@ def _measure_size(ctx: DistContext, config: FSDPBenchmarkConfig) -> tuple[pd.Dat
             for key in infos[0][0]:
                 row[key] = max(i[0][key] for i in infos)  # the most loaded rank
         rows.append(row)
-    common = dict(
-        size=config.size,
-        world_size=ctx.world_size,
-        backend=ctx.backend,
-        global_batch_size=config.global_batch_size,
-        context_length=config.context_length,
-        warmup=config.warmup,
-        steps=config.steps,
-    )
+    common = dict(run_columns(ctx, config), warmup=config.warmup, steps=config.steps)
     return pd.DataFrame(rows).assign(**common), profiles
 
 

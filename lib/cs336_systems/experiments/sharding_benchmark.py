@@ -47,7 +47,7 @@ from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_mem
 from cs336_systems.distributed.ddp_individual import DDPIndividualParameters
 from cs336_systems.distributed.launch import DistContext, gather_timings, spawn
 from cs336_systems.distributed.sharded_optimizer import ShardedOptimizer, assign_greedy
-from cs336_systems.experiments.ddp_benchmark import one_per_size, timed_step
+from cs336_systems.experiments.ddp_benchmark import one_per_size, run_columns, timed_step
 from cs336_systems.model import VOCAB_SIZE, ModelConfig, TransformerLM, cross_entropy
 from cs336_systems.optim import AdamW
 
@@ -269,13 +269,7 @@ def _measure_size(ctx: DistContext, config: ShardingBenchmarkConfig) -> tuple[pd
         timing_rows.append(
             _timing_row(kind, per_rank, config.steps, "ok" if all(s == ["ok"] for s in statuses) else "OOM")
         )
-    common = dict(
-        size=config.size,
-        world_size=ctx.world_size,
-        backend=ctx.backend,
-        global_batch_size=config.global_batch_size,
-        context_length=config.context_length,
-    )
+    common = run_columns(ctx, config)
     return (
         pd.DataFrame(memory_rows).assign(**common)
         if memory_rows
