@@ -4,6 +4,7 @@ committed CSV's columns, the per-rank memory plan, the kernel categories and a f
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -268,3 +269,56 @@ def test_leaderboard_answer_states_how_each_row_was_timed(tmp_path):
     assert "0.804×" in handout.text and not handout.caveat
     shorter = answer(3000, 500)
     assert "rep=3000, warmup=500)`, shorter than the handout's" in shorter.text
+
+
+def test_leaderboard_answer_reads_the_latest_command_run_and_compares_only_within_a_run(tmp_path):
+    """The command table gains a row per run (`tools/leaderboard_8b_two_gpus.py --append-json`): the answer
+    leads with the latest uncapped run of our step, takes its torch-native ratio only from one run (one commit),
+    and states the capped run (an 80 GB card simulated) apart, not as the leaderboard time."""
+    from cs336_systems.experiments.answers import Results, build
+
+    def row(variant, ms, commit, cap=None, recomputed=None):
+        return dict(
+            variant=variant, batch=1, world_size=2, layers=34, ms=ms, peak_gib=100.0, device="NVIDIA H200",
+            seconds_to_first_timed_step=60.0, blocks_recomputed=recomputed, memory_cap_gib=cap, commit=commit,
+            status="ok",
+        )  # fmt: skip
+
+    pd.DataFrame(
+        [
+            row("ours", 4600.0, "aaa"),
+            row("torch_native", 5750.0, "aaa"),
+            row("ours", 4500.0, "bbb", recomputed=7),
+            row("ours", 5000.0, "bbb", cap=78.0, recomputed=29),
+        ]
+    ).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
+    answer = build("leaderboard.2026", Results(tmp_path))
+    assert "**4,500.0 ms**" in answer.text  # the latest uncapped run, not the capped one
+    assert "0.800×" in answer.text and "in an earlier run of both" in answer.text  # 4600 / 5750, never 4500 / 5750
+    assert "0.783×" not in answer.text
+    assert "capped at 78 GiB" in answer.text and "29 of 34 blocks (against 7" in answer.text
+    assert "5,000.0 ms, 1.11× the uncapped step" in answer.text
+    assert list(answer.table.run) == ["latest run", "earlier run", "earlier run", "capped at 78 GiB"]
+
+
+def test_a_hand_run_result_joins_the_command_table(tmp_path):
+    """`--append-json` adds a `leaderboard_8b --json` result as a row naming its command, cap and caches."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("two_gpus", root / "tools" / "leaderboard_8b_two_gpus.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    result = dict(
+        variant="ours", batch=1, world_size=2, layers=34, context=32768, params=8, ms=5000.0, rep_ms=30000,
+        warmup_ms=10000, peak_gib=67.8, useful_tflops=500.0, seconds_to_first_timed_step=64.0, memory_gib=78.0,
+        plan=[True] * 29 + [False] * 5, attention_kept=True, device="NVIDIA H200",
+    )  # fmt: skip
+    table = tmp_path / "leaderboard_8b_two_gpus_command.csv"
+    tool.append_result(table, dict(result, memory_gib=None), "aaa", empty_caches=True).to_csv(table, index=False)
+    rows = tool.append_result(table, result, "bbb", empty_caches=False)
+    assert len(rows) == 2 and list(rows.commit) == ["aaa", "bbb"]
+    assert "empty caches" in rows.command[0] and "--memory-gib" not in rows.command[0]
+    assert "--memory-gib 78 (rep 30000" in rows.command[1] and "empty caches" not in rows.command[1]
+    assert rows.memory_cap_gib.isna()[0] and rows.memory_cap_gib[1] == 78.0
+    assert list(rows.blocks_recomputed) == [29, 29]

@@ -323,7 +323,14 @@ def fake_card(monkeypatch, total_gib, free_gib, reserved_gib, fraction):
     if fraction is None:
         monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction", raising=False)
     else:
-        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: fraction)
+
+        def get_fraction(device=None):  # as torch's: an indexed device or an index, never a bare "cuda"
+            if isinstance(device, torch.device) and device.index is None:
+                raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+            return fraction
+
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", get_fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
 @pytest.mark.parametrize(
@@ -341,10 +348,11 @@ def test_default_budget_is_the_smaller_of_free_memory_and_the_cap(
     monkeypatch, total, free, reserved, fraction, expected_gib
 ):
     fake_card(monkeypatch, total, free, reserved, fraction)
-    device = torch.device("cuda", 0)
-    assert memory_plan.default_budget_bytes(device) == pytest.approx(expected_gib * GIB, abs=1)
     cap = total * GIB * (1.0 if fraction is None else fraction)
-    assert memory_plan.process_memory_cap_bytes(device) == int(cap)
+    # an indexed device, and the bare "cuda" a notebook's context holds (the current device)
+    for device in (torch.device("cuda", 0), torch.device("cuda")):
+        assert memory_plan.default_budget_bytes(device) == pytest.approx(expected_gib * GIB, abs=1)
+        assert memory_plan.process_memory_cap_bytes(device) == int(cap)
 
 
 def test_torch_has_the_memory_fraction_getter():

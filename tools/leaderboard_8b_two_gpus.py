@@ -4,19 +4,25 @@ torch-native step on the same two GPUs; then one two-GPU step profiled (compute 
 
     PYTHONPATH=lib python tools/leaderboard_8b_two_gpus.py --out DIR [--layers 34] [--rep 30000] [--warmup 10000]
                                                           [--commit SHA]
+    PYTHONPATH=lib python tools/leaderboard_8b_two_gpus.py --out DIR --append-json RESULT.json [--empty-caches]
+                                                          [--commit SHA]
+
 
 Each command runs from empty Triton and Inductor caches (`torchrun_step(cold_cache=True)`), in this order:
 ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two. DIR receives
 `leaderboard_8b_two_gpus_command.csv` (the schema of `reports/gpu/results/leaderboard_8b_command.csv`
-plus `blocks_recomputed`, `wall_s`, `status` and `note`), and from the trace
+plus `blocks_recomputed`, `memory_cap_gib`, `commit`, `wall_s`, `status` and `note`), and from the trace
 `leaderboard_8b_two_gpus_streams.csv` (`two_gpu_profile`: `stream_summary`), `leaderboard_8b_two_gpus_overlap.csv`
 (`communication_overlap`), a timeline figure and the gzipped trace itself. `--from-trace TRACE` rebuilds only
-those from a trace (no GPU needed).
+those from a trace (no GPU needed). `--append-json RESULT` adds one `leaderboard_8b --json RESULT` run made by
+hand (for instance under `--memory-gib 78`, an 80 GB card simulated on a larger one; its cap is read from the
+result) to the rows already in DIR's table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 from pathlib import Path
 
@@ -42,6 +48,8 @@ COMMAND_COLUMNS = [
     "device",
     "vs_torch_native",
     "blocks_recomputed",
+    "memory_cap_gib",
+    "commit",
     "wall_s",
     "status",
     "note",
@@ -50,7 +58,7 @@ COMMAND_COLUMNS = [
 
 def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.DataFrame:
     """The runs as rows of the command table: the command each was, and its time against the torch-native
-    step of the same world size (NaN where that one did not run)."""
+    step of the same world size and commit (NaN where that one did not run)."""
     df = pd.DataFrame(results)
     for column in COMMAND_COLUMNS:
         if column not in df:
@@ -61,6 +69,7 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.
         f"{warmup}, empty caches, expandable segments, commit {commit})"
         for lf, v in zip(launcher, df.variant)
     ]
+    df["commit"] = commit
     df["blocks_recomputed"] = (
         [sum(plan) if isinstance(plan, list) else None for plan in df["plan"]] if "plan" in df else None
     )  # ours' recompute plan on rank 0 (torch-native recomputes every block)
@@ -70,6 +79,24 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.
         for ms, n, status in zip(df.ms, df.world_size, df.status)
     ]
     return df[COMMAND_COLUMNS]
+
+
+def append_result(table: Path, result: dict, commit: str, empty_caches: bool) -> pd.DataFrame:
+    """`table` (the command table, if it exists) with one more row: a `leaderboard_8b --json` result, run from
+    empty compile caches (a fresh machine) or not. Its ratio to the torch-native step is left empty: no
+    torch-native step ran beside it."""
+    result = dict(result, status="ok", note=result.get("note", ""))
+    row = command_rows([result], result["rep_ms"], result["warmup_ms"], commit)
+    if not empty_caches:
+        row["command"] = row.command.str.replace("empty caches", "compile caches as the machine had them")
+    if result.get("memory_gib") is not None:
+        row["command"] = row.command.str.replace(" (rep", f" --memory-gib {result['memory_gib']:g} (rep", regex=False)
+    row["memory_cap_gib"] = result.get("memory_gib")
+    row["vs_torch_native"] = float("nan")
+    if not table.exists():
+        return row
+    earlier = pd.read_csv(table)
+    return pd.concat([earlier.reindex(columns=COMMAND_COLUMNS), row], ignore_index=True)
 
 
 def stream_tables(trace: Path, out: Path) -> None:
@@ -93,6 +120,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=420.0, help="seconds per command")
     p.add_argument("--commit", default=None, help="the commit named in the rows (default: git's HEAD)")
     p.add_argument("--from-trace", type=Path, default=None, help="only the stream tables and figure of this trace")
+    p.add_argument("--append-json", type=Path, default=None, help="add this `leaderboard_8b --json` result as a row")
+    p.add_argument("--empty-caches", action="store_true", help="with --append-json: that run began with empty caches")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_trace is not None:
@@ -103,6 +132,12 @@ def main() -> None:
         or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         or "unknown"
     )
+    if args.append_json is not None:
+        table = args.out / "leaderboard_8b_two_gpus_command.csv"
+        append_result(table, json.loads(args.append_json.read_text()), commit, args.empty_caches).to_csv(
+            table, index=False
+        )
+        return
     trace = args.out / "leaderboard_8b_two_gpus_trace.json.gz"
     results = []
     for variant, nproc in RUNS:

@@ -213,6 +213,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         rep_ms=args.rep,
         warmup_ms=args.warmup,
         peak_gib=peak / 2**30,
+        memory_gib=args.memory_gib,
         useful_tflops=flops / (ms * 1e-3) / 1e12,
         seconds_to_first_timed_step=to_first_timed,
         plan=list(plan.recompute) if plan is not None else None,

@@ -220,10 +220,12 @@ def process_memory_cap_bytes(device: torch.device) -> int:
     """The bytes this process's caching allocator may hold on `device`: the card's total memory times the
     per-process fraction (`torch.cuda.set_per_process_memory_fraction`, 1 when never set), which is how a
     smaller card is simulated on a larger one; past it the allocator raises out-of-memory however much the
-    card has free. A torch without `get_per_process_memory_fraction` reads as uncapped."""
-    total = torch.cuda.get_device_properties(device).total_memory
+    card has free. A torch without `get_per_process_memory_fraction` reads as uncapped. `device` may be a bare
+    "cuda" (the current device): torch's fraction getter takes only an indexed device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
     get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    fraction = get_fraction(device) if get_fraction is not None else 1.0
+    fraction = get_fraction(index) if get_fraction is not None else 1.0
     return int(total * fraction)
 
 

@@ -272,7 +272,8 @@ def _timing_table(t: pd.DataFrame, handout: str, regimes: pd.DataFrame | None = 
     if handout == "2026" and "train-step_mean_ms" in t:
         table["training step (ms)"] = t["train-step_mean_ms"].round(2)
         table["optimizer step (ms)"] = (t["train-step_mean_ms"] - t["forward-backward_mean_ms"]).round(2)
-    if regimes is not None:
+    if regimes is not None:  # the measured regime says what the per-layer time and FLOP rate only suggested
+        table = table.drop(columns=["forward ms per layer", "forward TFLOP/s"])
         for mode in ("forward", "forward-backward"):
             label = regimes[regimes["mode"] == mode].set_index("size")["regime"]
             table[f"{MODE_WORDS[mode]} regime"] = t["size"].map(label).fillna("").to_numpy()
