@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from cs336_systems.attention import FlashAttentionPytorch, FlashAttentionTriton
-from cs336_systems.attention.api import flash_attention_triton
+from cs336_systems.attention.api import DEFAULTS, flash_attention_triton
 from cs336_systems.attention.kernels.triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.kernels.triton_forward import flash_fwd_kernel
 from cs336_systems.attention.launch.layout import kernels_interpreted
@@ -62,7 +62,7 @@ from cs336_systems.attention.reference import TOLERANCE
 from cs336_systems.experiments.answers import give
 from cs336_systems.experiments.attention_benchmark import accuracy_table, peak_memory_sweep, seq_len_axis
 
-FlashAttentionTriton.tiles = triton_tiles
+DEFAULTS.tiles = triton_tiles  # every call that names no tiles of its own
 FlashAttentionPytorch.compile_backward = compile_backward
 if kernels_interpreted():
     ctx.md("> The Triton kernels run in the **Triton interpreter** here (no GPU): the same kernel code, executed "
@@ -124,7 +124,7 @@ show_source(flash_backward_reference)
 # first kernel runs one program per key tile and loops over query tiles, accumulating dK⁽ʲ⁾ and
 # dV⁽ʲ⁾ in registers (it computes the transposed tiles Sᵀ = K⁽ʲ⁾Q_iᵀ directly); the second runs one
 # program per query tile and loops over key tiles for dQ_i. Each output tile has a single owner,
-# so no atomics are needed. `FlashAttentionTriton.backward_impl` (or the call's `backward_impl`)
+# so no atomics are needed. The call's `backward_impl` (else `DEFAULTS.backward_impl`)
 # picks "triton" (default) or "pytorch".
 
 # %%

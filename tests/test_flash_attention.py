@@ -21,6 +21,7 @@ from cs336_systems.attention import (  # noqa: E402
     FlashAttentionTriton,
     flash_attention,  # noqa: E402
 )
+from cs336_systems.attention.api import DEFAULTS  # noqa: E402
 from cs336_systems.attention.heuristics import gluon_backward_eligible, gluon_forward_eligible  # noqa: E402
 from cs336_systems.attention.launch import dispatch as flash_dispatch  # noqa: E402
 from cs336_systems.attention.launch import native as flash_native  # noqa: E402
@@ -62,7 +63,7 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(FlashAttentionPytorch, "q_tile", 16)
     monkeypatch.setattr(FlashAttentionPytorch, "k_tile", 16)
     monkeypatch.setattr(FlashAttentionPytorch, "compile_backward", False)
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16))
+    monkeypatch.setattr(DEFAULTS, "tiles", (16, 16))
 
 
 @pytest.fixture
@@ -170,13 +171,13 @@ UNEVEN_SHAPES = {
 @pytest.mark.parametrize("shape", UNEVEN_SHAPES.values(), ids=UNEVEN_SHAPES.keys())
 def test_triton_unequal_tiles_match_float64(small_tiles, triton_device, monkeypatch, tiles, is_causal, shape):
     """Q_TILE != K_TILE moves the boundary between the full and the masked loops off the tile grid of the other side."""
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
+    monkeypatch.setattr(DEFAULTS, "tiles", tiles)
     check_against_reference(FlashAttentionTriton.apply, *shape, torch.float32, is_causal, triton_device)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_triton_with_pytorch_backward(small_tiles, triton_device, monkeypatch, is_causal):
-    monkeypatch.setattr(FlashAttentionTriton, "backward_impl", "pytorch")
+    monkeypatch.setattr(DEFAULTS, "backward_impl", "pytorch")
     check_against_reference(
         FlashAttentionTriton.apply, *SHAPES["q_shorter_than_k"], torch.float32, is_causal, triton_device
     )
@@ -462,7 +463,7 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
     FlashAttentionTriton.apply(q, k, v, False)
     FlashAttentionTriton.apply(q[:, :24], k, v, True)
     assert len(checks) == 3 and len(LAUNCHES.forward_routes) == 3
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", (32, 16))
+    monkeypatch.setattr(DEFAULTS, "tiles", (32, 16))
     out = FlashAttentionTriton.apply(q, k, v, True)
     assert len(LAUNCHES.forward_routes) == 4 and rel_error(out, reference(q, k, v, True)[0]) < 1e-3
     assert {route.meta["Q_TILE_SIZE"] for route in LAUNCHES.forward_routes.values()} == {16, 32}
@@ -703,7 +704,7 @@ def test_triton_backward_impl_is_chosen_per_call(small_tiles, triton_device):
 
 
 def test_triton_rejects_bad_tiles(triton_device, monkeypatch):
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 24))
+    monkeypatch.setattr(DEFAULTS, "tiles", (16, 24))
     with pytest.raises(ValueError, match=r"tiles = \(16, 24\): k_tile must be a power of two >= 16, got 24"):
         FlashAttentionTriton.apply(*(torch.randn(1, 16, 16, device=triton_device) for _ in range(3)))
 
@@ -769,7 +770,7 @@ def test_pytorch_causal_matches_sdpa(small_tiles, n_q, n_k, dtype):
 @pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)], ids=["q16_k16", "q32_k16", "q16_k32"])
 @pytest.mark.parametrize("n_q, n_k", CAUSAL_RAGGED.values(), ids=CAUSAL_RAGGED.keys())
 def test_triton_causal_matches_sdpa(small_tiles, triton_device, monkeypatch, n_q, n_k, tiles):
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
+    monkeypatch.setattr(DEFAULTS, "tiles", tiles)
     check_causal_against_sdpa(
         FlashAttentionTriton.apply, (2, n_q, 16), (2, n_k, 16), torch.float32, triton_device, 1e-5
     )
@@ -804,7 +805,7 @@ def test_triton_keys_no_query_sees_get_zero_gradients(small_tiles, triton_device
     (the gradients are allocated uninitialised: here filled with NaN, so a skipped store shows)."""
     empty_like = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(float("nan")))
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", tiles)
+    monkeypatch.setattr(DEFAULTS, "tiles", tiles)
     check_causal_against_sdpa(FlashAttentionTriton.apply, (1, 20, 16), (1, 90, 16), torch.float32, triton_device, 1e-5)
 
 
@@ -861,7 +862,7 @@ def test_non_bool_is_causal_raises_type_error(small_tiles, triton_device, monkey
     """As scaled_dot_product_attention: only a bool, so a truthy "False" cannot switch the mask on; refused
     also after a valid call of the same geometry (whose route or C++ program is then cached)."""
     if HAS_CUDA:  # the default tiles: a tiles override keeps eager calls off the C++ node
-        monkeypatch.setattr(FlashAttentionTriton, "tiles", None)
+        monkeypatch.setattr(DEFAULTS, "tiles", None)
     on_cpu = apply in (FlashAttentionPytorch.apply, naive_attention)
     q, k, v = _qkv((1, 16, 16), device="cpu" if on_cpu else triton_device)
     apply(q, k, v, True)
@@ -930,7 +931,7 @@ def test_triton_head_dims_on_gpu(shape, dtype, is_causal):
 def test_triton_with_pytorch_backward_on_gpu(monkeypatch, shape_q, shape_kv, dtype, is_causal):
     """The forward kernels of test_triton_on_gpu, the backward equations in (uncompiled) PyTorch."""
     monkeypatch.setattr(FlashAttentionPytorch, "compile_backward", False)
-    monkeypatch.setattr(FlashAttentionTriton, "backward_impl", "pytorch")
+    monkeypatch.setattr(DEFAULTS, "backward_impl", "pytorch")
     check_against_reference(FlashAttentionTriton.apply, shape_q, shape_kv, dtype, is_causal, "cuda")
 
 
@@ -1303,3 +1304,20 @@ def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
         for cache in caches:
             cache.clear()
         flash_configs.forget_answers()
+
+
+def test_attention_options_are_per_call_not_class_switches(triton_device, monkeypatch):
+    """`tiles` and `backward_impl` are arguments of each call (else `DEFAULTS`'); the class-level switches of
+    earlier versions are refused at the next call rather than silently ignored."""
+    from cs336_systems.attention.api import flash_attention_triton
+
+    q = torch.randn(1, 20, 16, device=triton_device, requires_grad=True)
+    out = flash_attention_triton(q, q, q, True, tiles=(16, 32), backward_impl="pytorch")
+    assert out.grad_fn.tiles == (16, 32) and out.grad_fn.backward_impl == "pytorch"
+    monkeypatch.setattr(DEFAULTS, "tiles", (32, 16))
+    assert FlashAttentionTriton.python_apply(q, q, q, True).grad_fn.tiles == (32, 16)
+    with pytest.raises(ValueError, match=r"k_tile must be a power of two >= 16, got 24"):
+        flash_attention_triton(q, q, q, tiles=(16, 24))
+    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16), raising=False)
+    with pytest.raises(AttributeError, match="not switches: pass them per call"):
+        FlashAttentionTriton.apply(q, q, q)

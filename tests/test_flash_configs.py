@@ -237,7 +237,7 @@ def test_config_for_takes_symbolic_lengths_under_torch_compile(user_cache, monke
 
 def test_each_kernel_runs_its_own_configuration(user_cache):
     """Forward, dK/dV and dQ with three different tile shapes still give the float64 answer."""
-    from cs336_systems.attention.api import FlashAttentionTriton
+    from cs336_systems.attention.api import DEFAULTS, FlashAttentionTriton
     from cs336_systems.attention.launch.dispatch import kernel_config
     from cs336_systems.attention.launch.layout import kernels_interpreted
     from test_flash_attention import check_against_reference
@@ -256,7 +256,7 @@ def test_each_kernel_runs_its_own_configuration(user_cache):
             name, ProblemKey.of(kernel, 16, torch.float32, True, 45, 45), config, user_cache
         )
     flash_configs.reload_config_table()
-    assert FlashAttentionTriton.tiles is None
+    assert DEFAULTS.tiles is None
     q = torch.zeros(1, 45, 16, device=device)
     for kernel, config in chosen.items():
         assert kernel_config(kernel, q, 45, True) == config

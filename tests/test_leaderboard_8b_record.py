@@ -17,9 +17,9 @@ from cs336_systems.training.memory_plan import MemoryTerms, fixed_memory_bytes
 
 @pytest.fixture
 def tiny(monkeypatch):
-    from cs336_systems.attention import FlashAttentionTriton
+    from cs336_systems.attention.api import DEFAULTS
 
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16))
+    monkeypatch.setattr(DEFAULTS, "tiles", (16, 16))
     torch.manual_seed(0)
     model = TransformerLM(97, 16, 32, 2, 2, 64, attention="flash_triton")
     g = torch.Generator().manual_seed(1)

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.attention import FlashAttentionTriton
+from cs336_systems.attention.api import DEFAULTS
 from cs336_systems.attention.naive import naive_attention
 from cs336_systems.model import TransformerLM
 from cs336_systems.training import StepConfig, build_train_step
@@ -43,7 +43,7 @@ RTOL, ATOL = 1e-5, 1e-6
 @pytest.fixture
 def small_tiles(monkeypatch):
     """16x16 Triton attention tiles (the context is 16); monkeypatch puts the class default back after."""
-    monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16))
+    monkeypatch.setattr(DEFAULTS, "tiles", (16, 16))
 
 
 def make_models(layers=LAYERS, seed=0):

@@ -26,9 +26,9 @@ CONFIG = dict(lr=1e-3, eps=1e-3, weight_decay=0.0, state_dtype=torch.float32, re
 
 
 def model_and_batch():
-    from cs336_systems.attention import FlashAttentionTriton
+    from cs336_systems.attention.api import DEFAULTS
 
-    FlashAttentionTriton.tiles = (16, 16)  # the context is 16
+    DEFAULTS.tiles = (16, 16)  # the context is 16
     torch.manual_seed(0)
     model = TransformerLM(VOCAB, CONTEXT, D_MODEL, LAYERS, HEADS, D_FF, attention="flash_triton")
     g = torch.Generator().manual_seed(1)

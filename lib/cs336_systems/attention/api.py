@@ -17,14 +17,17 @@ The package by role (docs/architecture.md), each layer importing only those belo
 Triton and Gluon kernels, math first); `heuristics` (every threshold and route rule) and `configs` (the
 tuned table); `launch` (shape facts in `layout`, launch plans and caches in `plans`, the Gluon launches in
 `gluon`, the route of a call and the Python host path in `dispatch`, the C++ autograd node in `native`);
-this module on top, which alone reads the switches `FlashAttentionTriton.backward_impl` and `.tiles` and
-passes them down. `FlashAttentionTriton.apply` (and so `flash_attention_triton`, `flash_attention`) sends
-eager CUDA calls through the C++ node where it serves the geometry (the same kernels and launch plans, no
-Python on the host path); everything else, torch.compile included, takes the Python `autograd.Function`.
+this module on top, which alone reads the options (`backward_impl`, `tiles`: per call, else the process's
+`DEFAULTS`) and passes them down as arguments. `FlashAttentionTriton.apply` (and so `flash_attention_triton`,
+`flash_attention`) sends eager CUDA calls through the C++ node where it serves the geometry (the same kernels
+and launch plans, no Python on the host path); everything else, torch.compile included, takes the Python
+`autograd.Function`.
 On CPU tensors the kernels run only under TRITON_INTERPRET=1, set before triton is imported.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -45,18 +48,34 @@ from cs336_systems.attention.validation import check_triton_inputs
 BACKWARD_IMPLS = ("triton", "pytorch")
 
 
-class FlashAttentionTriton(torch.autograd.Function):
-    """O = softmax(Q K^T / sqrt(d) [+ causal mask]) V with Triton kernels; saves L, Q, K, V, O.
-
-    `apply(q, k, v, is_causal=False, backward_impl=None)`. Class-level switches:
-    `backward_impl` ("triton" | "pytorch"), the default when the call names none (read when the
-    forward runs), and `tiles`, a (Q_TILE, K_TILE) pair of powers of two >= 16 that overrides
-    the tiles of every kernel's configuration (`configs.config_for`; the interpreter tests
-    use 16).
-    """
+@dataclass
+class AttentionDefaults:
+    """The options a call takes where it names none of its own: `backward_impl` ("triton" | "pytorch") and
+    `tiles`, a (Q_TILE, K_TILE) pair of powers of two >= 16 that overrides the tiles of every kernel's
+    configuration (`configs.config_for`; the interpreter tests use 16 for the models they run). A plain
+    object rather than attributes of the autograd.Function: torch.compile reads it as constants (guarded),
+    where it cannot resolve an autograd.Function's class attributes and breaks the graph."""
 
     backward_impl: str = "triton"
     tiles: tuple[int, int] | None = None
+
+    def resolve(self, backward_impl: str | None, tiles: tuple[int, int] | None) -> tuple[str, tuple[int, int] | None]:
+        """A call's options, each filled from these defaults where the call names none, checked."""
+        backward_impl = backward_impl or self.backward_impl
+        if backward_impl not in BACKWARD_IMPLS:
+            raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
+        return backward_impl, tiles if tiles is not None else self.tiles
+
+
+DEFAULTS = AttentionDefaults()
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """O = softmax(Q K^T / sqrt(d) [+ causal mask]) V with Triton kernels; saves L, Q, K, V, O.
+
+    `apply(q, k, v, is_causal=False, backward_impl=None, tiles=None)`: the options per call, each None
+    taking `DEFAULTS`'s (`AttentionDefaults`).
+    """
 
     @classmethod
     def apply(
@@ -66,15 +85,22 @@ class FlashAttentionTriton(torch.autograd.Function):
         v: torch.Tensor,
         is_causal: bool = False,
         backward_impl: str | None = None,
+        tiles: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Eager CUDA calls with the Triton backward go through the C++ autograd node of `launch.native`
         where it serves the geometry (the same kernels and plans, no Python on the host path; its grad_fn
         shows the same saved tensors); every other call, torch.compile's included, through this Function."""
-        if (backward_impl or cls.backward_impl) == "triton" and not torch.compiler.is_compiling():
-            out = native.attention(q, k, v, is_causal, cls.tiles)
+        if "tiles" in cls.__dict__ or "backward_impl" in cls.__dict__:
+            raise AttributeError(
+                "FlashAttentionTriton.tiles and .backward_impl are not switches: pass them per call, or set "
+                "cs336_systems.attention.api.DEFAULTS for every call that names none"
+            )  # (a metaclass that refused the assignment would hide the Function from torch.compile)
+        backward_impl, tiles = DEFAULTS.resolve(backward_impl, tiles)
+        if backward_impl == "triton" and not torch.compiler.is_compiling():
+            out = native.attention(q, k, v, is_causal, tiles)
             if out is not None:
                 return out
-        return super().apply(q, k, v, is_causal, backward_impl)
+        return super().apply(q, k, v, is_causal, backward_impl, tiles)
 
     @classmethod
     def python_apply(
@@ -84,9 +110,10 @@ class FlashAttentionTriton(torch.autograd.Function):
         v: torch.Tensor,
         is_causal: bool = False,
         backward_impl: str | None = None,
+        tiles: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """This Python autograd.Function alone, never the C++ node (to compare the two paths)."""
-        return super().apply(q, k, v, is_causal, backward_impl)
+        return super().apply(q, k, v, is_causal, *DEFAULTS.resolve(backward_impl, tiles))
 
     @staticmethod
     def forward(
@@ -95,12 +122,11 @@ class FlashAttentionTriton(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         is_causal: bool = False,
-        backward_impl: str | None = None,
+        backward_impl: str = "triton",
+        tiles: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        backward_impl = backward_impl or FlashAttentionTriton.backward_impl
-        if backward_impl not in BACKWARD_IMPLS:
-            raise ValueError(f"unknown backward_impl {backward_impl!r}; choose one of {', '.join(BACKWARD_IMPLS)}")
-        tiles = FlashAttentionTriton.tiles
+        # the options arrive resolved (`apply`, `python_apply`); a direct Function.apply call is checked here
+        backward_impl, tiles = DEFAULTS.resolve(backward_impl, tiles)
         if torch.compiler.is_compiling():
             # Traced here rather than through flash_forward_triton: traced there, the forward's subgraph
             # allocated and returned O and L itself, and the compiled leaderboard forward ran slower
@@ -131,14 +157,20 @@ class FlashAttentionTriton(torch.autograd.Function):
             )
         else:
             grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.route_key, ctx.tiles)
-        return (*grads, None, None)
+        return (*grads, None, None, None)
 
 
 def flash_attention_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, backward_impl: str | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool = False,
+    *,
+    backward_impl: str | None = None,
+    tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """`FlashAttentionTriton.apply` with the backward chosen per call (None: the class default), keyword only."""
-    return FlashAttentionTriton.apply(q, k, v, is_causal, backward_impl)
+    """`FlashAttentionTriton.apply` with its options per call, keyword only (None: `DEFAULTS`')."""
+    return FlashAttentionTriton.apply(q, k, v, is_causal, backward_impl, tiles)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from cs336_systems.attention import AttentionFn, get_attention
 from cs336_systems.attention.reference import TOLERANCE, reference_gradients, relative_error
 from cs336_systems.benchmarking.harness import free_device_memory, is_out_of_memory, synchronize
+from cs336_systems.profiling.peak_memory import SavedTensorCounter, count_saved_tensors
 from cs336_systems.profiling.ranges import annotated
 
 MiB = 2**20
@@ -65,35 +66,31 @@ def random_qkv(
     )
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int]:
-    return (str(t.device), t.untyped_storage().data_ptr())
-
-
 def _storage_bytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
 class SavedForBackward:
-    """Context manager counting the bytes of the tensors autograd saves for the backward.
-
-    Each storage counts once (a view and its base share one). With `budget_bytes`, entering
-    counts `resident` (tensors already alive, e.g. Q, K, V) and a save that takes the total
-    past the budget raises torch.OutOfMemoryError, as the allocator would.
+    """Context manager counting the bytes of the tensors autograd saves for the backward
+    (`profiling.peak_memory.count_saved_tensors`: each storage once, a view and its base share one).
+    With `budget_bytes`, entering counts `resident` (tensors already alive, e.g. Q, K, V) and a save that
+    takes the total past the budget raises torch.OutOfMemoryError, as the allocator would.
     """
 
     def __init__(self, resident: Iterable[torch.Tensor] = (), budget_bytes: int | None = None):
         self.budget_bytes = budget_bytes
-        self._resident = {_storage_key(t): _storage_bytes(t) for t in resident}
-        self._saved: dict[tuple[str, int], int] = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._resident = {t.untyped_storage().data_ptr(): _storage_bytes(t) for t in resident}
+        self._counting = count_saved_tensors(on_save=lambda counter: self.check_budget())
+        self._counter: SavedTensorCounter | None = None
 
     @property
     def saved_bytes(self) -> int:
-        return sum(self._saved.values())
+        return self._counter.total_bytes if self._counter is not None else 0
 
     def live_bytes(self, *extra: torch.Tensor) -> int:
         """Resident plus saved plus `extra` tensors, each storage once."""
-        storages = {**self._resident, **self._saved, **{_storage_key(t): _storage_bytes(t) for t in extra}}
+        saved = self._counter.storages if self._counter is not None else {}
+        storages = {**self._resident, **saved, **{t.untyped_storage().data_ptr(): _storage_bytes(t) for t in extra}}
         return sum(storages.values())
 
     def check_budget(self, *extra: torch.Tensor) -> None:
@@ -104,19 +101,12 @@ class SavedForBackward:
                 f"budget {self.budget_bytes / MiB:.1f} MiB"
             )
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key not in self._saved:
-            self._saved[key] = _storage_bytes(t)
-            self.check_budget()
-        return t
-
     def __enter__(self) -> SavedForBackward:
-        self._hooks.__enter__()
+        self._counter = self._counting.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
+        self._counting.__exit__(*exc)
 
 
 def _ms_stats(seconds: list[float]) -> tuple[float, float]:

@@ -44,6 +44,8 @@ class SavedTensorCounter:
     records: list[dict] = field(default_factory=list)
     # Names the operation that made a saved tensor; by default its grad_fn's class.
     made_by: Callable[[torch.Tensor], str] | None = None
+    # Called after each newly counted storage (a budget check may raise from it).
+    on_save: Callable[[SavedTensorCounter], None] | None = None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
@@ -51,6 +53,8 @@ class SavedTensorCounter:
         new = ptr not in self.storages and ptr not in self.excluded_storages
         if new:
             self.storages[ptr] = storage.nbytes()
+            if self.on_save is not None:
+                self.on_save(self)
         made_by = self.made_by(t) if self.made_by else type(t.grad_fn).__name__ if t.grad_fn is not None else "leaf"
         self.records.append(
             dict(
@@ -70,11 +74,14 @@ class SavedTensorCounter:
 
 @contextlib.contextmanager
 def count_saved_tensors(
-    exclude: Iterable[torch.Tensor] = (), made_by: Callable[[torch.Tensor], str] | None = None
+    exclude: Iterable[torch.Tensor] = (),
+    made_by: Callable[[torch.Tensor], str] | None = None,
+    on_save: Callable[[SavedTensorCounter], None] | None = None,
 ) -> Iterator[SavedTensorCounter]:
     """Count the bytes autograd saves for backward inside the block (storages in `exclude` not counted);
-    `made_by` names each saved tensor's maker in the records."""
-    counter = SavedTensorCounter({t.untyped_storage().data_ptr() for t in exclude}, made_by=made_by)
+    `made_by` names each saved tensor's maker in the records; `on_save(counter)` runs after each new
+    storage is counted."""
+    counter = SavedTensorCounter({t.untyped_storage().data_ptr() for t in exclude}, made_by=made_by, on_save=on_save)
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
         yield counter
 

@@ -128,9 +128,9 @@ def measure_block_memory(block: nn.Module, x: torch.Tensor) -> tuple[int, int]:
     compiler's partition chose, which autograd's saved-tensor hooks do not see). `transient` is the peak
     over the forward and over a backward to the input (weight gradients not made: they are counted with
     the gradients) less `saved`. Resets the device's peak-memory statistics. Elsewhere: `saved` is the
-    sum of the unique storages' nbytes packed by `saved_tensors_hooks`, leaving out the block's own
-    parameters and buffers (the block's input is among them; its output, the same size, is not), and
-    `transient` is 0."""
+    sum of the unique storages' nbytes saved for the backward (`profiling.peak_memory.count_saved_tensors`),
+    leaving out the block's own parameters and buffers (the block's input is among them; its output, the
+    same size, is not), and `transient` is 0."""
     inp = x.detach().requires_grad_(True)
     if x.device.type == "cuda":
         torch.cuda.synchronize(x.device)
@@ -148,20 +148,13 @@ def measure_block_memory(block: nn.Module, x: torch.Tensor) -> tuple[int, int]:
         peak = max(peak, torch.cuda.max_memory_allocated(x.device))
         del out, upstream, grad
         return saved, max(0, peak - before - saved)
-    own = {t.untyped_storage().data_ptr() for t in list(block.parameters()) + list(block.buffers())}
-    seen: dict[int, int] = {}
+    from cs336_systems.profiling.peak_memory import count_saved_tensors  # the CPU branch alone needs it
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in own:
-            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
-        return t
-
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    own = list(block.parameters()) + list(block.buffers())
+    with torch.enable_grad(), count_saved_tensors(exclude=own) as counter:
         out = block(inp)
     del out
-    return sum(seen.values()), 0
+    return counter.total_bytes, 0
 
 
 def param_bytes(model: nn.Module) -> int:
