@@ -1321,3 +1321,14 @@ def test_attention_options_are_per_call_not_class_switches(triton_device, monkey
     monkeypatch.setattr(FlashAttentionTriton, "tiles", (16, 16), raising=False)
     with pytest.raises(AttributeError, match="not switches: pass them per call"):
         FlashAttentionTriton.apply(q, q, q)
+
+
+def test_a_direct_function_call_takes_the_defaults_too(triton_device, monkeypatch):
+    """torch.compile traces `forward` without our `apply` (dynamo calls the Function itself), so the forward
+    fills unnamed options from `DEFAULTS` as `apply` does."""
+    from torch.autograd import Function
+
+    monkeypatch.setattr(DEFAULTS, "backward_impl", "pytorch")
+    q = torch.randn(1, 20, 16, device=triton_device, requires_grad=True)
+    out = Function.apply.__func__(FlashAttentionTriton, q, q, q, True)
+    assert out.grad_fn.backward_impl == "pytorch"

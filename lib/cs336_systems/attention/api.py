@@ -122,7 +122,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         is_causal: bool = False,
-        backward_impl: str = "triton",
+        backward_impl: str | None = None,
         tiles: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         # the options arrive resolved (`apply`, `python_apply`); a direct Function.apply call is checked here
