@@ -360,3 +360,14 @@ def test_the_same_launch_bound_step_in_two_notebooks_is_compared_by_its_graphs(t
     assert (
         same_steps_elsewhere(there, tmp_path, "by_size_raw", "notebook 01") == ""
     )  # the same times: nothing to explain
+
+
+def test_harness_answer_names_the_sizes_by_each_handouts_table():
+    """The run has the 2026 xl under its 2025 name 2.7B, and the 2025 xl, which the 2026 table lacks: each
+    handout's answer names the sweep's sizes as its own table does."""
+    results = Results(GPU_RESULTS)
+    text_2026 = build("benchmarking_script.a.2026", results).text
+    assert "the 2026 table's small, medium, large, xl and 10B, and the 2025 table's xl;" in text_2026
+    assert "2.7B" not in text_2026
+    text_2025 = build("benchmarking_script.a", results).text
+    assert "the 2025 table's small, medium, large, xl and 2.7B, and the 2026 table's 10B;" in text_2025

@@ -179,6 +179,18 @@ HARNESS = (
 )
 
 
+def _sweep_sizes(sizes, handout: str) -> str:
+    """The sweep's sizes by the names of `handout`'s table, those it lacks by the other handout's: the run names
+    the 2026 xl "2.7B" and also has the 2025 xl, which the 2026 table has not."""
+    sizes = list(dict.fromkeys(sizes))
+    own = [size_label(s, handout) for s in sizes if handout_name(s, handout)]
+    other = "2025" if handout == "2026" else "2026"
+    rest = [handout_name(s, other) or s for s in sizes if not handout_name(s, handout)]
+    if not rest:
+        return and_join(own)
+    return f"the {handout} table's {and_join(own)}, and the {other} table's {and_join(rest)}"
+
+
 @builds_each_handout("benchmarking_script.a")
 def _harness_answer(results: Results, handout: str) -> Answer:
     rows = results.table("by_size_raw")
@@ -191,7 +203,7 @@ def _harness_answer(results: Results, handout: str) -> Answer:
     )
     text = (
         f"{HARNESS}; `--mode` picks {modes}. On {machine(results, NB_TIMING, gpu)} this run timed {len(rows)} "
-        f"configurations of the size sweep with it ({and_join(list(dict.fromkeys(rows['size'])))}, "
+        f"configurations of the size sweep with it ({_sweep_sizes(rows['size'], handout)}; "
         f"{and_join(sorted(set(rows['mode'])))}): {n_ok} ran"
         + (f" and {n_oom} ran out of memory, recorded as such rather than failing." if n_oom else ".")
     )
