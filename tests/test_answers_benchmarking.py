@@ -371,3 +371,12 @@ def test_harness_answer_names_the_sizes_by_each_handouts_table():
     assert "2.7B" not in text_2026
     text_2025 = build("benchmarking_script.a", results).text
     assert "the 2025 table's small, medium, large, xl and 2.7B, and the 2026 table's 10B;" in text_2025
+
+
+def test_harness_answer_names_sizes_of_neither_table(tmp_path):
+    """The CPU profile's sweep has sizes in neither handout's table: named as they are, never an empty list."""
+    _raw([("tiny", "forward", 1.0, 0.1), ("small", "forward", 2.0, 0.1)]).to_csv(
+        tmp_path / "by_size_raw.csv", index=False
+    )
+    for key in ("benchmarking_script.a", "benchmarking_script.a.2026"):
+        assert "(small and tiny; forward)" in build(key, Results(tmp_path)).text

@@ -180,15 +180,20 @@ HARNESS = (
 
 
 def _sweep_sizes(sizes, handout: str) -> str:
-    """The sweep's sizes by the names of `handout`'s table, those it lacks by the other handout's: the run names
-    the 2026 xl "2.7B" and also has the 2025 xl, which the 2026 table has not."""
+    """The sweep's sizes by the names of `handout`'s table, those it lacks by the other handout's (the run names
+    the 2026 xl "2.7B" and also has the 2025 xl, which the 2026 table has not), and sizes of neither table (the
+    CPU profile's) by their own names."""
     sizes = list(dict.fromkeys(sizes))
-    own = [size_label(s, handout) for s in sizes if handout_name(s, handout)]
     other = "2025" if handout == "2026" else "2026"
-    rest = [handout_name(s, other) or s for s in sizes if not handout_name(s, handout)]
-    if not rest:
-        return and_join(own)
-    return f"the {handout} table's {and_join(own)}, and the {other} table's {and_join(rest)}"
+    own = [size_label(s, handout) for s in sizes if handout_name(s, handout)]
+    theirs = [handout_name(s, other) for s in sizes if not handout_name(s, handout) and handout_name(s, other)]
+    neither = [s for s in sizes if not handout_name(s, handout) and not handout_name(s, other)]
+    if not theirs:
+        return and_join(own + neither)
+    parts = ([f"the {handout} table's {and_join(own)}"] if own else []) + [f"the {other} table's {and_join(theirs)}"]
+    if neither:
+        parts.append(and_join(neither))
+    return ", and ".join(parts)
 
 
 @builds_each_handout("benchmarking_script.a")
