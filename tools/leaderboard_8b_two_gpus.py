@@ -56,20 +56,24 @@ COMMAND_COLUMNS = [
 ]
 
 
-def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.DataFrame:
-    """The runs as rows of the command table: the command each was, and its time against the torch-native
-    step of the same world size and commit (NaN where that one did not run)."""
+def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_caches: bool = True) -> pd.DataFrame:
+    """The runs as rows of the command table: the command each was (with its `memory_gib` cap, where a result
+    has one, and whether its compile caches were empty), and its time against the torch-native step of the
+    same world size among `results` (NaN where that one did not run)."""
     df = pd.DataFrame(results)
-    for column in COMMAND_COLUMNS:
+    for column in COMMAND_COLUMNS + ["memory_gib"]:
         if column not in df:
             df[column] = None
     launcher = df.world_size.map(lambda n: f"torchrun --nproc-per-node {int(n)} -m" if n > 1 else "python -m")
+    caches = "empty caches" if empty_caches else "compile caches as the machine had them"
     df["command"] = [
-        f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v} (rep {rep}, warmup "
-        f"{warmup}, empty caches, expandable segments, commit {commit})"
-        for lf, v in zip(launcher, df.variant)
+        f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v}"
+        + (f" --memory-gib {cap:g}" if pd.notna(cap) else "")
+        + f" (rep {rep}, warmup {warmup}, {caches}, expandable segments, commit {commit})"
+        for lf, v, cap in zip(launcher, df.variant, df.memory_gib)
     ]
     df["commit"] = commit
+    df["memory_cap_gib"] = df.memory_gib
     df["blocks_recomputed"] = (
         [sum(plan) if isinstance(plan, list) else None for plan in df["plan"]] if "plan" in df else None
     )  # ours' recompute plan on rank 0 (torch-native recomputes every block)
@@ -83,20 +87,14 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str) -> pd.
 
 def append_result(table: Path, result: dict, commit: str, empty_caches: bool) -> pd.DataFrame:
     """`table` (the command table, if it exists) with one more row: a `leaderboard_8b --json` result, run from
-    empty compile caches (a fresh machine) or not. Its ratio to the torch-native step is left empty: no
+    empty compile caches (a fresh machine) or not. Its ratio to the torch-native step stays empty: no
     torch-native step ran beside it."""
-    result = dict(result, status="ok", note=result.get("note", ""))
-    row = command_rows([result], result["rep_ms"], result["warmup_ms"], commit)
-    if not empty_caches:
-        row["command"] = row.command.str.replace("empty caches", "compile caches as the machine had them")
-    if result.get("memory_gib") is not None:
-        row["command"] = row.command.str.replace(" (rep", f" --memory-gib {result['memory_gib']:g} (rep", regex=False)
-    row["memory_cap_gib"] = result.get("memory_gib")
-    row["vs_torch_native"] = float("nan")
+    row = command_rows(
+        [dict(result, status="ok", note="")], result["rep_ms"], result["warmup_ms"], commit, empty_caches
+    )
     if not table.exists():
         return row
-    earlier = pd.read_csv(table)
-    return pd.concat([earlier.reindex(columns=COMMAND_COLUMNS), row], ignore_index=True)
+    return pd.concat([pd.read_csv(table).reindex(columns=COMMAND_COLUMNS), row], ignore_index=True)
 
 
 def stream_tables(trace: Path, out: Path) -> None:

@@ -113,7 +113,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         tiles: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """This Python autograd.Function alone, never the C++ node (to compare the two paths)."""
-        return super().apply(q, k, v, is_causal, *DEFAULTS.resolve(backward_impl, tiles))
+        return super().apply(q, k, v, is_causal, backward_impl, tiles)  # the forward fills them from DEFAULTS
 
     @staticmethod
     def forward(
