@@ -297,8 +297,41 @@ def test_leaderboard_answer_reads_the_latest_command_run_and_compares_only_withi
     assert "0.800×" in answer.text and "in an earlier run of both" in answer.text  # 4600 / 5750, never 4500 / 5750
     assert "0.783×" not in answer.text
     assert "capped at 78 GiB" in answer.text and "29 of 34 blocks (against 7" in answer.text
-    assert "5,000.0 ms, 1.11× the uncapped step" in answer.text
+    assert "5,000.0 ms, 1.11× the uncapped step of the same code" in answer.text
     assert list(answer.table.run) == ["latest run", "earlier run", "earlier run", "capped at 78 GiB"]
+
+
+def test_leaderboard_answer_from_the_notebooks_run_keeps_the_capped_command_run(tmp_path):
+    """Where the notebook itself ran on two GPUs, its rows lead (their recompute counts read from its two-GPU
+    plans), and a capped command run beside it is still stated, apart, against the uncapped run of its own code."""
+    from cs336_systems.experiments.answers import Results, build
+
+    def step(variant, ms):
+        return dict(
+            variant=variant, step_ms=ms, peak_gib=120.0, tflops=500.0, ceiling_tflops=700.0, world_size=2,
+            device="NVIDIA H200", rep_ms=30000, warmup_ms=10000,
+        )  # fmt: skip
+
+    pd.DataFrame([step("torch_native", 5600.0), step("ours", 4480.0)]).to_csv(
+        tmp_path / "leaderboard_8b.csv", index=False
+    )
+    plan = lambda n: str([True] * n + [False] * (34 - n))  # noqa: E731
+    pd.DataFrame(
+        [dict(variant="torch_native", world_size=2, plan=plan(34)), dict(variant="ours", world_size=2, plan=plan(8))]
+    ).to_csv(tmp_path / "leaderboard_8b_two_gpus.csv", index=False)
+    command = dict(batch=1, world_size=2, layers=34, device="NVIDIA H200", status="ok", commit="ccc", variant="ours")
+    pd.DataFrame(
+        [
+            dict(command, ms=4520.0, peak_gib=127.0, blocks_recomputed=7),
+            dict(command, ms=4972.0, peak_gib=68.0, blocks_recomputed=29, memory_cap_gib=78.0),
+        ]
+    ).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
+    answer = build("leaderboard.2026", Results(tmp_path))
+    assert "**4,480.0 ms**" in answer.text and "0.800×" in answer.text and not answer.caveat
+    assert "29 of 34 blocks (against 7 with the whole card)" in answer.text
+    assert "4,972.0 ms, 1.10× the uncapped step of the same code" in answer.text
+    assert list(answer.table.run) == ["latest run", "latest run", "capped at 78 GiB"]
+    assert list(answer.table["blocks recomputed"][:2]) == [8, 34]
 
 
 def test_a_hand_run_result_joins_the_command_table(tmp_path):

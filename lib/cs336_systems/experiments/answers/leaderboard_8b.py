@@ -23,29 +23,48 @@ def timing_words(row: pd.Series) -> str:
     return call + f", shorter than the handout's rep={HANDOUT_REP_MS}, warmup={HANDOUT_WARMUP_MS}"
 
 
+def _recompute_counts(results: Results) -> dict[str, int]:
+    """Blocks each variant's memory plan recomputes in the notebook's two-GPU run (rank 0's plan)."""
+    if not results.has("leaderboard_8b_two_gpus"):
+        return {}
+    rows = results.table("leaderboard_8b_two_gpus")
+    if "plan" not in rows:
+        return {}
+    return {
+        row.variant: str(row.plan).count("True")
+        for _, row in rows.iterrows()
+        if row.world_size == 2 and isinstance(row.plan, str)
+    }
+
+
 def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The two-GPU rows at the card's whole memory, and those under a per-process memory cap (an 80 GB card
-    simulated on a larger one), of the notebook's own run, else of the command runs beside it; and a caveat
-    saying which. The command table gains a row per run: later rows are later runs."""
+    """The two-GPU rows at the card's whole memory (the notebook's own run, else the command runs beside it)
+    and the command runs under a per-process memory cap (an 80 GB card simulated on a larger one); and a
+    caveat where the uncapped rows are not the notebook's. The command table gains a row per run: later
+    rows are later runs."""
+    command = pd.DataFrame()
+    if results.has("leaderboard_8b_two_gpus_command"):
+        rows = results.table("leaderboard_8b_two_gpus_command")
+        command = rows[(rows.world_size == 2) & (rows.status == "ok")]
+    in_cap = command.memory_cap_gib.notna() if "memory_cap_gib" in command else pd.Series(False, index=command.index)
+    capped = command[in_cap]
     if results.has("leaderboard_8b"):
         rows = results.table("leaderboard_8b")
         two = rows[(rows.world_size == 2) & rows.step_ms.notna()]
         if "ours" in set(two.variant):
-            return two.rename(columns={"step_ms": "ms"}), two.iloc[:0], ""
-    if results.has("leaderboard_8b_two_gpus_command"):
-        rows = results.table("leaderboard_8b_two_gpus_command")
-        two = rows[(rows.world_size == 2) & (rows.status == "ok")]
-        capped = two.memory_cap_gib.notna() if "memory_cap_gib" in two else pd.Series(False, index=two.index)
-        if "ours" in set(two[~capped].variant):
-            return (
-                two[~capped],
-                two[capped],
-                (
-                    "Timed by `torchrun --nproc-per-node 2 -m cs336_systems.training.leaderboard_8b` beside this "
-                    "notebook's run, which had one GPU (`tools/leaderboard_8b_two_gpus.py`; its table names each "
-                    "command and whether its compile caches were empty)."
-                ),
-            )
+            blocks = _recompute_counts(results)
+            two = two.rename(columns={"step_ms": "ms"}).assign(blocks_recomputed=two.variant.map(blocks))
+            return two, capped, ""
+    if "ours" in set(command[~in_cap].variant):
+        return (
+            command[~in_cap],
+            capped,
+            (
+                "Timed by `torchrun --nproc-per-node 2 -m cs336_systems.training.leaderboard_8b` beside this "
+                "notebook's run, which had one GPU (`tools/leaderboard_8b_two_gpus.py`; its table names each "
+                "command and whether its compile caches were empty)."
+            ),
+        )
     raise NotAnswered("the step at batch 2 needs two GPUs, and this run had fewer")
 
 
@@ -100,16 +119,25 @@ def eight_b_step(results: Results) -> Answer:
         details = [f"peak {cap.peak_gib:.1f} GiB per GPU"]
         if pd.notna(first):
             details.append(f"{first:.0f} s from process start to the first timed step")
+        # the uncapped command run of the same code, the one a ratio can be taken against
+        uncapped = pd.DataFrame()
+        if results.has("leaderboard_8b_two_gpus_command"):
+            rows = results.table("leaderboard_8b_two_gpus_command")
+            uncapped = rows[
+                (rows.variant == "ours") & (rows.world_size == 2) & (rows.status == "ok")
+                & rows.memory_cap_gib.isna() & (rows.commit == cap.commit)
+            ]  # fmt: skip
         blocks = ""
         if _recomputed(cap) is not None:
             blocks = f"its memory plan recomputes {_recomputed(cap)} of {int(cap.layers)} blocks"
-            if _recomputed(ours) is not None:
-                blocks += f" (against {_recomputed(ours)} with the whole card)"
+            if len(uncapped) and _recomputed(uncapped.iloc[-1]) is not None:
+                blocks += f" (against {_recomputed(uncapped.iloc[-1])} with the whole card)"
             blocks += " and "
+        ratio = f", {cap.ms / uncapped.iloc[-1].ms:.2f}× the uncapped step of the same code" if len(uncapped) else ""
         text += (
-            f" With each process capped at {cap.memory_cap_gib:g} GiB (`--memory-gib {cap.memory_cap_gib:g}`: an "
-            f"80 GB card's memory simulated on these GPUs) {blocks}the step takes {cap.ms:,.1f} ms, "
-            f"{cap.ms / ours.ms:.2f}× the uncapped step ({', '.join(details)})."
+            f" In a separate command run with each process capped at {cap.memory_cap_gib:g} GiB (`--memory-gib "
+            f"{cap.memory_cap_gib:g}`: an 80 GB card's memory simulated on these GPUs) {blocks}the step takes "
+            f"{cap.ms:,.1f} ms{ratio} ({', '.join(details)})."
         )
         shown.append(cap)
         labels.append(f"capped at {cap.memory_cap_gib:g} GiB")
