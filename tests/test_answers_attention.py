@@ -158,3 +158,42 @@ def test_leaderboard_ratio_is_ours_over_the_fastest_backend(tmp_path):
     assert "5.00 ms for PyTorch's fastest, SDPA with its cuDNN backend (ours / cuDNN = 0.80×)" in answer.text
     assert "ours / SDPA flash = 0.50×" in answer.text
     assert answer.caveat == ""  # an H100, as the handout's leaderboard
+
+
+def _model_row(size, mode, vanilla, compiled, scope="blocks", **probe):
+    return dict(
+        size=size, mode=mode, context_length=256, scope=scope, vanilla_ms=vanilla, vanilla_std_ms=0.1,
+        compiled_ms=compiled, compiled_std_ms=0.1, speedup=vanilla / compiled, compiled_first_call_s=3.0,
+        status="ok", **probe,
+    )  # fmt: skip
+
+
+def test_compile_answer_says_which_vanilla_steps_are_launch_bound_from_its_own_probe(tmp_path):
+    rows = [
+        _model_row("small", "forward", 16.0, 8.0, busy_fraction=0.45, graph_speedup=1.9, regime="launch-bound"),
+        _model_row("xl", "forward", 120.0, 110.0, busy_fraction=0.95, graph_speedup=1.02, regime="GPU-bound"),
+    ]
+    answer = build("torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows)}))
+    assert "launch-bound" in answer.text and "small's forward (45% busy, 1.90× as a CUDA graph)" in answer.text
+    assert "xl's forward" not in answer.text and "notebook 01" not in answer.text
+
+
+def test_compile_answer_without_its_own_probe_cites_notebook_01_and_the_same_step_timed_twice(tmp_path):
+    rows = [
+        _model_row("small", "forward", 13.4, 8.1),
+        _model_row("xl", "forward", 126.0, 110.0),
+        _model_row("small", "forward", 25.5, 8.1, scope="model"),
+    ]
+    regime = pd.DataFrame(
+        [
+            {"size": "small", "context": 256, "pass": "forward", "GPU busy (share of step)": 0.57,
+             "regime": "launch-bound"},
+            {"size": "xl", "context": 256, "pass": "forward", "GPU busy (share of step)": 0.94, "regime": "GPU-bound"},
+            {"size": "xl", "context": 512, "pass": "forward", "GPU busy (share of step)": 0.5, "regime": "launch-bound"},
+        ]
+    )  # fmt: skip
+    answer = build("torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows), "by_size_regime": regime}))
+    assert "notebook 01 did" in answer.text and "small's forward (57% busy)" in answer.text
+    assert "xl's forward" not in answer.text  # launch-bound only at another context
+    assert "the sizes that gained most from compiling here" in answer.text  # small 1.65× against xl 1.15×
+    assert "13.40 ms in the block-by-block sweep and 25.50 ms in the whole-model sweep (1.90× apart)" in answer.text

@@ -217,6 +217,29 @@ def test_compile_comparison_builds_and_compiles_each_model_once_for_all_modes(mo
     assert all(c.mode == "train-step" for c in builds)  # one optimizer, made for the train step
 
 
+def test_compile_comparison_measures_the_vanilla_steps_regime(monkeypatch):
+    """Each vanilla (size, mode) is probed once after its timed steps (busy share, graphed step), the
+    compiled model never; the table carries the vanilla step's busy share and regime."""
+    import cs336_systems.benchmarking.compiled as compiled
+
+    probed = []
+
+    def probe():
+        def then(setup):
+            probed.append((setup.config.mode, setup.config.compile))
+            return dict(busy_ms=0.5 * 1.0, busy_on="CPU operators", profiled_ms=1.0, graphed_ms=float("nan"))
+
+        return then
+
+    monkeypatch.setattr(compiled, "launch_probe", probe)
+    table = compiled.compile_comparison(BenchmarkConfig(**TINY), ["nano"], progress=False)
+    assert probed == [(mode, False) for mode in harness.MODES]
+    assert table.busy_fraction.tolist() == [0.5] * len(harness.MODES)
+    assert table.regime.notna().all()
+    plain = compiled.compile_comparison(BenchmarkConfig(**TINY), ["nano"], progress=False, probe=False)
+    assert "regime" not in plain and len(probed) == len(harness.MODES)
+
+
 def test_time_modes_keeps_an_out_of_memory_mode_as_a_row(monkeypatch):
     import cs336_systems.benchmarking.compiled as compiled
 

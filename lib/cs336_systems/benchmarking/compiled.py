@@ -1,7 +1,9 @@
 """torch.compile on the model (torch_compile part (b)), and our best step against Llama.
 
 `compile_comparison` times each size and mode (forward, forward-backward, train-step) with the
-vanilla and the compiled model (the whole model, or block by block), in one sweep.
+vanilla and the compiled model (the whole model, or block by block), in one sweep, and measures the
+vanilla step's regime (`launch_bound`: its GPU-busy share and its time as a CUDA graph), since what
+compiling gains on a launch-bound step is mostly fewer launches.
 `best_versus_llama` takes our fastest training step (bf16 autocast, compiled, the fastest of the
 given attention implementations) and the Hugging Face Llama of the same architecture
 (llama_reference.py) on the same batch, in the same run, and reports the step-time ratio against
@@ -28,18 +30,24 @@ from cs336_systems.benchmarking.harness import (
     free_device_memory,
     run_benchmark,
 )
+from cs336_systems.benchmarking.launch_bound import launch_probe, with_regime
 from cs336_systems.benchmarking.llama_reference import INSTALL_HINT, run_llama_benchmark, transformers_available
 from cs336_systems.optim import OPTIMIZERS
 from cs336_systems.profiling.torch_profile import step_phases
 
 
 def compile_comparison(
-    base: BenchmarkConfig, sizes: Sequence[str], modes: Sequence[str] = MODES, progress: bool = True
+    base: BenchmarkConfig,
+    sizes: Sequence[str],
+    modes: Sequence[str] = MODES,
+    progress: bool = True,
+    probe: bool = True,
 ) -> pd.DataFrame:
     """One row per (size, mode): vanilla and compiled mean/std ms, speedup = vanilla / compiled,
     the compile scope (`base.compile_scope`: whole model or each block) and the compiled model's
     first call in that mode (`compiled_first_call_s`: the compilation of the graph that mode
-    needs first, or an already compiled step).
+    needs first, or an already compiled step); with `probe`, the vanilla step's `busy_fraction`,
+    `graph_speedup` and `regime` (`launch_bound.launch_probe` after its timed steps, on the same model).
 
     Each (size, vanilla or compiled) model is built and compiled once and timed in every mode:
     forward-backward and train-step run the same compiled graphs (the optimizer step is outside
@@ -50,8 +58,11 @@ def compile_comparison(
     for size, compiled in tqdm(
         [(s, c) for s in sizes for c in (False, True)], desc="vanilla vs compiled", disable=not progress, leave=False
     ):
-        rows += time_modes(replace(base, size=size, compile=compiled), modes)
+        then = launch_probe() if probe and not compiled else None
+        rows += time_modes(replace(base, size=size, compile=compiled), modes, then)
     rows = pd.DataFrame(rows)
+    if probe:
+        rows = with_regime(rows)
     out = []
     for (size, mode), g in rows.groupby(["size", "mode"], sort=False):
         vanilla, compiled = g[~g["compile"]].iloc[0], g[g["compile"]].iloc[0]
@@ -75,14 +86,20 @@ def compile_comparison(
                 status=vanilla["status"]
                 if vanilla["status"] == compiled["status"]
                 else f"{vanilla['status']}/{compiled['status']}",
+                **(
+                    {k: vanilla.get(k) for k in ("busy_fraction", "graph_speedup", "regime")} if probe else {}
+                ),  # the vanilla step's regime
             )
         )
     return pd.DataFrame(out)
 
 
-def time_modes(config: BenchmarkConfig, modes: Sequence[str]) -> list[dict]:
+def time_modes(
+    config: BenchmarkConfig, modes: Sequence[str], then: Callable[[TrainingSetup], dict] | None = None
+) -> list[dict]:
     """`run_benchmark` of `config` in each mode, all on one model built (and compiled) once, with
-    its optimizer. A mode that runs out of memory is a row; the next mode tries again."""
+    its optimizer (`then`: `run_benchmark`'s, after each mode's timed steps). A mode that runs out of
+    memory is a row; the next mode tries again."""
     shared: dict[str, TrainingSetup] = {}
 
     def reuse(c: BenchmarkConfig) -> TrainingSetup:
@@ -91,7 +108,7 @@ def time_modes(config: BenchmarkConfig, modes: Sequence[str]) -> list[dict]:
         return replace(shared["setup"], config=c)
 
     try:
-        return [run_benchmark(replace(config, mode=mode), builder=reuse) for mode in modes]
+        return [run_benchmark(replace(config, mode=mode), builder=reuse, then=then) for mode in modes]
     finally:
         shared.clear()
         free_device_memory()

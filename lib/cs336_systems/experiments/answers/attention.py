@@ -333,6 +333,80 @@ def whole_model_text(ok: pd.DataFrame, scope: str) -> str:
     )
 
 
+def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, labels: dict[str, str]) -> str:
+    """Which vanilla steps are launch-bound: by this notebook's own probe where its table has one, else by
+    notebook 01's at the same context (said so); and the one vanilla step this notebook timed twice (the
+    block-by-block and whole-model sweeps both build the same eager model) where the two times differ by more
+    than a fifth."""
+    from cs336_systems.benchmarking.launch_bound import LAUNCH_BOUND
+
+    name = lambda size: labels.get(size, size)  # noqa: E731
+    text = ""
+    if "regime" in main and main.busy_fraction.notna().any():
+        bound = main[main.regime == LAUNCH_BOUND]
+        if bound.empty:
+            text += (
+                f" Every vanilla step kept the GPU busy at least {main.busy_fraction.min():.0%} of its time "
+                f"(measured with the profiler): none is launch-bound, so the speed-ups are the fused kernels' own."
+            )
+        else:
+            items = [
+                f"{name(r['size'])}'s {MODE_NAMES.get(r['mode'], r['mode'])} ({r.busy_fraction:.0%} busy, "
+                f"{ratio(r.graph_speedup)} as a CUDA graph)"
+                for _, r in bound.iterrows()
+            ]
+            text += (
+                f" Measured with the profiler and as CUDA graphs, the vanilla step is launch-bound (the GPU idles "
+                f"between kernels while the host launches them) for {and_join(items)}: there much of what "
+                f"compiling gains is fewer kernel launches (fused kernels), not faster arithmetic."
+            )
+    elif results.has("by_size_regime"):
+        regime = results.table("by_size_regime")
+        context = int(main.context_length.iloc[0])
+        same = regime[(regime.context == context) & regime["size"].isin(set(main["size"]))]
+        same = same.drop_duplicates(["size", "pass"])
+        bound = same[same.regime == LAUNCH_BOUND]
+        if len(same):
+            where = results.gpu_name("01_benchmarking_script")
+            busy = "GPU busy (share of step)"
+            items = [f"{name(r['size'])}'s {MODE_NAMES.get(r['pass'], r['pass'])} ({float(r[busy]):.0%} busy)"
+                     for _, r in bound.iterrows()]  # fmt: skip
+            # whether, in every mode, each launch-bound size gained more from compiling than every other size
+            gains = main.set_index(["size", "mode"]).speedup
+            flagged = set(zip(bound["size"], bound["pass"]))
+            leads = all(
+                min((gains[key] for key in keys if key in flagged), default=float("inf"))
+                > max((gains[key] for key in keys if key not in flagged), default=0.0)
+                for keys in ([k for k in gains.index if k[1] == mode] for mode in set(main["mode"]))
+            )
+            text += (
+                f" This run did not measure whether its vanilla steps are launch-bound; notebook 01 did, on {where} "
+                f"at the same context: "
+                + (
+                    f"launch-bound are {and_join(items)}"
+                    + (", in each pass the sizes that gained most from compiling here" if leads else "")
+                    + "; where the GPU waits on launches, compiling gains by launching fewer (fused) kernels."
+                    if items
+                    else "none of these steps is launch-bound."
+                )
+            )
+    scopes = ok[ok["size"].isin(set(main["size"]))].pivot_table(
+        index=["size", "mode"], columns="scope", values="vanilla_ms", aggfunc="first"
+    )
+    if scopes.shape[1] > 1:
+        spread = (scopes.max(axis=1) / scopes.min(axis=1)).dropna()
+        if len(spread) and spread.max() > 1.2:
+            size, mode = spread.idxmax()
+            times = scopes.loc[(size, mode)].dropna()
+            text += (
+                f" The same eager {name(size)} {MODE_NAMES.get(mode, mode)} measured "
+                + " and ".join(f"{fmt_ms(ms)} in the {'block-by-block' if sc == 'blocks' else 'whole-model'} sweep"
+                               for sc, ms in times.items())  # fmt: skip
+                + f" ({spread.max():.2f}× apart): a launch-bound time follows the host's state, not the model's work."
+            )
+    return text
+
+
 def compiled_model_answer(
     results: Results, sizes: list[str] | None = None, labels: dict[str, str] | None = None, caveat: str = ""
 ) -> Answer:
@@ -348,6 +422,7 @@ def compiled_model_answer(
         raise NotAnswered("the compiled-model sweep timed no model")
     order = [s for s in (sizes or list(dict.fromkeys(df["size"]))) if s in set(main["size"])]
     labels = labels or {}
+    regime_text = vanilla_regime_text(results, main, ok, labels)
     main = main.assign(size=main["size"].map(lambda s: labels.get(s, s)))
     order = [labels.get(s, s) for s in order]
     how = "each Transformer block" if scope == "blocks" else "the whole model"
@@ -361,6 +436,7 @@ def compiled_model_answer(
         )
     )
     text += whole_model_text(ok.assign(size=ok["size"].map(lambda s: labels.get(s, s))), scope)
+    text += regime_text
     table = pd.DataFrame(
         {
             "size": main["size"],
