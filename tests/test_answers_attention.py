@@ -189,10 +189,13 @@ def test_compile_answer_without_its_own_probe_cites_notebook_01_and_the_same_ste
             {"size": "small", "context": 256, "pass": "forward", "GPU busy (share of step)": 0.57,
              "regime": "launch-bound"},
             {"size": "xl", "context": 256, "pass": "forward", "GPU busy (share of step)": 0.94, "regime": "GPU-bound"},
-            {"size": "xl", "context": 512, "pass": "forward", "GPU busy (share of step)": 0.5, "regime": "launch-bound"},
+            {"size": "xl", "context": 512, "pass": "forward", "GPU busy (share of step)": 0.5,
+             "regime": "launch-bound"},
         ]
     )  # fmt: skip
-    answer = build("torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows), "by_size_regime": regime}))
+    answer = build(
+        "torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows), "by_size_regime": regime})
+    )
     assert "notebook 01 did" in answer.text and "small's forward (57% busy)" in answer.text
     assert "xl's forward" not in answer.text  # launch-bound only at another context
     assert "the sizes that gained most from compiling here" in answer.text  # small 1.65× against xl 1.15×

@@ -89,3 +89,46 @@ def test_the_plan_counts_a_rank_s_share_of_the_states_and_gradients():
     # three buckets in flight on top of a rank's share, never more than all the gradients
     assert fixed_memory_bytes(model, torch.float32, *x.shape, world_size=2, bucket_bytes=1000) == two + 3000
     assert fixed_memory_bytes(model, torch.float32, *x.shape, world_size=2, bucket_bytes=1 << 30) == one - states // 2
+
+
+def _rank_steps(ctx, overlap: bool):
+    model, x, y = model_and_batch()
+    half = slice(2 * ctx.rank, 2 * ctx.rank + 2)
+    step = build_train_step(model, StepConfig(**CONFIG, overlap_broadcasts=overlap))
+    losses, left_in_flight, waited = [], [], []
+    for _ in range(3):
+        losses.append(float(step.forward_backward(x[half], y[half])))
+        waited.append(len(step.optimizer.in_flight))  # the forward waited for every broadcast of the last step
+        step.optimizer_step()
+        left_in_flight.append(len(step.optimizer.in_flight))
+    saved = model.state_dict()  # waits for the broadcasts by itself
+    assert not step.optimizer.in_flight
+    return dict(
+        losses=losses,
+        in_flight=left_in_flight,
+        waited=waited,
+        n_params=sum(1 for p in model.parameters() if p.requires_grad),
+        params={n: t.clone() for n, t in saved.items()},
+    )
+
+
+@pytest.mark.multiprocess
+def test_overlapped_broadcasts_give_the_same_steps_and_weights():
+    """`StepConfig(overlap_broadcasts=True)`: each step returns with its parameter broadcasts in flight, the
+    next forward waits for them block by block, and the losses and final weights equal the step that waits
+    for them at once, on every rank."""
+    plain = spawn(_rank_steps, 2, args=(False,), backend="gloo", timeout_s=300)
+    overlapped = spawn(_rank_steps, 2, args=(True,), backend="gloo", timeout_s=300)
+    for a, b in zip(plain, overlapped):
+        assert a["losses"] == b["losses"]
+        assert a["in_flight"] == [0, 0, 0] and b["in_flight"] == [b["n_params"]] * 3
+        assert b["waited"] == [0, 0, 0]
+        for name, p in a["params"].items():
+            assert torch.equal(p, b["params"][name]), name
+    for name, p in overlapped[0]["params"].items():
+        assert torch.equal(p, overlapped[1]["params"][name]), name
+
+
+def test_overlap_broadcasts_is_a_checked_bool():
+    with pytest.raises(TypeError, match="overlap_broadcasts must be a bool"):
+        StepConfig(overlap_broadcasts="yes")

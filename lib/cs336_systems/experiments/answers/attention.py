@@ -400,8 +400,10 @@ def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, 
             times = scopes.loc[(size, mode)].dropna()
             text += (
                 f" The same eager {name(size)} {MODE_NAMES.get(mode, mode)} measured "
-                + " and ".join(f"{fmt_ms(ms)} in the {'block-by-block' if sc == 'blocks' else 'whole-model'} sweep"
-                               for sc, ms in times.items())  # fmt: skip
+                + " and ".join(
+                    f"{fmt_ms(ms)} in the {'block-by-block' if sc == 'blocks' else 'whole-model'} sweep"
+                    for sc, ms in times.items()
+                )  # fmt: skip
                 + f" ({spread.max():.2f}× apart): a launch-bound time follows the host's state, not the model's work."
             )
     return text
