@@ -355,7 +355,3 @@ def test_a_hand_run_result_joins_the_command_table(tmp_path):
     assert "--memory-gib 78 (rep 30000" in rows.command[1] and "empty caches" not in rows.command[1]
     assert rows.memory_cap_gib.isna()[0] and rows.memory_cap_gib[1] == 78.0
     assert list(rows.blocks_recomputed) == [29, 29]
-    overlapped = tool.append_result(table, dict(result, memory_gib=None, overlap_broadcasts=True), "ccc", True)
-    assert overlapped.command.iloc[-1].endswith("--overlap-broadcasts (rep 30000, warmup 10000, empty caches, "
-                                                "expandable segments, commit ccc)")  # fmt: skip
-    assert "--overlap-broadcasts" not in overlapped.command.iloc[0]

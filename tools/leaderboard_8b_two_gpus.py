@@ -66,13 +66,11 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
             df[column] = None
     launcher = df.world_size.map(lambda n: f"torchrun --nproc-per-node {int(n)} -m" if n > 1 else "python -m")
     caches = "empty caches" if empty_caches else "compile caches as the machine had them"
-    overlap = df["overlap_broadcasts"].fillna(False).astype(bool) if "overlap_broadcasts" in df else [False] * len(df)
     df["command"] = [
         f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v}"
         + (f" --memory-gib {cap:g}" if pd.notna(cap) else "")
-        + (" --overlap-broadcasts" if lapped else "")
         + f" (rep {rep}, warmup {warmup}, {caches}, expandable segments, commit {commit})"
-        for lf, v, cap, lapped in zip(launcher, df.variant, df.memory_gib, overlap)
+        for lf, v, cap in zip(launcher, df.variant, df.memory_gib)
     ]
     df["commit"] = commit
     df["memory_cap_gib"] = df.memory_gib

@@ -10,12 +10,6 @@ One step: every rank holds the full, already averaged gradients (data parallelis
 updates its own parameters; then every parameter is broadcast from its owner, so all ranks end
 the step with identical weights. Per step and rank that moves (N-1)/N of the parameter bytes on
 top of the gradient all-reduce (see `accounting.sharding` for the comparison with ZeRO stage 1).
-
-With `overlap_broadcasts`, `step` launches the broadcasts and returns without waiting for them, so they
-run while the next forward pass begins: whoever next reads a parameter first calls `wait_for` with it (a
-training step, block by block: FSDP's way of hiding its gathers), and `wait_all` waits for the rest. The
-next `step`, `state_dict`, `consolidated_state_dict` and `load_state_dict` wait for all of them first.
-Until then a parameter this rank does not own may still be arriving.
 """
 
 from __future__ import annotations
@@ -80,7 +74,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         optimizer_cls: type[torch.optim.Optimizer],
         *,
         owners: Mapping[torch.Tensor, int] | None = None,
-        overlap_broadcasts: bool = False,
         **kwargs: Any,
     ):
         if not dist.is_available() or not dist.is_initialized():
@@ -96,8 +89,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.rank_numel = [0] * self.world_size
         self.local_optimizer: torch.optim.Optimizer | None = None
         self.given_owners = owners
-        self.overlap_broadcasts = bool(overlap_broadcasts)
-        self.in_flight: dict[torch.Tensor, dist.Work] = {}  # parameter -> its broadcast, until waited for
         self._pending_local_groups: list[dict[str, Any]] = []
         # The base constructor calls add_param_group once per group; the wrapped optimizer is
         # built afterwards from the local halves of those groups, so it never sees foreign params.
@@ -156,7 +147,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ---- the step --------------------------------------------------------------------------
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        self.wait_all()  # a broadcast still writing a parameter must end before the update reads it
         for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
             local_group.update(_hyperparameters(group))
         loss = self.local_optimizer.step(closure, **kwargs)
@@ -165,30 +155,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _broadcast_parameters(self) -> None:
-        # One asynchronous in-place broadcast per parameter, in the parameters' order (the forward's, for
-        # a model that registers its modules in the order it runs them): the collectives queue back to
-        # back, and no flat copy of the model is ever allocated.
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self.in_flight[p] = dist.broadcast(p, src=self.owner[p], async_op=True)
-        if not self.overlap_broadcasts:
-            self.wait_all()
-
-    def wait_for(self, params: Iterable[torch.Tensor]) -> None:
-        """Wait for the broadcasts of `params` still in flight (on a GPU the current stream waits, the host
-        does not)."""
-        if not self.in_flight:
-            return
-        for p in params:
-            work = self.in_flight.pop(p, None)
-            if work is not None:
-                work.wait()
-
-    def wait_all(self) -> None:
-        """Wait for every broadcast still in flight."""
-        while self.in_flight:
-            self.in_flight.popitem()[1].wait()
+        # One asynchronous in-place broadcast per parameter, then wait for all: the collectives
+        # queue back to back, and no flat copy of the model is ever allocated.
+        handles = [
+            dist.broadcast(p, src=self.owner[p], async_op=True)
+            for group in self.param_groups
+            for p in group["params"]
+            if p.requires_grad
+        ]
+        for handle in handles:
+            handle.wait()
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _global_to_local_index(self) -> dict[int, int]:
@@ -217,7 +193,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         `torch.optim.Optimizer.state_dict` numbers them); `state` holds the entries of the
         parameters this rank owns only, under those same global indices.
         """
-        self.wait_all()
         local = self.local_optimizer.state_dict()["state"]
         state = {g: local[i] for g, i in self._global_to_local_index().items() if i in local}
         return {"state": state, "param_groups": self._param_groups_description()}
@@ -240,7 +215,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a shard or a consolidated (or unsharded optimizer's) state dict; keeps the owned entries."""
-        self.wait_all()
         groups = state_dict["param_groups"]
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError(

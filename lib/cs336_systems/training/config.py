@@ -44,9 +44,6 @@ class StepConfig:
     loss: str = "fused"
     optimizer: str = "fused_adamw"
     bucket_size_mb: float = 1000.0  # data parallel only: DDPShardedGradients' bucket size
-    # data parallel only: the owners' updated parameters broadcast while the next step's forward runs, each
-    # block waiting for its own (`ShardedOptimizer`'s overlap_broadcasts; `TrainStep.synchronize` waits for all)
-    overlap_broadcasts: bool = False
     keep_attention: bool = True  # recomputed blocks keep attention's O and L (only with our FlashAttention)
     activation_memory_budget: float | None = None  # compiled blocks' partitioner budget in (0, 1]; None: torch's
 
@@ -73,7 +70,7 @@ class StepConfig:
                 raise TypeError(f"StepConfig.{name} must be a real number, got {type(getattr(self, name)).__name__}")
         if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 and all(map(_is_real, self.betas))):
             raise TypeError(f"StepConfig.betas must be a pair of floats, got {self.betas!r}")
-        for name in ("compile_blocks", "check_token_ids", "keep_attention", "overlap_broadcasts"):
+        for name in ("compile_blocks", "check_token_ids", "keep_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"StepConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}")
         for name in ("memory_budget_bytes", "loss_chunk_tokens"):

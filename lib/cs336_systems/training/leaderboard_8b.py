@@ -95,12 +95,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     p.add_argument(
-        "--overlap-broadcasts",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="ours, data parallel: the owners' updated parameters broadcast during the next step's forward",
-    )
-    p.add_argument(
         "--memory-gib",
         type=float,
         default=None,
@@ -171,7 +165,6 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
             recompute=args.recompute,
             compile_blocks=args.compile_blocks,
             keep_attention=args.keep_attention,
-            overlap_broadcasts=args.overlap_broadcasts,
             activation_memory_budget=(args.activation_memory_budget or ACTIVATION_MEMORY_BUDGET)
             if args.compile_blocks
             else None,
@@ -199,8 +192,6 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         ms = do_bench_agreed(train_step, warmup=args.warmup, rep=args.rep)
     else:
         ms = triton.testing.do_bench(train_step, rep=args.rep, warmup=args.warmup)
-    if args.variant == "ours":
-        step_obj.synchronize()  # the last step's broadcasts, where they overlap the next step's forward
     peak = torch.cuda.max_memory_allocated()
     if args.trace:
         trace_step(step_obj, x, y, args.trace if rank == 0 else None)
@@ -227,7 +218,6 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         seconds_to_first_timed_step=to_first_timed,
         plan=list(plan.recompute) if plan is not None else None,
         attention_kept=bool(plan is not None and plan.keep_attention),
-        overlap_broadcasts=bool(args.overlap_broadcasts and args.variant == "ours" and world > 1),
     )
     if rank == 0:
         print(

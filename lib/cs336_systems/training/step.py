@@ -166,7 +166,7 @@ class TrainStep(OptimizerStep):
         try:
             self._mark("forward")
             with record_function("forward"):
-                h = final_hidden_states(self.model, x, self.block_runner(plan))
+                h = final_hidden_states(self.model, x, self.parallel.block_runner(plan))
             self._mark("loss")
             with record_function("loss"):
                 if config.loss == "fused":
@@ -184,34 +184,6 @@ class TrainStep(OptimizerStep):
         finally:
             self.parallel.release()
         return loss.detach().float()
-
-    def block_runner(self, plan: RecomputePlan):
-        """`Parallelized.block_runner`, and where the last step's broadcasts are still arriving
-        (`StepConfig.overlap_broadcasts`), each block first waits for its own parameters: the embedding's
-        before the forward, the rest (final norm, LM head) after the last block."""
-        run_block = self.parallel.block_runner(plan)
-        in_flight = getattr(self.optimizer, "in_flight", None)
-        if not in_flight:
-            return run_block
-        optimizer, last = self.optimizer, len(self.parts.layers) - 1
-        optimizer.wait_for(self.parts.token_embeddings.parameters())
-
-        def run_arrived(i: int, block: nn.Module, h: torch.Tensor) -> torch.Tensor:
-            optimizer.wait_for(block.parameters())
-            out = run_block(i, block, h)
-            if i == last:
-                optimizer.wait_all()
-            return out
-
-        return run_arrived
-
-    def synchronize(self) -> None:
-        """Wait until every parameter holds this step's update (the broadcasts `StepConfig.overlap_broadcasts`
-        leaves in flight); reading or saving the weights between steps needs it (`model.state_dict()` waits
-        by itself)."""
-        wait_all = getattr(self.optimizer, "wait_all", None)
-        if wait_all is not None:
-            wait_all()
 
     def optimizer_step(self) -> None:
         self._mark("optimizer")
@@ -245,16 +217,7 @@ def build_optimizer(
     if owners is not None:
         from cs336_systems.distributed import ShardedOptimizer
 
-        sharded = ShardedOptimizer(
-            list(model.parameters()),
-            optimizer_cls,
-            owners=owners,
-            overlap_broadcasts=config.overlap_broadcasts,
-            **hyper,
-        )
-        if config.overlap_broadcasts:  # a checkpoint of the weights waits for the broadcasts still arriving
-            model.register_state_dict_pre_hook(lambda *_: sharded.wait_all())
-        return sharded
+        return ShardedOptimizer(list(model.parameters()), optimizer_cls, owners=owners, **hyper)
     return optimizer_cls(model.parameters(), **hyper)
 
 
