@@ -62,8 +62,8 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from cs336_systems.experiments.answers import give
-from cs336_systems.experiments.answers.attention import ratio
-from cs336_systems.experiments.answers.attention import span as ratio_span
+from cs336_systems.experiments.answers.words import times as ratio
+from cs336_systems.experiments.answers.words import times_span as ratio_span
 from cs336_systems.experiments.attention_benchmark import MiB, attention_sweep, merge_compiled, seq_len_axis
 from cs336_systems.report.tables import fmt_ms
 

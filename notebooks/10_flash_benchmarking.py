@@ -64,7 +64,7 @@ from cs336_systems.benchmarking.attention_registry import IMPLEMENTATIONS
 from cs336_systems.benchmarking.ceiling import measure_matmul_tflops
 from cs336_systems.benchmarking.timing import TimingSettings
 from cs336_systems.experiments.answers import give
-from cs336_systems.experiments.answers.attention import span as ratio_span
+from cs336_systems.experiments.answers.words import times_span as ratio_span
 from cs336_systems.experiments.attention_benchmark import seq_len_axis
 from cs336_systems.experiments.flash_benchmark import (
     IMPL_LABELS,

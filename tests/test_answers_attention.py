@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from cs336_systems.experiments.answers import Results, build
-from cs336_systems.experiments.answers.attention import ratio, span
+from cs336_systems.experiments.answers.words import times as ratio
+from cs336_systems.experiments.answers.words import times_span as span
 from cs336_systems.report.answers import MAX_SUPPORT_ROWS
 from cs336_systems.report.writeup import jargon
 

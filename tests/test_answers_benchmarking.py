@@ -141,7 +141,7 @@ def test_warmup_words_follow_the_numbers(tmp_path):
 
 
 def test_ratio_words():
-    assert times(0.003) == "0.003×" and times(0.43) == "0.43×" and times(16.2) == "16×"
+    assert times(0.003) == "0.003×" and times(0.43) == "0.43×" and times(16.2) == "16.2×" and times(684.0) == "684×"
     assert versus(829, 800) == "4% above" and versus(299, 800) == "0.37×" and versus(800, 800) == "equal to"
     assert versus(400, 800) == "50% below" and versus(2500, 800) == "3.12×"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
-from cs336_systems.experiments.answers.words import and_join
+from cs336_systems.experiments.answers.words import MODE_WORDS, and_join, span, times, times_span
 from cs336_systems.report.answers import MAX_SUPPORT_ROWS, Answer
 from cs336_systems.report.tables import fmt_ms
 
@@ -24,28 +24,6 @@ DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 # ---------------------------------------------------------------- formatting
-
-
-def ratio(x: float) -> str:
-    """A ratio that still reads when it is small or large: 0.0025×, 0.93×, 12.3×, 684×; '–' when not measured."""
-    if x != x or x <= 0:
-        return "–"
-    if x < 0.1:
-        return f"{x:.2g}×"
-    if x < 10:
-        return f"{x:.2f}×"
-    if x < 100:
-        return f"{x:.1f}×"
-    return f"{x:,.0f}×"
-
-
-def span(values, fmt=ratio) -> str:
-    """'a–b' over `values` (NaN dropped), or the single value when they are all equal."""
-    v = pd.Series(values, dtype=float).dropna()
-    if v.empty:
-        return "–"
-    lo, hi = fmt(v.min()), fmt(v.max())
-    return lo if lo == hi else f"{lo[:-1] if lo.endswith('×') and hi.endswith('×') else lo}–{hi}"
 
 
 def sig(x: float, digits: int = 3) -> float:
@@ -173,7 +151,7 @@ def saved_growth(sweep: pd.DataFrame) -> str:
     where = f"from N = {lo_n:,} to {hi_n:,}" if same else "between the two longest sequences that ran"
     growth = hi_n / lo_n
     return (
-        f"measured: it grows {span([f[2] for f in factors])} {where}, where a pure N² term gives "
+        f"measured: it grows {times_span([f[2] for f in factors])} {where}, where a pure N² term gives "
         f"{growth**2:.0f}× and a linear one {growth:.0f}×"
     )
 
@@ -235,24 +213,24 @@ def compiled_attention_text(both: pd.DataFrame, sweep: pd.DataFrame) -> str:
     at = {n: both[both.seq_len == n] for n in (short, long)}
     dims = span(both.d_model, fmt=count)
     text = (
-        f"torch.compile made the naive attention's forward {span(both.forward_speedup)} and its backward "
-        f"{span(both.backward_speedup)} as fast as eager (eager time / compiled time) over the {len(both)} "
+        f"torch.compile made the naive attention's forward {times_span(both.forward_speedup)} and its backward "
+        f"{times_span(both.backward_speedup)} as fast as eager (eager time / compiled time) over the {len(both)} "
         f"configurations where both ran (d = {dims}); "
     )
     if short != long:
         text += (
-            f"at N = {long:,} the forward is {span(at[long].forward_speedup)} and the backward "
-            f"{span(at[long].backward_speedup)}, at N = {short:,} (eager calls of "
+            f"at N = {long:,} the forward is {times_span(at[long].forward_speedup)} and the backward "
+            f"{times_span(at[long].backward_speedup)}, at N = {short:,} (eager calls of "
             f"{ms_span(at[short][['forward_ms_eager', 'backward_ms_eager']].stack())}) "
-            f"{span(at[short].forward_speedup)} "
-            f"and {span(at[short].backward_speedup)}. "
+            f"{times_span(at[short].forward_speedup)} "
+            f"and {times_span(at[short].backward_speedup)}. "
         )
     else:
         text = text.removesuffix("; ") + ". "
     saved = both.saved_for_backward_mib_compiled / both.saved_for_backward_mib_eager
     biggest = both.loc[both.saved_for_backward_mib_eager.idxmax()]
     text += (
-        f"The compiled attention saves {span(saved)} the eager one's memory for the backward "
+        f"The compiled attention saves {times_span(saved)} the eager one's memory for the backward "
         f"({biggest.saved_for_backward_mib_compiled:,.0f} against {biggest.saved_for_backward_mib_eager:,.0f} MiB at "
         f"d = {biggest.d_model}, N = {biggest.seq_len:,})"
     )
@@ -295,9 +273,6 @@ def torch_compile_attention(results: Results) -> Answer:
     return Answer(text, table=capped(table), caveat=cpu_caveat(results, nb))
 
 
-MODE_NAMES = {"forward": "forward", "forward-backward": "forward+backward", "train-step": "training step"}
-
-
 def compiled_model_text(both: pd.DataFrame, sizes: list[str]) -> str:
     """Vanilla against compiled model per mode, smallest and largest size, in words."""
     first, last = sizes[0], sizes[-1]
@@ -306,11 +281,11 @@ def compiled_model_text(both: pd.DataFrame, sizes: list[str]) -> str:
         by = g.set_index("size").speedup
         if len(sizes) > 1:
             parts.append(
-                f"{MODE_NAMES.get(mode, mode)} {ratio(by[first])} for {first}, {ratio(by[last])} for {last} "
-                f"({span(by)} over the {len(by)} sizes)"
+                f"{MODE_WORDS.get(mode, mode)} {times(by[first])} for {first}, {times(by[last])} for {last} "
+                f"({times_span(by)} over the {len(by)} sizes)"
             )
         else:
-            parts.append(f"{MODE_NAMES.get(mode, mode)} {ratio(by[first])} for {first}")
+            parts.append(f"{MODE_WORDS.get(mode, mode)} {times(by[first])} for {first}")
     return and_join(parts)
 
 
@@ -326,7 +301,7 @@ def whole_model_text(ok: pd.DataFrame, scope: str) -> str:
     if mode not in b.index:
         return ""
     return (
-        f" Compiled as one whole-model graph, {size} ran its {MODE_NAMES.get(mode, mode)} in "
+        f" Compiled as one whole-model graph, {size} ran its {MODE_WORDS.get(mode, mode)} in "
         f"{fmt_ms(w.loc[mode].compiled_ms)} "
         f"against {fmt_ms(b.loc[mode].compiled_ms)} compiled block by block, after a first call (the compilation) of "
         f"{w.loc[mode].compiled_first_call_s:.1f} s against {b.loc[mode].compiled_first_call_s:.1f} s."
@@ -351,8 +326,8 @@ def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, 
             )
         else:
             items = [
-                f"{name(r['size'])}'s {MODE_NAMES.get(r['mode'], r['mode'])} ({r.busy_fraction:.0%} busy, "
-                f"{ratio(r.graph_speedup)} as a CUDA graph)"
+                f"{name(r['size'])}'s {MODE_WORDS.get(r['mode'], r['mode'])} ({r.busy_fraction:.0%} busy, "
+                f"{times(r.graph_speedup)} as a CUDA graph)"
                 for _, r in bound.iterrows()
             ]
             text += (
@@ -369,7 +344,7 @@ def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, 
         if len(same):
             where = results.gpu_name("01_benchmarking_script")
             busy = "GPU busy (share of step)"
-            items = [f"{name(r['size'])}'s {MODE_NAMES.get(r['pass'], r['pass'])} ({float(r[busy]):.0%} busy)"
+            items = [f"{name(r['size'])}'s {MODE_WORDS.get(r['pass'], r['pass'])} ({float(r[busy]):.0%} busy)"
                      for _, r in bound.iterrows()]  # fmt: skip
             # whether, in every mode, each launch-bound size gained more from compiling than every other size
             gains = main.set_index(["size", "mode"]).speedup
@@ -397,12 +372,12 @@ def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, 
         spread = (scopes.max(axis=1) / scopes.min(axis=1)).dropna()
         if len(spread) and spread.max() > 1.2:
             size, mode = spread.idxmax()
-            times = scopes.loc[(size, mode)].dropna()
+            measured = scopes.loc[(size, mode)].dropna()
             text += (
-                f" The same eager {name(size)} {MODE_NAMES.get(mode, mode)} measured "
+                f" The same eager {name(size)} {MODE_WORDS.get(mode, mode)} measured "
                 + " and ".join(
                     f"{fmt_ms(ms)} in the {'block-by-block' if sc == 'blocks' else 'whole-model'} sweep"
-                    for sc, ms in times.items()
+                    for sc, ms in measured.items()
                 )  # fmt: skip
                 + f" ({spread.max():.2f}× apart): a launch-bound time follows the host's state, not the model's work."
             )
@@ -442,7 +417,7 @@ def compiled_model_answer(
     table = pd.DataFrame(
         {
             "size": main["size"],
-            "pass": main["mode"].map(lambda m: MODE_NAMES.get(m, m)),
+            "pass": main["mode"].map(lambda m: MODE_WORDS.get(m, m)),
             "vanilla (ms)": main.vanilla_ms.round(2),
             "compiled (ms)": main.compiled_ms.round(2),
             "speed-up (×)": main.speedup.map(sig),
@@ -454,7 +429,7 @@ def compiled_model_answer(
         caveat += (
             " Not timed: "
             + ", ".join(
-                f"{r['size']} {MODE_NAMES.get(r['mode'], r['mode'])} ({r.status})" for _, r in not_ok.iterrows()
+                f"{r['size']} {MODE_WORDS.get(r['mode'], r['mode'])} ({r.status})" for _, r in not_ok.iterrows()
             )
             + "."
         )
@@ -808,7 +783,7 @@ def flash_benchmarking(results: Results) -> Answer:
     text = (
         f"{on_machine(results, nb)} ({grid}; {how}), our FlashAttention-2 takes {ms_span(ours)} per "
         f"forward+backward, and the materialised PyTorch attention takes "
-        + and_join([f"{span(1 / g.ratio)} as long in {DTYPE_NAMES.get(dt, dt)}" for dt, g in vs_pt.items()])
+        + and_join([f"{times_span(1 / g.ratio)} as long in {DTYPE_NAMES.get(dt, dt)}" for dt, g in vs_pt.items()])
         + f"{skipped_text(table)}."
     )
     vs_sdpa = versus_text(table, "sdpa")
@@ -818,7 +793,7 @@ def flash_benchmarking(results: Results) -> Answer:
             "forward+backward is "
             + and_join(
                 [
-                    f"{span(g.ratio)} in {DTYPE_NAMES.get(dt, dt)} (ours faster at {int((g.ratio < 1).sum())} of "
+                    f"{times_span(g.ratio)} in {DTYPE_NAMES.get(dt, dt)} (ours faster at {int((g.ratio < 1).sum())} of "
                     f"{len(g)} "
                     f"points{sole_backend(results, dt)})"
                     for dt, g in vs_sdpa.items()
@@ -900,7 +875,7 @@ def leaderboard_sentence(df: pd.DataFrame, config, lead: str) -> str:
     )
     described = [
         f"{fmt_ms(r.fwd_bwd_mean_ms)} for {LONG_NAMES.get(i, i)} (ours / {SHORT_NAMES.get(i, i)} = "
-        f"{ratio(ours.fwd_bwd_mean_ms / r.fwd_bwd_mean_ms)})"
+        f"{times(ours.fwd_bwd_mean_ms / r.fwd_bwd_mean_ms)})"
         for i, r in others.iterrows()
     ]
     if described:

@@ -55,7 +55,7 @@ def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, str]:
             blocks = _recompute_counts(results)
             two = two.rename(columns={"step_ms": "ms"}).assign(blocks_recomputed=two.variant.map(blocks))
             return two, capped, ""
-    if "ours" in set(command[~in_cap].variant):
+    if "variant" in command and "ours" in set(command[~in_cap].variant):
         return (
             command[~in_cap],
             capped,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pandas as pd
+
 
 def and_join(items) -> str:
     """'a', 'a and b', 'a, b and c'."""
@@ -19,15 +23,33 @@ MODE_WORDS = {"forward": "forward", "forward-backward": "forward+backward", "tra
 
 
 def times(x: float) -> str:
-    """A ratio that still reads when small: 0.0031×, 0.43×, 1.38×, 16×."""
-    if x >= 10:
-        return f"{x:.0f}×"
-    if x >= 0.995:
+    """A ratio that still reads when it is small or large: 0.0025×, 0.93×, 12.3×, 684×; '–' when not measured."""
+    if x != x or x <= 0:
+        return "–"
+    if x < 0.1:
+        return f"{x:.2g}×"
+    if x < 10:
         return f"{x:.2f}×"
-    return f"{x:.2g}×"
+    if x < 100:
+        return f"{x:.1f}×"
+    return f"{x:,.0f}×"
 
 
-def span(values, fmt: str = "{:.2f}", unit: str = "") -> str:
-    """'a–b' for a range of values, 'a' when they print the same."""
-    lo, hi = fmt.format(min(values)), fmt.format(max(values))
-    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+def span(values, fmt: str | Callable[[float], str] = "{:.2f}", unit: str = "") -> str:
+    """'a–b' over `values` (NaN dropped), 'a' when both ends print the same, '–' when none is left. `fmt` is a
+    format string or a function (`times`: 'a–b×', the sign once)."""
+    v = pd.Series(values, dtype=float).dropna()
+    if v.empty:
+        return "–"
+    text = fmt if callable(fmt) else fmt.format
+    lo, hi = text(v.min()), text(v.max())
+    if lo == hi:
+        return f"{lo}{unit}"
+    if lo.endswith("×") and hi.endswith("×"):
+        lo = lo[:-1]
+    return f"{lo}–{hi}{unit}"
+
+
+def times_span(values) -> str:
+    """`span` of ratios: '0.77–2.52×'."""
+    return span(values, fmt=times)
