@@ -143,6 +143,8 @@ def test_2026_answers_name_the_longest_context_and_read_the_three_longest_that_f
     for part in "bcde":
         answer = build(f"nsys_profile.{part}.2026", results)
         assert answer.answered and "4096" not in answer.text
+        # how the sizes and contexts were chosen is said once, in (a); the other parts point to it
+        assert "The same sizes and contexts as (a)" in answer.caveat and "these answers read" not in answer.caveat
         if "context" in answer.table:
             assert _read(answer.table) <= {("small", 512), ("small", 1024), ("small", 2048), ("xl", 256), ("xl", 512)}
     assert "In the forward pass of small at context 2048" in build("nsys_profile.c.2026", results).text

@@ -80,11 +80,20 @@ def search(results: Results) -> Search | None:
     return Search(results.table("longest_context")) if results.has("longest_context") else None
 
 
-def _select(df: pd.DataFrame, results: Results, handout: str) -> tuple[pd.DataFrame, str]:
-    """The rows a handout's answer reads, and a caveat saying how they depart from what it asks."""
+SAME_AS_A = "The same sizes and contexts as (a), which says how they were chosen."
+
+
+def _select(df: pd.DataFrame, results: Results, handout: str, first: bool = False) -> tuple[pd.DataFrame, str]:
+    """The rows a handout's answer reads, and a caveat saying how they depart from what it asks: in full in the
+    `first` sub-part, which the others point to."""
     if handout == "2025":
         keep = df["size"].map(lambda s: handout_name(s, "2025")).notna() & df.context_length.isin(CONTEXTS_2025)
         return (df[keep] if keep.any() else df), ""
+    sel, caveat = _select_2026(df, results)
+    return sel, caveat if first or not caveat else SAME_AS_A
+
+
+def _select_2026(df: pd.DataFrame, results: Results) -> tuple[pd.DataFrame, str]:
     found = search(results)
     if found is None:
         return _select_without_search(df)
@@ -206,7 +215,7 @@ def _nsys_a(results: Results, handout: str) -> Answer:
     runs = results.table("profiled_runs")
     device_col = "forward_gpu_span_ms" if gpu else "forward_compute_ms"
     both = compare.dropna(subset=["harness_ms", device_col]).copy()
-    both, caveat = _select(both, results, handout)
+    both, caveat = _select(both, results, handout, first=True)
     if both.empty:
         raise NotAnswered("no configuration has both a profiled and a Python-timer forward time")
     both["ratio"] = both[device_col] / both.harness_ms
