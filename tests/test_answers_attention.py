@@ -201,3 +201,15 @@ def test_compile_answer_without_its_own_probe_cites_notebook_01_and_the_same_ste
     assert "xl's forward" not in answer.text  # launch-bound only at another context
     assert "the sizes that gained most from compiling here" in answer.text  # small 1.65× against xl 1.15×
     assert "13.40 ms in the block-by-block sweep and 25.50 ms in the whole-model sweep (1.90× apart)" in answer.text
+
+
+def test_the_tolerance_in_the_answers_is_the_tests_own_table(monkeypatch):
+    import torch
+
+    from cs336_systems.attention import reference
+    from cs336_systems.experiments.answers.attention import TOLERANCE_TEXT, tolerance_text
+
+    assert TOLERANCE_TEXT == "norm-wise relative error; tolerance 10⁻³ in fp32, 10⁻² in fp16 and bf16"
+    changed = {**reference.TOLERANCE, torch.float16: reference.Tolerance(checks=2e-3, sweeps=1e-2)}
+    monkeypatch.setattr(reference, "TOLERANCE", changed)
+    assert tolerance_text() == "norm-wise relative error; tolerance 10⁻³ in fp32, 0.002 in fp16, 10⁻² in bf16"

@@ -537,7 +537,27 @@ def code_caveat(results: Results, nb: str) -> str:
     )
 
 
-TOLERANCE_TEXT = "norm-wise relative error; tolerance 10⁻³ in fp32, 10⁻² in fp16 and bf16"
+def power_of_ten(x: float) -> str:
+    """1e-3 -> '10⁻³'; a value that is not a power of ten as it prints ('5e-03' -> '0.005')."""
+    exponent = round(float(np.log10(x)))
+    if not np.isclose(x, 10.0**exponent):
+        return f"{x:g}"
+    return "10" + str(exponent).translate(str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def tolerance_text() -> str:
+    """The accuracy checks' tolerance per dtype, in words, from the tests' own table (`attention.reference`)."""
+    from cs336_systems.attention.reference import TOLERANCE
+
+    by_value: dict[float, list[str]] = {}
+    for dtype, tolerance in TOLERANCE.items():
+        by_value.setdefault(tolerance.checks, []).append(DTYPE_NAMES.get(str(dtype).removeprefix("torch."), dtype))
+    return "norm-wise relative error; tolerance " + ", ".join(
+        f"{power_of_ten(value)} in {and_join(names)}" for value, names in by_value.items()
+    )
+
+
+TOLERANCE_TEXT = tolerance_text()
 
 
 @builds("flash_forward.a")
