@@ -185,18 +185,13 @@ def test_compile_answer_without_its_own_probe_cites_notebook_01_and_the_same_ste
         _model_row("xl", "forward", 126.0, 110.0),
         _model_row("small", "forward", 25.5, 8.1, scope="model"),
     ]
-    regime = pd.DataFrame(
-        [
-            {"size": "small", "context": 256, "pass": "forward", "GPU busy (share of step)": 0.57,
-             "regime": "launch-bound"},
-            {"size": "xl", "context": 256, "pass": "forward", "GPU busy (share of step)": 0.94, "regime": "GPU-bound"},
-            {"size": "xl", "context": 512, "pass": "forward", "GPU busy (share of step)": 0.5,
-             "regime": "launch-bound"},
-        ]
-    )  # fmt: skip
-    answer = build(
-        "torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows), "by_size_regime": regime})
-    )
+
+    def raw(size, context, busy_ms, eager_ms=10.0, graphed_ms=5.0):  # notebook 01's harness rows with its probe
+        return dict(size=size, context_length=context, batch_size=4, mode="forward", precision="fp32", status="ok",
+                    mean_ms=eager_ms, busy_ms=busy_ms, busy_on="GPU kernels", graphed_ms=graphed_ms)  # fmt: skip
+
+    regime = pd.DataFrame([raw("small", 256, 5.7), raw("xl", 256, 9.4, graphed_ms=9.9), raw("xl", 512, 5.0)])
+    answer = build("torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows), "by_size_raw": regime}))
     assert "notebook 01 did" in answer.text and "small's forward (57% busy)" in answer.text
     assert "xl's forward" not in answer.text  # launch-bound only at another context
     assert "the sizes that gained most from compiling here" in answer.text  # small 1.65× against xl 1.15×

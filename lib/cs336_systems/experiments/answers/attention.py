@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from cs336_systems.benchmarking.launch_bound import LAUNCH_BOUND
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
+from cs336_systems.experiments.answers.launch_regime import measured_regimes
 from cs336_systems.experiments.answers.words import MODE_WORDS, and_join, span, times, times_span
 from cs336_systems.report.answers import MAX_SUPPORT_ROWS, Answer
 from cs336_systems.report.tables import fmt_ms
@@ -313,8 +315,6 @@ def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, 
     notebook 01's at the same context (said so); and the one vanilla step this notebook timed twice (the
     block-by-block and whole-model sweeps both build the same eager model) where the two times differ by more
     than a fifth."""
-    from cs336_systems.benchmarking.launch_bound import LAUNCH_BOUND
-
     name = lambda size: labels.get(size, size)  # noqa: E731
     text = ""
     if "regime" in main and main.busy_fraction.notna().any():
@@ -335,20 +335,20 @@ def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, 
                 f"between kernels while the host launches them) for {and_join(items)}: there much of what "
                 f"compiling gains is fewer kernel launches (fused kernels), not faster arithmetic."
             )
-    elif results.has("by_size_regime"):
-        regime = results.table("by_size_regime")
+    elif results.has("by_size_raw") and (measured := measured_regimes(results.table("by_size_raw"))) is not None:
         context = int(main.context_length.iloc[0])
-        same = regime[(regime.context == context) & regime["size"].isin(set(main["size"]))]
-        same = same.drop_duplicates(["size", "pass"])
-        bound = same[same.regime == LAUNCH_BOUND]
+        same = measured[(measured.context_length == context) & measured["size"].isin(set(main["size"]))]
+        bound = same.drop_duplicates(["size", "mode"])
+        bound = bound[bound.regime == LAUNCH_BOUND].sort_values(
+            "mode", key=lambda m: m.map(list(MODE_WORDS).index), kind="stable"
+        )  # pass by pass, smallest size first
         if len(same):
             where = results.gpu_name("01_benchmarking_script")
-            busy = "GPU busy (share of step)"
-            items = [f"{name(r['size'])}'s {MODE_WORDS.get(r['pass'], r['pass'])} ({float(r[busy]):.0%} busy)"
+            items = [f"{name(r['size'])}'s {MODE_WORDS.get(r['mode'], r['mode'])} ({r.busy_fraction:.0%} busy)"
                      for _, r in bound.iterrows()]  # fmt: skip
             # whether, in every mode, each launch-bound size gained more from compiling than every other size
             gains = main.set_index(["size", "mode"]).speedup
-            flagged = set(zip(bound["size"], bound["pass"]))
+            flagged = set(zip(bound["size"], bound["mode"]))
             leads = all(
                 min((gains[key] for key in keys if key in flagged), default=float("inf"))
                 > max((gains[key] for key in keys if key not in flagged), default=0.0)

@@ -37,11 +37,11 @@ def _recompute_counts(results: Results) -> dict[str, int]:
     }
 
 
-def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The two-GPU rows at the card's whole memory (the notebook's own run, else the command runs beside it)
-    and the command runs under a per-process memory cap (an 80 GB card simulated on a larger one); and a
-    caveat where the uncapped rows are not the notebook's. The command table gains a row per run: later
-    rows are later runs."""
+def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, str]:
+    """The two-GPU rows at the card's whole memory (the notebook's own run, else the command runs beside it),
+    the command runs at the whole card and those under a per-process memory cap (an 80 GB card simulated on
+    a larger one); and a caveat where the first rows are not the notebook's. The command table gains a row
+    per run: later rows are later runs."""
     command = pd.DataFrame()
     if results.has("leaderboard_8b_two_gpus_command"):
         rows = results.table("leaderboard_8b_two_gpus_command")
@@ -54,9 +54,10 @@ def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, str]:
         if "ours" in set(two.variant):
             blocks = _recompute_counts(results)
             two = two.rename(columns={"step_ms": "ms"}).assign(blocks_recomputed=two.variant.map(blocks))
-            return two, capped, ""
+            return two, command[~in_cap], capped, ""
     if "variant" in command and "ours" in set(command[~in_cap].variant):
         return (
+            command[~in_cap],
             command[~in_cap],
             capped,
             (
@@ -83,7 +84,7 @@ def _recomputed(row: pd.Series) -> int | None:
 
 @builds("leaderboard.2026")
 def eight_b_step(results: Results) -> Answer:
-    two, capped, caveat = _two_gpu_rows(results)
+    two, uncapped, capped, caveat = _two_gpu_rows(results)
     ours = two[two.variant == "ours"].iloc[-1]  # the latest run of our step
     device = ours.get("device", "GPU")
     text = (
@@ -120,13 +121,7 @@ def eight_b_step(results: Results) -> Answer:
         if pd.notna(first):
             details.append(f"{first:.0f} s from process start to the first timed step")
         # the uncapped command run of the same code, the one a ratio can be taken against
-        uncapped = pd.DataFrame()
-        if results.has("leaderboard_8b_two_gpus_command"):
-            rows = results.table("leaderboard_8b_two_gpus_command")
-            uncapped = rows[
-                (rows.variant == "ours") & (rows.world_size == 2) & (rows.status == "ok")
-                & rows.memory_cap_gib.isna() & (rows.commit == cap.commit)
-            ]  # fmt: skip
+        uncapped = uncapped[(uncapped.variant == "ours") & (uncapped.commit == cap.commit)]
         blocks = ""
         if _recomputed(cap) is not None:
             blocks = f"its memory plan recomputes {_recomputed(cap)} of {int(cap.layers)} blocks"
