@@ -179,22 +179,14 @@ def test_compile_answer_says_which_vanilla_steps_are_launch_bound_from_its_own_p
     assert "xl's forward" not in answer.text and "notebook 01" not in answer.text
 
 
-def test_compile_answer_without_its_own_probe_cites_notebook_01_and_the_same_step_timed_twice(tmp_path):
+def test_compile_answer_without_a_probe_names_no_regime_but_the_same_step_timed_twice(tmp_path):
     rows = [
-        _model_row("small", "forward", 13.4, 8.1),
-        _model_row("xl", "forward", 126.0, 110.0),
+        _model_row("small", "forward", 13.4, 8.1, busy_fraction=float("nan"), graph_speedup=float("nan"), regime=""),
+        _model_row("xl", "forward", 126.0, 110.0, busy_fraction=float("nan"), graph_speedup=float("nan"), regime=""),
         _model_row("small", "forward", 25.5, 8.1, scope="model"),
     ]
-
-    def raw(size, context, busy_ms, eager_ms=10.0, graphed_ms=5.0):  # notebook 01's harness rows with its probe
-        return dict(size=size, context_length=context, batch_size=4, mode="forward", precision="fp32", status="ok",
-                    mean_ms=eager_ms, busy_ms=busy_ms, busy_on="GPU kernels", graphed_ms=graphed_ms)  # fmt: skip
-
-    regime = pd.DataFrame([raw("small", 256, 5.7), raw("xl", 256, 9.4, graphed_ms=9.9), raw("xl", 512, 5.0)])
-    answer = build("torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows), "by_size_raw": regime}))
-    assert "notebook 01 did" in answer.text and "small's forward (57% busy)" in answer.text
-    assert "xl's forward" not in answer.text  # launch-bound only at another context
-    assert "the sizes that gained most from compiling here" in answer.text  # small 1.65× against xl 1.15×
+    answer = build("torch_compile.b", _results(tmp_path, {"compiled_model": pd.DataFrame(rows)}))
+    assert "busy" not in answer.text and "notebook 01" not in answer.text
     assert "13.40 ms in the block-by-block sweep and 25.50 ms in the whole-model sweep (1.90× apart)" in answer.text
 
 

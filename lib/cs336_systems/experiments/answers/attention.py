@@ -8,7 +8,6 @@ import pandas as pd
 
 from cs336_systems.benchmarking.launch_bound import LAUNCH_BOUND
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
-from cs336_systems.experiments.answers.launch_regime import measured_regimes
 from cs336_systems.experiments.answers.words import MODE_WORDS, and_join, span, times, times_span
 from cs336_systems.report.answers import MAX_SUPPORT_ROWS, Answer
 from cs336_systems.report.tables import fmt_ms
@@ -310,11 +309,10 @@ def whole_model_text(ok: pd.DataFrame, scope: str) -> str:
     )
 
 
-def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, labels: dict[str, str]) -> str:
-    """Which vanilla steps are launch-bound: by this notebook's own probe where its table has one, else by
-    notebook 01's at the same context (said so); and the one vanilla step this notebook timed twice (the
-    block-by-block and whole-model sweeps both build the same eager model) where the two times differ by more
-    than a fifth."""
+def vanilla_regime_text(main: pd.DataFrame, ok: pd.DataFrame, labels: dict[str, str]) -> str:
+    """Which vanilla steps are launch-bound, by this notebook's own probe (none said where the probe measured
+    nothing, as on a CPU); and the one vanilla step this notebook timed twice (the block-by-block and
+    whole-model sweeps both build the same eager model) where the two times differ by more than a fifth."""
     name = lambda size: labels.get(size, size)  # noqa: E731
     text = ""
     if "regime" in main and main.busy_fraction.notna().any():
@@ -334,36 +332,6 @@ def vanilla_regime_text(results: Results, main: pd.DataFrame, ok: pd.DataFrame, 
                 f" Measured with the profiler and as CUDA graphs, the vanilla step is launch-bound (the GPU idles "
                 f"between kernels while the host launches them) for {and_join(items)}: there much of what "
                 f"compiling gains is fewer kernel launches (fused kernels), not faster arithmetic."
-            )
-    elif results.has("by_size_raw") and (measured := measured_regimes(results.table("by_size_raw"))) is not None:
-        context = int(main.context_length.iloc[0])
-        same = measured[(measured.context_length == context) & measured["size"].isin(set(main["size"]))]
-        bound = same.drop_duplicates(["size", "mode"])
-        bound = bound[bound.regime == LAUNCH_BOUND].sort_values(
-            "mode", key=lambda m: m.map(list(MODE_WORDS).index), kind="stable"
-        )  # pass by pass, smallest size first
-        if len(same):
-            where = results.gpu_name("01_benchmarking_script")
-            items = [f"{name(r['size'])}'s {MODE_WORDS.get(r['mode'], r['mode'])} ({r.busy_fraction:.0%} busy)"
-                     for _, r in bound.iterrows()]  # fmt: skip
-            # whether, in every mode, each launch-bound size gained more from compiling than every other size
-            gains = main.set_index(["size", "mode"]).speedup
-            flagged = set(zip(bound["size"], bound["mode"]))
-            leads = all(
-                min((gains[key] for key in keys if key in flagged), default=float("inf"))
-                > max((gains[key] for key in keys if key not in flagged), default=0.0)
-                for keys in ([k for k in gains.index if k[1] == mode] for mode in set(main["mode"]))
-            )
-            text += (
-                f" This run did not measure whether its vanilla steps are launch-bound; notebook 01 did, on {where} "
-                f"at the same context: "
-                + (
-                    f"launch-bound are {and_join(items)}"
-                    + (", in each pass the sizes that gained most from compiling here" if leads else "")
-                    + "; where the GPU waits on launches, compiling gains by launching fewer (fused) kernels."
-                    if items
-                    else "none of these steps is launch-bound."
-                )
             )
     scopes = ok[ok["size"].isin(set(main["size"]))].pivot_table(
         index=["size", "mode"], columns="scope", values="vanilla_ms", aggfunc="first"
@@ -399,7 +367,7 @@ def compiled_model_answer(
         raise NotAnswered("the compiled-model sweep timed no model")
     order = [s for s in (sizes or list(dict.fromkeys(df["size"]))) if s in set(main["size"])]
     labels = labels or {}
-    regime_text = vanilla_regime_text(results, main, ok, labels)
+    regime_text = vanilla_regime_text(main, ok, labels)
     main = main.assign(size=main["size"].map(lambda s: labels.get(s, s)))
     order = [labels.get(s, s) for s in order]
     how = "each Transformer block" if scope == "blocks" else "the whole model"
