@@ -20,8 +20,9 @@ tuned table); `launch` (shape facts in `layout`, launch plans and caches in `pla
 this module on top, which alone reads the options (`backward_impl`, `tiles`: per call, else the process's
 `DEFAULTS`) and passes them down as arguments. `FlashAttentionTriton.apply` (and so `flash_attention_triton`,
 `flash_attention`) sends eager CUDA calls through the C++ node where it serves the geometry (the same kernels
-and launch plans, no Python on the host path); everything else, torch.compile included, takes the Python
-`autograd.Function`.
+and launch plans, no Python on the host path); everything else takes the Python `autograd.Function`, whose
+forward and backward run `launch.dispatch`'s host path: eagerly, or, under torch.compile, as the custom ops
+`cs336::flash_forward` and `cs336::flash_backward` in one graph (`fullgraph=True` traces it).
 On CPU tensors the kernels run only under TRITON_INTERPRET=1, set before triton is imported.
 """
 
@@ -33,17 +34,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from cs336_systems.attention.launch import native
-from cs336_systems.attention.launch.dispatch import (
-    flash_backward_triton,
-    flash_forward_with_route,
-    gluon_forward_applies,
-    kernel_config,
-)
-from cs336_systems.attention.launch.gluon import launch_forward_gluon
-from cs336_systems.attention.launch.layout import INTERPRETED
-from cs336_systems.attention.launch.plans import launch_forward
+from cs336_systems.attention.launch.dispatch import flash_backward_triton, flash_forward_with_route
 from cs336_systems.attention.pytorch import FlashAttentionPytorch, flash_backward
-from cs336_systems.attention.validation import check_triton_inputs
 
 BACKWARD_IMPLS = ("triton", "pytorch")
 
@@ -127,20 +119,7 @@ class FlashAttentionTriton(torch.autograd.Function):
     ) -> torch.Tensor:
         # the options arrive resolved (`apply`, `python_apply`); a direct Function.apply call is checked here
         backward_impl, tiles = DEFAULTS.resolve(backward_impl, tiles)
-        if torch.compiler.is_compiling():
-            # Traced here rather than through flash_forward_triton: traced there, the forward's subgraph
-            # allocated and returned O and L itself, and the compiled leaderboard forward ran slower
-            # (docs/flash_attention_tuning.md).
-            check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-            if gluon_forward_applies(q, k, v, is_causal, INTERPRETED, tiles):
-                launch_forward_gluon(q, k, v, out, lse, is_causal)
-            else:
-                launch_forward(q, k, v, out, lse, is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles))
-            ctx.route_key = None
-        else:
-            out, lse, ctx.route_key = flash_forward_with_route(q, k, v, is_causal, tiles)
+        out, lse, ctx.route_key = flash_forward_with_route(q, k, v, is_causal, tiles)
         ctx.tiles = tiles
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal

@@ -10,7 +10,11 @@ deriving it costs as much host time as the launches.
 
 `flash_forward_with_route` and `flash_backward_triton` run a call's routes: the Python autograd.Function
 (`api.FlashAttentionTriton`) and the kept-output attention of the training step call them; the C++ node
-(`launch.native`) replays the same routes' launches without Python.
+(`launch.native`) replays the same routes' launches without Python. One host path serves eager and compiled
+calls: while torch.compile traces, these two functions put the custom ops `cs336::flash_forward` and
+`cs336::flash_backward` into the graph (with fake implementations for the shapes), and each op runs this
+same path when the graph runs, so a compiled call takes the kernels, configurations and plans an eager one
+takes, and Dynamo never traces the launches (no graph break: `fullgraph=True` holds).
 """
 
 from __future__ import annotations
@@ -192,8 +196,7 @@ def flash_forward_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
 ):
     """O and L (q.shape[:-1], fp32) of (..., N, d) inputs, eagerly: the Gluon kernel where
-    `gluon_forward_applies`, else `flash_fwd_kernel`; bad inputs raise a ValueError that names the problem.
-    (While torch.compile traces, `FlashAttentionTriton.forward` decides in place.)"""
+    `gluon_forward_applies`, else `flash_fwd_kernel`; bad inputs raise a ValueError that names the problem."""
     return flash_forward_with_route(q, k, v, is_causal, tiles)[:2]
 
 
@@ -201,17 +204,55 @@ def flash_forward_with_route(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
 ):
     """`flash_forward_triton`'s O and L, and the key of the inputs' geometry under which
-    `flash_backward_triton(..., route_key=key)` finds its route (the model's strided layout without copies)."""
+    `flash_backward_triton(..., route_key=key)` finds its route (the model's strided layout without copies).
+    While torch.compile traces, the call is the custom op `cs336::flash_forward` (the same host path, run
+    when the graph runs; O and L allocated in the graph) and the key None."""
     check_is_causal(is_causal)  # on every call: a route found by its key skips the inputs' checks
+    if torch.compiler.is_compiling():
+        check_triton_inputs(q, k, v, is_causal, INTERPRETED)  # a bad input fails the trace with its own message
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        torch.ops.cs336.flash_forward(q, k, v, out, lse, is_causal, tile_list(tiles))
+        return out, lse, None
     key = geometry_key(q, k, v, is_causal, tiles)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    forward_into(key, q, k, v, out, lse, is_causal, tiles)
+    return out, lse, key
+
+
+def forward_into(key: tuple, q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | None) -> None:
+    """O and L into `out` and `lse` by the route of `key` (`geometry_key`)."""
     route = forward_route(key, q, k, v, out, lse, is_causal, tiles)
     if route is GLUON:
         launch_forward_gluon(q, k, v, out, lse, is_causal)
     else:
         LAUNCHES.run("forward", route, (q, k, v, out, lse))
-    return out, lse, key
+
+
+def tile_list(tiles: tuple[int, int] | None) -> list[int] | None:
+    """`tiles` as a custom op's argument (an int list)."""
+    return None if tiles is None else list(tiles)
+
+
+@torch.library.custom_op("cs336::flash_forward", mutates_args=("out", "lse"))
+def flash_forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+    tiles: list[int] | None,
+) -> None:
+    """O and L into `out` and `lse` (`flash_forward_with_route`'s host path): what a compiled graph calls."""
+    tiles = None if tiles is None else (tiles[0], tiles[1])
+    forward_into(geometry_key(q, k, v, is_causal, tiles), q, k, v, out, lse, is_causal, tiles)
+
+
+@flash_forward_op.register_fake
+def _(q, k, v, out, lse, is_causal, tiles) -> None:
+    return None
 
 
 def flash_backward_triton(
@@ -227,7 +268,12 @@ def flash_backward_triton(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (shapes and dtypes of q, k, v) from the two Triton kernels or, where
     `gluon_backward_applies`, the fused Gluon kernel. `route_key`: the key `flash_forward_with_route` returned with
-    `out` and `lse`, under which the route is kept (None: decided in full)."""
+    `out` and `lse`, under which the route is kept (None: decided in full). While torch.compile traces, the
+    call is the custom op `cs336::flash_backward` (this host path, run when the graph runs)."""
+    if torch.compiler.is_compiling():
+        # the dense copy (below) in the graph, where the compiler can fuse it into the gradient's producer
+        grad_out, lse = grad_out.contiguous(), lse.contiguous()
+        return torch.ops.cs336.flash_backward(q, k, v, out, grad_out, lse, is_causal, tile_list(tiles))
     if route_key is not None:
         route = backward_route(route_key, q, k, v, out, grad_out, lse, is_causal, tiles)
         if route is GLUON:
@@ -260,3 +306,29 @@ def flash_backward_triton(
         q, k, v, grad_out, lse, delta, grad_k, grad_v, is_causal, kernel_config("dkdv", q, n_k, is_causal, tiles)
     )
     return grad_q, grad_k, grad_v
+
+
+@torch.library.custom_op("cs336::flash_backward", mutates_args=())
+def flash_backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    grad_out: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+    tiles: list[int] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (`flash_backward_triton`'s host path, decided in full): what a compiled graph calls. Each
+    gradient has the strides `torch.empty_like` gives its input, as the fake below says: the kernels write
+    rows where the input had to be copied, and those gradients are copied back into that layout."""
+    tiles = None if tiles is None else (tiles[0], tiles[1])
+    grads = flash_backward_triton(q, k, v, out, grad_out, lse, is_causal, None, tiles)
+    return tuple(
+        grad if grad.stride() == t.stride() else torch.empty_like(t).copy_(grad) for grad, t in zip(grads, (q, k, v))
+    )
+
+
+@flash_backward_op.register_fake
+def _(q, k, v, out, grad_out, lse, is_causal, tiles):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -8,9 +8,7 @@ and a zeroed fp32 dQ accumulator (`preprocess_launch`), the fused kernel (`backw
 q's dtype (`dq_copy_launch`). Under the causal mask their CTAs go heaviest first in sections of heads
 (`heuristics.heads_per_section`, `kernels.gluon_schedule`).
 
-Under torch.compile the launches go through the custom ops `cs336::flash_fwd_gluon` and
-`cs336::flash_bwd_gluon`: Dynamo can trace `@triton.jit` launches but not Gluon's tensor-descriptor
-arguments.
+A compiled graph reaches them through `launch.dispatch`'s custom ops, like every other launch.
 """
 
 from __future__ import annotations
@@ -255,24 +253,6 @@ def copy_dq(grad_q: torch.Tensor, dq_acc: torch.Tensor) -> None:
     grad_q.unflatten(-1, (halves, DQ_PLANE_COLS)).copy_(planes.transpose(-3, -2))
 
 
-@torch.library.custom_op("cs336::flash_bwd_gluon", mutates_args=())
-def _flash_bwd_gluon_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    do: torch.Tensor,
-    lse: torch.Tensor,
-    is_causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(q, k, v, out, do, lse, is_causal)
-
-
-@_flash_bwd_gluon_op.register_fake
-def _(q, k, v, out, do, lse, is_causal):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
 def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
     """dQ, dK, dV of (..., N, d) tensors in one pass (`kernels.gluon_backward` at d = 64,
     `kernels.gluon_backward_d128` at d = 128): D and a zeroed fp32 dQ accumulator from
@@ -286,26 +266,9 @@ def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, reg
             f"the Gluon backward runs d in {sorted(GLUON_BWD_TILES)} (causal only at d = 64); got "
             f"d = {d}, is_causal = {bool(is_causal)} (launch.dispatch.gluon_backward_applies)"
         )
-    if torch.compiler.is_compiling():
-        return torch.ops.cs336.flash_bwd_gluon(q, k, v, out, do, lse, bool(is_causal))
     return _backward(q, k, v, out, do, lse, is_causal, tiles, regs)
-
-
-@torch.library.custom_op("cs336::flash_fwd_gluon", mutates_args=("out", "lse"))
-def _flash_fwd_gluon_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, is_causal: bool
-) -> None:
-    forward_launch(q, k, v, out, lse, is_causal).run()
-
-
-@_flash_fwd_gluon_op.register_fake
-def _(q, k, v, out, lse, is_causal) -> None:
-    return None
 
 
 def launch_forward_gluon(q, k, v, out, lse, is_causal: bool) -> None:
     """O and L of (..., N, d) inputs into `out` (q's shape, contiguous rows) and `lse` (q.shape[:-1])."""
-    if torch.compiler.is_compiling():
-        torch.ops.cs336.flash_fwd_gluon(q, k, v, out, lse, bool(is_causal))
-    else:  # the custom op's dispatch costs host time that eager calls need not pay
-        forward_launch(q, k, v, out, lse, is_causal).run()
+    forward_launch(q, k, v, out, lse, is_causal).run()

@@ -71,14 +71,10 @@ def split_plan(q: torch.Tensor, n_k: int, is_causal: bool, config: KernelConfig,
     batch = q.numel() // (n_q * d)
     if kv_chunk is None:
         kv_chunk = (
-            0
-            if torch.compiler.is_compiling()
-            else (
-                kv_split_chunk(
-                    batch, n_q, n_k, is_causal, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device)
-                )
-                or 0
+            kv_split_chunk(
+                batch, n_q, n_k, is_causal, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device)
             )
+            or 0
         )
     elif kv_chunk < 0 or kv_chunk % config.k_tile:
         raise ValueError(
@@ -136,7 +132,7 @@ def derive_plan(
     grid = (-(-rows_of_grid // tile), q.numel() // (n_q * d))  # triton.cdiv is a JIT helper: slow from Python
     scalars = (*strides, n_q, n_k)
     meta = dict(
-        # scale is a constexpr: a runtime float becomes fp64 under torch.compile, making S fp64
+        # scale is a constexpr: it follows from D, which the kernel is compiled for anyway
         scale=d**-0.5,
         D=d,
         D_TILE=head_dim_tile(d),
@@ -155,11 +151,7 @@ def derive_plan(
         meta["MAX_SPLITS"] = max(2, 1 << (splits - 1).bit_length())
     else:
         chunk, splits, batch = 0, 1, grid[1]
-        if (
-            q.dtype == torch.float32
-            and not torch.compiler.is_compiling()
-            and is_small_grid(kernel, batch, n_q, n_k, sm_count(q.device))
-        ):
+        if q.dtype == torch.float32 and is_small_grid(kernel, batch, n_q, n_k, sm_count(q.device)):
             loop_tile, grid_tile = (
                 (config.q_tile, config.k_tile) if kernel == "dkdv" else (config.k_tile, config.q_tile)
             )
@@ -223,8 +215,6 @@ class KernelLaunches:
         16-byte alignment of their addresses, the device (descriptor reads), the configuration,
         causality and the fp32 matmul precision. That is also everything Triton specializes the
         compilation on, so the plan's serial number serves the launcher as the launch's signature."""
-        if torch.compiler.is_compiling():  # shapes may be symbolic; traced once anyway
-            return derive_plan(kernel, tensors, is_causal, config, kv_chunk=kv_chunk)
         key = (
             kernel,
             config,
@@ -254,7 +244,6 @@ class KernelLaunches:
 
     def run(self, kernel: str, plan: LaunchPlan, tensors: tuple[torch.Tensor, ...]):
         """Launch `kernel` on `tensors` by `plan` (`plan` of tensors of this geometry)."""
-        compiling = torch.compiler.is_compiling()
         if True in plan.copies:
             tensors = tuple(as_rows(t)[0] if copy else t for t, copy in zip(tensors, plan.copies))
         if kernel == "forward":  # without a split, the output and L stand in for the workspace the kernel never reads
@@ -262,14 +251,14 @@ class KernelLaunches:
                 *tensors,
                 *(self.split_workspace(tensors[0].device, plan.workspace) if plan.workspace else tensors[3:5]),
             )
-        if plan.meta["USE_TMA"] and not INTERPRETED and not compiling:
+        if plan.meta["USE_TMA"] and not INTERPRETED:
             # Descriptors built on the device need scratch memory from Triton's allocator: a per-thread
-            # setting, and the backward runs on autograd's thread (torch.compile's launcher sets its own).
+            # setting, and the backward runs on autograd's thread.
             triton.set_allocator(self._scratch)
         if kernel != "forward" and plan.meta["SPLIT"]:  # the chunks add into the gradients (`backward_split`)
             for grad in tensors[-1:] if kernel == "dq" else tensors[-2:]:
                 grad.zero_()
-        signature = None if compiling or True in plan.copies else plan.serial  # a copy's address is not in the key
+        signature = None if True in plan.copies else plan.serial  # a copy's address is not in the key
         return self.launchers[kernel](plan.grid, tensors, plan.scalars, plan.meta, signature)
 
     def _scratch(self, size: int, alignment: int, stream: int | None) -> torch.Tensor:
@@ -293,8 +282,6 @@ class KernelLaunches:
                 torch.zeros(sizes[1], dtype=torch.int32, device=device),
             )
 
-        if torch.compiler.is_compiling():  # a traced launch gets its own
-            return fresh()
         if device.type != "cuda":
             key = (-1, 0)  # the interpreter runs synchronously
         else:
@@ -323,8 +310,8 @@ register_answer_cache(LAUNCHES)  # plans and routes embed configurations
 def launch_forward(q, k, v, out, lse, is_causal: bool, config: KernelConfig, kv_chunk: int | None = None):
     """O and L of (..., N, d) inputs into `out` (q's shape) and `lse` (q.shape[:-1]): grid (query
     tiles, batch, key chunks), batch = the leading dimensions. `kv_chunk`: keys per program where
-    each query tile's keys are split over programs; None: `heuristics.kv_split_chunk` decides
-    (never while torch.compile traces), 0: no split. Returns the compiled kernel."""
+    each query tile's keys are split over programs; None: `heuristics.kv_split_chunk` decides, 0: no
+    split. Returns the compiled kernel."""
     return LAUNCHES.launch("forward", (q, k, v, out, lse), is_causal, config, kv_chunk)
 
 
