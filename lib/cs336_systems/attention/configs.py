@@ -114,11 +114,7 @@ class ProblemKey:
 
 
 def seq_bucket(n: int) -> int:
-    """The power of two >= n (at least 16) whose tuned configurations serve sequence length n.
-
-    Computed by comparisons only, so that n may be symbolic: under torch.compile with dynamic
-    shapes each comparison becomes a guard on n's range, the bucket a constant of the graph, and
-    a new sequence length recompiles only when it leaves its bucket."""
+    """The power of two >= n (at least 16) whose tuned configurations serve sequence length n."""
     bucket = 16
     while n > bucket:
         bucket *= 2
@@ -313,29 +309,6 @@ def sm_count(device: torch.device) -> int:
     return device_facts(device)[1] if device.type == "cuda" else 0
 
 
-@torch.compiler.assume_constant_result
-def _lookup(
-    kernel: str,
-    head_dim_tile: int,
-    dtype: torch.dtype,
-    is_causal: bool,
-    bucket: int,
-    small_grid: bool,
-    device: torch.device,
-    device_index: int,
-) -> tuple[int, int, int, int]:
-    # Evaluated once when torch.compile traces the caller: its result is a constant of the graph,
-    # so every argument must be a constant too (the sequence lengths enter only as their bucket). The
-    # dtype and device go in whole: an attribute of one (its itemsize, its type) can reach here as a
-    # lazily guarded value, which torch.compile cannot always convert for this call.
-    if device.type == "cuda":
-        device = torch.device("cuda", device_index)
-    key = ProblemKey.at_bucket(kernel, head_dim_tile, dtype, is_causal, bucket, small_grid)
-    found = config_table().lookup(device_name(device), key)
-    config = found or default_config(kernel, head_dim_tile, dtype.itemsize)
-    return (config.q_tile, config.k_tile, config.num_warps, config.num_stages)
-
-
 # Eager calls' answers by their arguments (ConfigTable.store and reload_config_table clear them):
 # every attention call asks for one to three configurations, and a table lookup costs tens of
 # microseconds, as much host time as a Triton launch.
@@ -354,20 +327,17 @@ def config_for(
 ) -> KernelConfig:
     """The tuned configuration of `kernel` for this problem on `device`, else the default. `batch`
     (batch·heads) decides whether the grid is small (`is_small_grid`); None: not small."""
-    compiling = torch.compiler.is_compiling()  # under torch.compile: traced once, a constant of the graph
     key = (kernel, head_dim_tile, dtype, is_causal, n_q, n_k, device, batch)
-    if not compiling and (config := _ANSWERS.get(key)) is not None:
+    if (config := _ANSWERS.get(key)) is not None:
         return config
-    index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else 0)
-    bucket = seq_bucket(max(n_q, n_k))
-    small = False
-    if batch is not None and is_small_grid(
-        kernel, batch, n_q, n_k, sm_count(device)
-    ):  # a branch: a guard, not a SymBool
-        small = True
-    config = KernelConfig(*_lookup(kernel, head_dim_tile, dtype, bool(is_causal), bucket, small, device, index))
-    if not compiling:
-        _ANSWERS[key] = config
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    small = batch is not None and is_small_grid(kernel, batch, n_q, n_k, sm_count(device))
+    problem = ProblemKey.at_bucket(kernel, head_dim_tile, dtype, is_causal, seq_bucket(max(n_q, n_k)), small)
+    config = config_table().lookup(device_name(device), problem) or default_config(
+        kernel, head_dim_tile, dtype.itemsize
+    )
+    _ANSWERS[key] = config
     return config
 
 

@@ -109,8 +109,7 @@ def is_small_grid(kernel: str, batch: int, n_q: int, n_k: int, sm_count: int) ->
     """Whether `kernel`'s grid at 64-row tiles, batch·ceil(N / 64) programs (N of the queries; of the
     keys for dK/dV), is smaller than the GPU's `sm_count` SMs: a launch whose latency is one program's
     loop, where the configuration that fills the GPU best is not the fastest; the tuned table keeps such
-    problems apart. Comparisons only, so that under torch.compile they become guards, as in
-    `configs.seq_bucket`."""
+    problems apart."""
     rows = n_k if kernel == "dkdv" else n_q
     return batch * ((rows + SMALL_GRID_TILE - 1) // SMALL_GRID_TILE) < sm_count
 
