@@ -487,28 +487,41 @@ def _oom_sentence(raw: pd.DataFrame, handout: str, gpu: bool) -> str:
 
 
 def _train_step_sentence(t: pd.DataFrame, handout: str) -> str:
-    """The full training step and its optimizer step (training step less forward+backward), smallest and largest
-    size."""
+    """The full training step, smallest and largest size, and its optimizer step (training step less
+    forward+backward) where that difference exceeds the run-to-run spread of the two timings it is taken from
+    (their standard deviations combined); for the other sizes the sentence says the difference cannot be read."""
     if "train-step_mean_ms" not in t or t["train-step_mean_ms"].isna().all():
         return ""
     s = t.dropna(subset=["train-step_mean_ms"]).reset_index(drop=True)
-    optimizer = s["train-step_mean_ms"] - s["forward-backward_mean_ms"]
+    label = lambda size: size_label(size, handout)  # noqa: E731
     first, last = s.iloc[0], s.iloc[-1]
     text = (
         f"A full training step with AdamW (forward, loss, backward and the optimizer step) takes "
-        f"{fmt_ms(first['train-step_mean_ms'])} ({size_label(first['size'], handout)}) to "
-        f"{fmt_ms(last['train-step_mean_ms'])} ({size_label(last['size'], handout)})"
+        f"{fmt_ms(first['train-step_mean_ms'])} ({label(first['size'])}) to "
+        f"{fmt_ms(last['train-step_mean_ms'])} ({label(last['size'])})"
     )
-    if (optimizer > 0).all():
-        share = 100 * optimizer / s["train-step_mean_ms"]
-        return (
-            text + f"; the optimizer step, the training step less the forward+backward, adds "
-            f"{fmt_ms(optimizer.iloc[0])} to {fmt_ms(optimizer.iloc[-1])}, {span(share, '{:.0f}', '%')} of the step."
+    optimizer = s["train-step_mean_ms"] - s["forward-backward_mean_ms"]
+    spread = np.hypot(*(s[f"{mode}_std_ms"].fillna(0.0) for mode in ("forward-backward", "train-step")))
+    readable = optimizer > spread
+    if readable.any():
+        o = optimizer[readable]
+        low, high = o.idxmin(), o.idxmax()
+        share = 100 * o / s.loc[readable, "train-step_mean_ms"]
+        text += (
+            f"; the optimizer step, the training step less the forward+backward, adds {fmt_ms(o[low])} "
+            f"({label(s.at[low, 'size'])})"
+            + (f" to {fmt_ms(o[high])} ({label(s.at[high, 'size'])})" if high != low else "")
+            + f", {span(share, '{:.0f}', '%')} of the step"
         )
-    lost = and_join([size_label(x, handout) for x in s.loc[optimizer <= 0, "size"]])
-    return (
-        text + f"; for {lost} it is no longer than the forward+backward, so the optimizer step is lost in their noise."
-    )
+    if not readable.all():
+        lost = s[~readable]
+        text += (
+            f"; for {and_join([label(x) for x in lost['size']])} that difference "
+            f"({and_join([fmt_ms(x) for x in optimizer[~readable]])}) is no larger than the run-to-run spread of "
+            f"the two timings it is taken from ({and_join([fmt_ms(x) for x in spread[~readable]])}, their standard "
+            f"deviations combined), so these runs cannot time their optimizer step"
+        )
+    return text + "."
 
 
 @builds("benchmarking_script.b.2026")
