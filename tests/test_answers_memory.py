@@ -158,6 +158,14 @@ def test_mixed_precision_reports_measured_change(tmp_path):
     text = build("memory_profiling.c", results).text
     assert "-25.0%" in text and "changes memory noticeably" in text
     assert "context 32," in text  # one context: singular
+    assert "the analytic model puts the training step's peak in the optimizer step in both precisions" in text
+
+
+def test_mixed_precision_names_no_late_peak_where_the_backward_holds_it(tmp_path):
+    rows = _peak_rows([32], [40.0], bf16_scale=0.75)
+    rows.loc[rows["mode"] == "train-step", "peak_at"] = "backward of block 0's attention"
+    text = build("memory_profiling.c", _folder(tmp_path, {"peak_memory": rows})).text
+    assert "-25.0%" in text and "optimizer step in both precisions" not in text
 
 
 def test_cpu_run_without_a_snapshot_is_not_answered(tmp_path):
