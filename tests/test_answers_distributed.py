@@ -564,3 +564,27 @@ def test_a_run_whose_profiled_size_did_not_fit_says_so(tmp_path):
     summarize_profiles([]).to_csv(tmp_path / "fsdp_forward_profiles.csv", index=False)
     answer = build("fsdp_accounting.b", Results(tmp_path))
     assert not answer.answered and "no forward pass could be profiled" in answer.reason
+
+
+def test_sharded_optimizer_equality_reads_as_identical_or_as_a_bound(tmp_path):
+    """Zero differences read 'bit-identical', not 'at most 0.0e+00'; a nonzero one keeps its bound."""
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def answer(sharded: float, zero: float) -> str:
+        rows = [
+            dict(optimizer=o, rank=r, size="nano", steps=10, max_abs_diff=d, max_update=0.1)
+            for o, d in (("unsharded", 0.0), ("sharded", sharded), ("zero", zero))
+            for r in (0, 1)
+        ]
+        pd.DataFrame(rows).to_csv(results / "sharding_equality.csv", index=False)
+        return build("optimizer_state_sharding", Results(results)).text
+
+    assert (
+        "the sharded optimizer's weights and PyTorch's ZeroRedundancyOptimizer's are bit-identical to the unsharded "
+        "AdamW's." in answer(0.0, 0.0)
+    )
+    text = answer(0.0, 3e-7)
+    assert "the sharded optimizer's weights are bit-identical to the unsharded AdamW's and PyTorch's " in text
+    assert "ZeroRedundancyOptimizer's differ from the unsharded AdamW's by at most 3.0e-07." in text
+    assert "0.0e+00" not in text

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds, builds_each_handout
-from cs336_systems.experiments.answers.words import pct
+from cs336_systems.experiments.answers.words import and_join, pct
 from cs336_systems.report.answers import Answer
 
 NB_ALLREDUCE = "12_distributed_communication"
@@ -914,6 +914,15 @@ def _sharding_setup(results: Results, size: str | None = None) -> Setup:
     return _setup(results, NB_SHARDING, "sharding_setup", world_size=ranks, size=size)
 
 
+def _agreement(differences: dict[str, float], reference: str) -> str:
+    """'X and Y are bit-identical to REF' where the largest difference is 0, else 'X differ(s) from REF by at
+    most D'; one clause per group, in the order given."""
+    same = [name for name, d in differences.items() if d == 0]
+    apart = [f"{name} differ from {reference} by at most {d:.1e}" for name, d in differences.items() if d != 0]
+    clauses = ([f"{and_join(same)} are bit-identical to {reference}"] if same else []) + apart
+    return and_join(clauses) + "."
+
+
 @builds("optimizer_state_sharding")
 def optimizer_state_sharding(results: Results) -> Answer:
     """Where the sharded optimizer is, and its equality with AdamW."""
@@ -928,9 +937,14 @@ def optimizer_state_sharding(results: Results) -> Answer:
         "parameter to one rank (largest first, to the least-loaded rank); each rank's wrapped optimizer holds state "
         "for its own parameters only, and `step()` updates them and then broadcasts every parameter from its owner. "
         f"On {where}, after {int(eq.steps.iloc[0])} AdamW steps on the {eq['size'].iloc[0]} model (the weights moved "
-        f"by up to {worst.max_update.max():.3g}), the sharded optimizer's weights differ from the unsharded AdamW's "
-        f"by at most {worst.max_abs_diff.get('sharded', float('nan')):.1e}, and PyTorch's ZeroRedundancyOptimizer's "
-        f"by {worst.max_abs_diff.get('zero', float('nan')):.1e}."
+        f"by up to {worst.max_update.max():.3g}), "
+        + _agreement(
+            {
+                "the sharded optimizer's weights": worst.max_abs_diff.get("sharded", float("nan")),
+                "PyTorch's ZeroRedundancyOptimizer's": worst.max_abs_diff.get("zero", float("nan")),
+            },
+            "the unsharded AdamW's",
+        )
     )
     names = {
         "unsharded": "AdamW (unsharded)",
