@@ -296,8 +296,9 @@ def test_leaderboard_answer_reads_the_latest_command_run_and_compares_only_withi
     assert "**4,500.0 ms**" in answer.text  # the latest uncapped run, not the capped one
     assert "0.800×" in answer.text and "in an earlier run of both" in answer.text  # 4600 / 5750, never 4500 / 5750
     assert "0.783×" not in answer.text
-    assert "capped at 78 GiB" in answer.text and "29 of 34 blocks (against 7" in answer.text
-    assert "5,000.0 ms, 1.11× the uncapped step of the same code" in answer.text
+    assert "capped at 78 GiB" in answer.text
+    assert "recomputes 29 of 34 blocks and the step takes 5,000.0 ms" in answer.text
+    assert "1.11× an uncapped command run of the same code (4,500.0 ms, 7 blocks recomputed)." in answer.text
     assert list(answer.table.run) == ["latest run", "earlier run", "earlier run", "capped at 78 GiB"]
 
 
@@ -328,8 +329,9 @@ def test_leaderboard_answer_from_the_notebooks_run_keeps_the_capped_command_run(
     ).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
     answer = build("leaderboard.2026", Results(tmp_path))
     assert "**4,480.0 ms**" in answer.text and "0.800×" in answer.text and not answer.caveat
-    assert "29 of 34 blocks (against 7 with the whole card)" in answer.text
-    assert "4,972.0 ms, 1.10× the uncapped step of the same code" in answer.text
+    assert "as the handout times it; its memory plan recomputes 8 of 34 blocks." in answer.text
+    assert "recomputes 29 of 34 blocks and the step takes 4,972.0 ms" in answer.text
+    assert "1.10× an uncapped command run of the same code (4,520.0 ms, 7 blocks recomputed)." in answer.text
     assert list(answer.table.run) == ["latest run", "latest run", "capped at 78 GiB"]
     assert list(answer.table["blocks recomputed"][:2]) == [8, 34]
 

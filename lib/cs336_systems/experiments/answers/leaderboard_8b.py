@@ -23,15 +23,16 @@ def timing_words(row: pd.Series) -> str:
     return call + f", shorter than the handout's rep={HANDOUT_REP_MS}, warmup={HANDOUT_WARMUP_MS}"
 
 
-def _recompute_counts(results: Results) -> dict[str, int]:
-    """Blocks each variant's memory plan recomputes in the notebook's two-GPU run (rank 0's plan)."""
+def _recompute_counts(results: Results) -> dict[str, tuple[int, int]]:
+    """(blocks recomputed, blocks) of each variant's memory plan in the notebook's two-GPU run (rank 0's plan,
+    one True or False per block)."""
     if not results.has("leaderboard_8b_two_gpus"):
         return {}
     rows = results.table("leaderboard_8b_two_gpus")
     if "plan" not in rows:
         return {}
     return {
-        row.variant: str(row.plan).count("True")
+        row.variant: (str(row.plan).count("True"), str(row.plan).count("True") + str(row.plan).count("False"))
         for _, row in rows.iterrows()
         if row.world_size == 2 and isinstance(row.plan, str)
     }
@@ -53,7 +54,10 @@ def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
         two = rows[(rows.world_size == 2) & rows.step_ms.notna()]
         if "ours" in set(two.variant):
             blocks = _recompute_counts(results)
-            two = two.rename(columns={"step_ms": "ms"}).assign(blocks_recomputed=two.variant.map(blocks))
+            two = two.rename(columns={"step_ms": "ms"}).assign(
+                blocks_recomputed=two.variant.map(lambda v: blocks[v][0] if v in blocks else None),
+                layers=two.variant.map(lambda v: blocks[v][1] if v in blocks else None),
+            )
             return two, command[~in_cap], capped, ""
     if "variant" in command and "ours" in set(command[~in_cap].variant):
         return (
@@ -89,7 +93,13 @@ def eight_b_step(results: Results) -> Answer:
     device = ours.get("device", "GPU")
     text = (
         f"Our fastest complete 8B training step (forward, loss, backward, AdamW; context 32,768, one sequence "
-        f"per GPU) takes **{ours.ms:,.1f} ms** on two {device}s, timed with {timing_words(ours)}."
+        f"per GPU) takes **{ours.ms:,.1f} ms** on two {device}s, timed with {timing_words(ours)}"
+        + (
+            f"; its memory plan recomputes {_recomputed(ours)} of {int(ours.layers)} blocks"
+            if _recomputed(ours) is not None and pd.notna(ours.get("layers"))
+            else ""
+        )
+        + "."
     )
     # the latest run of ours that timed the torch-native step beside it (the same commit)
     compared = next(
@@ -124,15 +134,17 @@ def eight_b_step(results: Results) -> Answer:
         uncapped = uncapped[(uncapped.variant == "ours") & (uncapped.commit == cap.commit)]
         blocks = ""
         if _recomputed(cap) is not None:
-            blocks = f"its memory plan recomputes {_recomputed(cap)} of {int(cap.layers)} blocks"
-            if len(uncapped) and _recomputed(uncapped.iloc[-1]) is not None:
-                blocks += f" (against {_recomputed(uncapped.iloc[-1])} with the whole card)"
-            blocks += " and "
-        ratio = f", {cap.ms / uncapped.iloc[-1].ms:.2f}× the uncapped step of the same code" if len(uncapped) else ""
+            blocks = f"its memory plan recomputes {_recomputed(cap)} of {int(cap.layers)} blocks and "
+        ratio = ""
+        if len(uncapped):
+            whole = uncapped.iloc[-1]
+            ratio = f", {cap.ms / whole.ms:.2f}× an uncapped command run of the same code ({whole.ms:,.1f} ms" + (
+                f", {_recomputed(whole)} blocks recomputed)" if _recomputed(whole) is not None else ")"
+            )
         text += (
             f" In a separate command run with each process capped at {cap.memory_cap_gib:g} GiB (`--memory-gib "
             f"{cap.memory_cap_gib:g}`: an 80 GB card's memory simulated on these GPUs) {blocks}the step takes "
-            f"{cap.ms:,.1f} ms{ratio} ({', '.join(details)})."
+            f"{cap.ms:,.1f} ms ({', '.join(details)}){ratio}."
         )
         shown.append(cap)
         labels.append(f"capped at {cap.memory_cap_gib:g} GiB")
