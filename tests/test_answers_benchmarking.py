@@ -140,6 +140,36 @@ def test_warmup_words_follow_the_numbers(tmp_path):
     assert "344 ms, 0.43× a steady step (800 ms)" in text
 
 
+def test_warmup_answer_explains_the_same_step_timed_slower_in_the_size_sweep(tmp_path):
+    """The warmed-up step ran in a fresh process at 50 ms, the size sweep's same step at 75 ms: the answer states
+    both and, the sweep's probe finding it launch-bound, why they differ; within a fifth it says nothing."""
+    pd.DataFrame(
+        [
+            dict(size="small", warmup=w, steps=10, mean_ms=m, std_ms=4.0, median_ms=m, min_ms=m)
+            for w, m in ((0, 85.0), (1, 47.0), (2, 52.0), (5, 50.0))
+        ]
+    ).to_csv(tmp_path / "warmup.csv", index=False)
+
+    def sweep(mean_ms):
+        return pd.DataFrame(
+            [
+                dict(size="small", mode="forward-backward", precision="fp32", status="ok", context_length=256,
+                     batch_size=4, warmup=5, steps=10, mean_ms=mean_ms, std_ms=4.0, busy_ms=0.38 * mean_ms,
+                     busy_on="GPU kernels", graphed_ms=29.0),
+                dict(size="small", mode="forward-backward", precision="fp32", status="ok", context_length=256,
+                     batch_size=4, warmup=2, steps=10, mean_ms=200.0, std_ms=4.0, busy_ms=70.0,
+                     busy_on="GPU kernels", graphed_ms=29.0),
+            ]
+        )  # fmt: skip
+
+    sweep(75.0).to_csv(tmp_path / "by_size_raw.csv", index=False)
+    text = build("benchmarking_script.c", Results(tmp_path)).text
+    assert "took 75.00 ms in the notebook's size sweep (same context and batch), 1.50× the 50.00 ms here" in text
+    assert "this launch-bound step (the GPU busy 38% of it in the sweep) runs at the pace" in text
+    sweep(55.0).to_csv(tmp_path / "by_size_raw.csv", index=False)
+    assert "size sweep" not in build("benchmarking_script.c", Results(tmp_path)).text
+
+
 def test_ratio_words():
     assert times(0.003) == "0.003×" and times(0.43) == "0.43×" and times(16.2) == "16.2×" and times(684.0) == "684×"
     assert versus(829, 800) == "4% above" and versus(299, 800) == "0.37×" and versus(800, 800) == "equal to"

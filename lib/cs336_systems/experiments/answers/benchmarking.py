@@ -555,6 +555,44 @@ def benchmarking_script_b_2026(results: Results) -> Answer:
     return Answer(text=text, table=table, caveat=caveat)
 
 
+def _warmed_step_in_the_sweep(raw: pd.DataFrame, ref: pd.Series) -> str:
+    """The warmed-up step beside the size sweep's time of the same configuration (size, context, fp32
+    forward+backward, as many warm-up steps), where the two differ by more than a fifth: each warm-up setting runs
+    in a fresh process (`run_isolated`), the sweep in the notebook's own, and a launch-bound step's time is the
+    host's launch pace."""
+    if raw.empty or "warmup" not in raw:
+        return ""
+    context = int(raw.context_length.iloc[0])
+    same = raw[
+        (raw["size"] == ref["size"])
+        & (raw["mode"] == "forward-backward")
+        & (raw["status"] == "ok")
+        & (raw["context_length"] == context)
+        & (raw["warmup"] == ref["warmup"])
+        & (raw.get("precision", "fp32") == "fp32")
+    ]
+    if same.empty:
+        return ""
+    sweep = same.iloc[0]
+    ratio = max(sweep.mean_ms, ref.mean_ms) / min(sweep.mean_ms, ref.mean_ms)
+    if ratio < 1.2:
+        return ""
+    regimes = measured_regimes(same)
+    measured = regimes.iloc[0] if regimes is not None else None
+    why = (
+        f", and this launch-bound step (the GPU busy {measured.busy_fraction:.0%} of it in the sweep) runs at the pace "
+        "at which its process's host launches the kernels"
+        if measured is not None and measured.regime == LAUNCH_BOUND
+        else ""
+    )
+    return (
+        f" The same step after the same {int(ref['warmup'])} warm-up steps took {fmt_ms(sweep.mean_ms)} in the "
+        f"notebook's size sweep (same context and batch), {times(sweep.mean_ms / ref.mean_ms)} the "
+        f"{fmt_ms(ref.mean_ms)} here, as each warm-up setting here runs in a fresh process and the size sweep in the "
+        f"notebook's own{why}."
+    )
+
+
 def _warmup_answer(results: Results) -> Answer:
     warm = results.table("warmup").sort_values("warmup").reset_index(drop=True)
     if 0 not in set(warm.warmup) or len(warm) < 2:
@@ -626,6 +664,7 @@ def _warmup_answer(results: Results) -> Answer:
             f"{and_join([fmt_ms(m) for m in mid.mean_ms])}, {and_join([versus(m, ref.mean_ms) for m in mid.mean_ms])} "
             f"the {k}-step mean{judged}."
         )
+    text += _warmed_step_in_the_sweep(raw, ref)
     has_figure = (results.folder / "figures" / "warmup_steps.png").exists()
     table = (
         None
