@@ -210,15 +210,21 @@ def flash_forward_with_route(
     check_is_causal(is_causal)  # on every call: a route found by its key skips the inputs' checks
     if torch.compiler.is_compiling():
         check_triton_inputs(q, k, v, is_causal, INTERPRETED)  # a bad input fails the trace with its own message
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        out, lse = forward_outputs(q)
         torch.ops.cs336.flash_forward(q, k, v, out, lse, is_causal, tile_list(tiles))
         return out, lse, None
     key = geometry_key(q, k, v, is_causal, tiles)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    out, lse = forward_outputs(q)
     forward_into(key, q, k, v, out, lse, is_causal, tiles)
     return out, lse, key
+
+
+def forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty O (q's shape and dtype, contiguous) and L (q.shape[:-1], fp32) for a forward to write."""
+    return (
+        torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device),
+    )
 
 
 def forward_into(key: tuple, q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | None) -> None:
@@ -231,8 +237,12 @@ def forward_into(key: tuple, q, k, v, out, lse, is_causal: bool, tiles: tuple[in
 
 
 def tile_list(tiles: tuple[int, int] | None) -> list[int] | None:
-    """`tiles` as a custom op's argument (an int list)."""
+    """`tiles` as a custom op's argument (an int list); `tile_pair` reads it back."""
     return None if tiles is None else list(tiles)
+
+
+def tile_pair(tiles: list[int] | None) -> tuple[int, int] | None:
+    return None if tiles is None else (tiles[0], tiles[1])
 
 
 @torch.library.custom_op("cs336::flash_forward", mutates_args=("out", "lse"))
@@ -246,7 +256,7 @@ def flash_forward_op(
     tiles: list[int] | None,
 ) -> None:
     """O and L into `out` and `lse` (`flash_forward_with_route`'s host path): what a compiled graph calls."""
-    tiles = None if tiles is None else (tiles[0], tiles[1])
+    tiles = tile_pair(tiles)
     forward_into(geometry_key(q, k, v, is_causal, tiles), q, k, v, out, lse, is_causal, tiles)
 
 
@@ -322,11 +332,17 @@ def flash_backward_op(
     """dQ, dK, dV (`flash_backward_triton`'s host path, decided in full): what a compiled graph calls. Each
     gradient has the strides `torch.empty_like` gives its input, as the fake below says: the kernels write
     rows where the input had to be copied, and those gradients are copied back into that layout."""
-    tiles = None if tiles is None else (tiles[0], tiles[1])
-    grads = flash_backward_triton(q, k, v, out, grad_out, lse, is_causal, None, tiles)
-    return tuple(
-        grad if grad.stride() == t.stride() else torch.empty_like(t).copy_(grad) for grad, t in zip(grads, (q, k, v))
-    )
+    grads = flash_backward_triton(q, k, v, out, grad_out, lse, is_causal, None, tile_pair(tiles))
+    return tuple(in_layout_of(grad, t) for grad, t in zip(grads, (q, k, v)))
+
+
+def in_layout_of(grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`grad` in the strides `torch.empty_like(t)` gives (t's own where t is dense, else contiguous), copied
+    only where they differ."""
+    if grad.stride() == t.stride():
+        return grad
+    like = torch.empty_like(t)
+    return grad if like.stride() == grad.stride() else like.copy_(grad)
 
 
 @flash_backward_op.register_fake

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from cs336_systems.attention.configs import register_answer_cache
-from cs336_systems.attention.launch.dispatch import GLUON, decide_backward, decide_forward
+from cs336_systems.attention.launch.dispatch import GLUON, decide_backward, decide_forward, forward_outputs
 from cs336_systems.attention.launch.gluon import backward_launch, dq_copy_launch, forward_launch, preprocess_launch
 from cs336_systems.attention.launch.layout import INTERPRETED, read_in_place
 from cs336_systems.attention.launch.plans import LAUNCHES
@@ -159,8 +159,7 @@ def derive_program(native, q, k, v, is_causal: bool):
     # Distinct objects even where the caller passed one tensor twice: a Gluon launch's arguments name their
     # slots by the identity of their tensors (`kernel_launch_spec`).
     q, k, v = (t.detach() for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    out, lse = forward_outputs(q)
     plan = decide_forward(q, k, v, out, lse, is_causal, None)
     s = native.SLOTS
     grad_out = torch.empty_like(out)  # the C++ node makes every upstream gradient contiguous and aligned

@@ -32,8 +32,8 @@ def _recompute_counts(results: Results) -> dict[str, tuple[int, int]]:
     if "plan" not in rows:
         return {}
     return {
-        row.variant: (str(row.plan).count("True"), str(row.plan).count("True") + str(row.plan).count("False"))
-        for _, row in rows.iterrows()
+        row.variant: (row.plan.count("True"), row.plan.count("True") + row.plan.count("False"))
+        for row in rows.itertuples()
         if row.world_size == 2 and isinstance(row.plan, str)
     }
 
