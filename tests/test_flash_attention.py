@@ -25,8 +25,7 @@ from cs336_systems.attention.api import DEFAULTS  # noqa: E402
 from cs336_systems.attention.heuristics import gluon_backward_eligible, gluon_forward_eligible  # noqa: E402
 from cs336_systems.attention.launch import dispatch as flash_dispatch  # noqa: E402
 from cs336_systems.attention.launch import native as flash_native  # noqa: E402
-from cs336_systems.attention.launch import plans as flash_launch  # noqa: E402
-from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies  # noqa: E402
+from cs336_systems.attention.launch.dispatch import gluon_kernels  # noqa: E402
 from cs336_systems.attention.launch.layout import head_views, kernels_interpreted, reads_by_tma, tma_compatible  # noqa: E402
 from cs336_systems.attention.naive import naive_attention  # noqa: E402
 from cs336_systems.attention.reference import TOLERANCE, reference_attention, reference_gradients  # noqa: E402
@@ -244,10 +243,12 @@ def test_gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, is_causal, exp
     assert gluon_forward_eligible(d, n_q, n_k, dtype, batch, major, 132, is_causal) is expected
 
 
-def test_gluon_forward_never_applies_off_gpu():
+def test_gluon_forward_never_applies_off_gpu(triton_device):
     q = torch.randn(16, 4096, 64, dtype=torch.bfloat16)
-    assert not gluon_forward_applies(q, q, q, True, interpreted=False)
-    assert not gluon_backward_applies(q, q, q, True, interpreted=False)
+    if triton_device == "cpu":  # the interpreter: CPU tensors pass the checks
+        assert gluon_kernels(q, q, q, True) == (False, False)
+    with pytest.raises(ValueError, match="the Triton kernels got CPU tensors"):  # compiled kernels: refused
+        gluon_kernels(q, q, q, True, interpreted=False)
 
 
 @pytest.mark.parametrize(
@@ -394,6 +395,11 @@ def test_head_views_split_projections_in_place_as_a_model_does():
         head_views(projections, 5)
 
 
+def forward_plans(launches) -> list:
+    """The forward's launch plans in the order they were derived (each route also plans its backward)."""
+    return [plan for key, plan in launches.plans.items() if key[0] == "forward"]
+
+
 def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypatch):
     """A launch plan (grid, strides, copies, constexprs) is derived once per geometry and reused;
     the same shape with other strides, another fp32 matmul precision or a misaligned start gets
@@ -403,16 +409,16 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
     from cs336_systems.attention.launch.plans import LAUNCHES
 
     monkeypatch.setattr(LAUNCHES, "plans", {})
-    monkeypatch.setattr(LAUNCHES, "forward_routes", {})
+    monkeypatch.setattr(LAUNCHES, "routes", {})
     gen = torch.Generator().manual_seed(0)
     contiguous = [torch.randn(2, 3, 40, 16, generator=gen).to(triton_device) for _ in range(3)]
     # (batch, seq, heads, d) viewed heads-first: same shape, leading dimensions that do not merge
     model_view = [torch.randn(2, 40, 3, 16, generator=gen).to(triton_device).transpose(1, 2) for _ in range(3)]
     for inputs, plans_after in ((contiguous, 1), (contiguous, 1), (model_view, 2), (contiguous, 2)):
         out = FlashAttentionTriton.apply(*inputs, True)
-        assert len(LAUNCHES.plans) == plans_after
+        assert len(forward_plans(LAUNCHES)) == plans_after
         assert rel_error(out, reference(*inputs, True)[0]) < 1e-3
-    plans = list(LAUNCHES.plans.values())
+    plans = forward_plans(LAUNCHES)
     assert plans[0].copies == (False,) * 5 and plans[1].copies == (True, True, True, False, False)
     assert plans[0].scalars[:3] == (40 * 16, 16, 1) and plans[1].scalars[:3] == (40 * 16, 16, 1), "the copy's strides"
 
@@ -422,11 +428,7 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
         FlashAttentionTriton.apply(*contiguous, True)
     finally:
         torch.set_float32_matmul_precision(previous)
-    assert (
-        [plan.meta["INPUT_PRECISION"] for plan in LAUNCHES.plans.values()][-1]
-        == "tf32"
-        != plans[0].meta["INPUT_PRECISION"]
-    )
+    assert forward_plans(LAUNCHES)[-1].meta["INPUT_PRECISION"] == "tf32" != plans[0].meta["INPUT_PRECISION"]
 
     leaves = [torch.randn(2 * 40 * 64 + 1, generator=gen).to(triton_device, torch.bfloat16) for _ in range(3)]
     for offset in (0, 1):
@@ -435,7 +437,7 @@ def test_launch_plans_are_kept_per_geometry(small_tiles, triton_device, monkeypa
         small = is_small_grid(
             "forward", 2, 40, 40, sm_count(q.device)
         )  # a small grid's forward reads by block pointers
-        assert list(LAUNCHES.plans.values())[-1].meta["USE_TMA"] == (
+        assert forward_plans(LAUNCHES)[-1].meta["USE_TMA"] == (
             offset == 0 and reads_by_tma(leaves[0][:64]) and not small
         )
         assert rel_error(out, reference(q, k, v, False)[0]) < 1e-2
@@ -448,7 +450,7 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
     from cs336_systems.attention.configs import reload_config_table
     from cs336_systems.attention.launch.plans import LAUNCHES
 
-    LAUNCHES.forward_routes.clear()  # the cache itself: a reload must clear it
+    LAUNCHES.routes.clear()  # the cache itself: a reload must clear it
     checks = []
     check = flash_dispatch.check_triton_inputs
     monkeypatch.setattr(
@@ -459,16 +461,16 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
     for _ in range(2):
         out = FlashAttentionTriton.apply(q, k, v, True)
         assert rel_error(out, reference(q, k, v, True)[0]) < 1e-3
-    assert len(checks) == 1 and len(LAUNCHES.forward_routes) == 1
+    assert len(checks) == 1 and len(LAUNCHES.routes) == 1
     FlashAttentionTriton.apply(q, k, v, False)
     FlashAttentionTriton.apply(q[:, :24], k, v, True)
-    assert len(checks) == 3 and len(LAUNCHES.forward_routes) == 3
+    assert len(checks) == 3 and len(LAUNCHES.routes) == 3
     monkeypatch.setattr(DEFAULTS, "tiles", (32, 16))
     out = FlashAttentionTriton.apply(q, k, v, True)
-    assert len(LAUNCHES.forward_routes) == 4 and rel_error(out, reference(q, k, v, True)[0]) < 1e-3
-    assert {route.meta["Q_TILE_SIZE"] for route in LAUNCHES.forward_routes.values()} == {16, 32}
+    assert len(LAUNCHES.routes) == 4 and rel_error(out, reference(q, k, v, True)[0]) < 1e-3
+    assert {route.forward.meta["Q_TILE_SIZE"] for route in LAUNCHES.routes.values()} == {16, 32}
     reload_config_table()
-    assert not LAUNCHES.forward_routes
+    assert not LAUNCHES.routes
     with pytest.raises(ValueError, match="q, k and v must share the last"):
         FlashAttentionTriton.apply(q, k, v[..., :8], True)
     with pytest.raises(ValueError, match="k must be a torch.Tensor, got list"):
@@ -476,19 +478,20 @@ def test_forward_route_is_decided_once_per_geometry(small_tiles, triton_device, 
 
 
 def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device, monkeypatch):
-    """The eager backward derives its kernels' configurations and launch plans once per forward geometry and
-    upstream-gradient layout: a second backward of one geometry re-derives nothing and gives the same gradients,
-    a non-contiguous upstream gradient or inputs the kernels cannot read in place take the general path (own
-    entry, no route), views they read in place (a model's batch-1 heads-first views) get a route whose gradients
-    have the views' strides, and a configuration table reload forgets the routes."""
+    """The backward follows the route its forward decided (each kernel's configuration and launch plan read once
+    per geometry): a second backward of one geometry re-derives nothing and gives the same gradients, a
+    non-dense upstream gradient is copied and takes the same route, inputs the kernels cannot read in place
+    have a route without a backward and the backward decides for their copies, views they read in place (a
+    model's batch-1 heads-first views) get gradients in the views' strides, and a configuration table reload
+    forgets the routes."""
     from cs336_systems.attention.configs import reload_config_table
     from cs336_systems.attention.launch.plans import LAUNCHES
 
-    LAUNCHES.backward_routes.clear()  # the cache itself: a reload must clear it
+    LAUNCHES.routes.clear()  # the cache itself: a reload must clear it
     configs = []
-    config = flash_dispatch.kernel_config
+    kernel_configs = flash_dispatch.kernel_configs
     monkeypatch.setattr(
-        flash_dispatch, "kernel_config", lambda kernel, *args: (configs.append(kernel), config(kernel, *args))[1]
+        flash_dispatch, "kernel_configs", lambda *args: (configs.append(args[0]), kernel_configs(*args))[1]
     )
     gen = torch.Generator().manual_seed(4)
     q, k, v, do = (torch.randn(2, 40, 16, generator=gen).to(triton_device) for _ in range(4))
@@ -497,7 +500,7 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         FlashAttentionTriton.apply(*leaves, True).backward(do)
         grads.append([t.grad for t in leaves])
-    assert configs.count("dq") == configs.count("dkdv") == 1 and len(LAUNCHES.backward_routes) == 1
+    assert len(configs) == 1 and len(LAUNCHES.routes) == 1
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
     def expected(grad_out, inputs=(q, k, v)):
@@ -507,13 +510,15 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
 
     for grad, ref in zip(grads[0], expected(do)):
         assert rel_error(grad, ref) < 1e-3
-    route = next(iter(LAUNCHES.backward_routes.values()))
-    assert route != flash_dispatch.GLUON and route.dq.grid and route.dkdv.grid
+    route = next(iter(LAUNCHES.routes.values()))
+    assert (
+        isinstance(route.backward, flash_dispatch.BackwardRoute) and route.backward.dq.grid and route.backward.dkdv.grid
+    )
 
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     strided_do = torch.randn(2, 16, 40, generator=gen).to(triton_device).transpose(1, 2)
-    FlashAttentionTriton.apply(*leaves, True).backward(strided_do)  # the general path makes it contiguous
-    assert len(LAUNCHES.backward_routes) == 2 and list(LAUNCHES.backward_routes.values())[-1] is None
+    FlashAttentionTriton.apply(*leaves, True).backward(strided_do)  # copied dense: the same geometry's route
+    assert len(configs) == 1 and len(LAUNCHES.routes) == 1
     for grad, ref in zip([t.grad for t in leaves], expected(strided_do)):
         assert rel_error(grad, ref) < 1e-3
     # (batch, seq, heads, d) viewed heads-first: inputs whose leading dimensions do not merge
@@ -521,7 +526,9 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     leaves = [t.detach().requires_grad_() for t in model_view]
     do = torch.randn(2, 3, 40, 16, generator=gen).to(triton_device)
     FlashAttentionTriton.apply(*leaves, True).backward(do)
-    assert len(LAUNCHES.backward_routes) == 3 and list(LAUNCHES.backward_routes.values())[-1] is None
+    views_route, copies_route = list(LAUNCHES.routes.values())[-2:]
+    assert len(LAUNCHES.routes) == 3 and views_route.backward is None
+    assert isinstance(copies_route.backward, flash_dispatch.BackwardRoute)
     for grad, ref in zip([t.grad for t in leaves], expected(do, model_view)):
         assert rel_error(grad, ref) < 1e-3
     # batch 1: the heads-first views' leading dimensions merge, the kernels read them in place
@@ -529,13 +536,13 @@ def test_backward_route_is_decided_once_per_geometry(small_tiles, triton_device,
     leaves = [t.detach().requires_grad_() for t in model_view]
     do = torch.randn(1, 3, 40, 16, generator=gen).to(triton_device)
     grads = torch.autograd.grad(FlashAttentionTriton.apply(*leaves, True), leaves, do)  # as the kernels wrote them
-    route = list(LAUNCHES.backward_routes.values())[-1]
-    assert len(LAUNCHES.backward_routes) == 4 and isinstance(route, flash_dispatch.BackwardRoute)
+    route = list(LAUNCHES.routes.values())[-1]
+    assert len(LAUNCHES.routes) == 4 and isinstance(route.backward, flash_dispatch.BackwardRoute)
     assert [g.stride() for g in grads] == [t.stride() for t in leaves]
     for grad, ref in zip(grads, expected(do, model_view)):
         assert rel_error(grad, ref) < 1e-3
     reload_config_table()
-    assert not LAUNCHES.backward_routes
+    assert not LAUNCHES.routes
 
 
 def test_launch_rejects_per_row_vectors_with_different_strides(triton_device):
@@ -611,8 +618,8 @@ def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch,
     SMs, so these tiny problems split; their gradients match float64, twice (the zeroing is per call)."""
     from cs336_systems.attention.launch.plans import LAUNCHES
 
-    monkeypatch.setattr(flash_launch, "sm_count", lambda device: 64)
-    for cache in (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes):  # derived with the real SM count
+    monkeypatch.setattr(flash_dispatch, "sm_count", lambda device: 64)
+    for cache in (LAUNCHES.plans, LAUNCHES.routes):  # derived with the real SM count
         cache.clear()
     try:
         for _ in range(2):
@@ -623,7 +630,7 @@ def test_split_backward_matches_float64(small_tiles, triton_device, monkeypatch,
         assert plans["dq"].meta["SPLIT"] and plans["dq"].grid[2] > 1
         assert plans["dkdv"].meta["SPLIT"] and plans["dkdv"].grid[2] > 1
     finally:
-        for cache in (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes):
+        for cache in (LAUNCHES.plans, LAUNCHES.routes):
             cache.clear()
 
 
@@ -782,8 +789,8 @@ def test_triton_split_causal_matches_sdpa(small_tiles, triton_device, monkeypatc
     small), N_q != N_k."""
     from cs336_systems.attention.launch.plans import LAUNCHES
 
-    monkeypatch.setattr(flash_launch, "sm_count", lambda device: 64)
-    caches = (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes)  # derived with the real SM count
+    monkeypatch.setattr(flash_dispatch, "sm_count", lambda device: 64)
+    caches = (LAUNCHES.plans, LAUNCHES.routes)  # derived with the real SM count
     for cache in caches:
         cache.clear()
     try:
@@ -871,10 +878,12 @@ def test_non_bool_is_causal_raises_type_error(small_tiles, triton_device, monkey
             apply(q, k, v, is_causal)
 
 
-def test_native_node_entry_rejects_non_bool_is_causal():
-    """The C++ node's entry checks before it decides whether the call is its own (CPU tensors are not)."""
+def test_is_causal_is_checked_before_the_native_node(monkeypatch):
+    """The C++ node looks its programs up by is_causal: `FlashAttentionTriton.apply` refuses a non-bool before
+    the node sees it (whatever the tensors, CPU ones included)."""
+    monkeypatch.setattr(flash_native, "attention", lambda *args: pytest.fail("the node saw a non-bool is_causal"))
     with pytest.raises(TypeError, match="is_causal must be a bool, not str"):
-        flash_native.attention(*_qkv(), "False")
+        FlashAttentionTriton.apply(*_qkv(), "False")
 
 
 def test_triton_rejects_head_dim_over_256():
@@ -972,19 +981,17 @@ def test_triton_fp32_single_tf32_on_gpu(level):
 def test_split_key_forward_on_gpu(n, d, dtype):
     """One head leaves most SMs idle: the forward splits its keys where `kv_split_chunk` says so, and
     the result (backward included, which reads the merged L) matches float64 and the unsplit kernel."""
-    from cs336_systems.attention.configs import sm_count
+    from cs336_systems.attention.configs import kernel_configs, sm_count
     from cs336_systems.attention.heuristics import kv_split_chunk
-    from cs336_systems.attention.launch.layout import head_dim_tile
     from cs336_systems.attention.launch.plans import LAUNCHES
+    from cs336_systems.attention.validation import Problem, head_dim_tile
 
     shape = (1, 1, n, d)
     check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, True, "cuda")
-    plan = next(
-        p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape
-    )
+    plan = next(p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[-5][0] == shape)
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(shape, generator=gen).to("cuda", dtype) for _ in range(3))
-    config = flash_dispatch.kernel_config("forward", q, n, True)
+    config = kernel_configs(Problem.of(q, k, True)).forward
     chunk = kv_split_chunk(1, n, n, True, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device))
     assert chunk is not None, "one head on a GPU with this many SMs should split"
     assert plan.meta["SPLIT_KV"] and plan.scalars[-1] == chunk and plan.grid[2] == -(-n // chunk)
@@ -1016,9 +1023,7 @@ def test_split_key_forward_in_a_cuda_graph_on_gpu():
     carved = LAUNCHES.graph_arrivals[torch.cuda.current_device()][1]
     with torch.cuda.graph(graph):
         captured = FlashAttentionTriton.apply(q, k, v, True)
-    plan = next(
-        p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[5] is None and key[-5][0] == shape
-    )
+    plan = next(p for key, p in LAUNCHES.plans.items() if key[0] == "forward" and key[-5][0] == shape)
     assert (
         plan.meta["SPLIT_KV"] and LAUNCHES.graph_arrivals[torch.cuda.current_device()][1] == carved + plan.workspace[1]
     )
@@ -1127,11 +1132,11 @@ def test_gluon_forward_on_gpu(monkeypatch, d, is_causal, dtype):
     monkeypatch.setattr(heuristics, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
     shape = (2, 3, 1000, d)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
-    if not gluon_forward_applies(probe, probe, probe, is_causal, interpreted=False):
+    if not gluon_kernels(probe, probe, probe, is_causal, interpreted=False)[0]:
         pytest.skip(f"the Gluon forward does not run on {torch.cuda.get_device_name()}")
     check_against_reference(FlashAttentionTriton.apply, shape, shape, dtype, is_causal, "cuda")
     strided = probe.transpose(-1, -2).contiguous().transpose(-1, -2)  # unit stride along N: no descriptor reads it
-    assert not gluon_forward_applies(strided, probe, probe, is_causal, interpreted=False)
+    assert not gluon_kernels(strided, probe, probe, is_causal, interpreted=False)[0]
 
 
 @gpu
@@ -1152,9 +1157,9 @@ def test_gluon_backward_on_gpu(monkeypatch, shape, dtype):
     monkeypatch.setattr(heuristics, "MIN_CTAS_PER_SM", {64: 0, 128: 0})
     monkeypatch.setattr(heuristics, "MIN_BATCH", {64: {True: 0, False: 0}, 128: {True: 0, False: 0}})
     probe = torch.empty(shape, device="cuda", dtype=dtype)
-    if not gluon_backward_applies(probe, probe, probe, True, interpreted=False):
+    if not gluon_kernels(probe, probe, probe, True, interpreted=False)[1]:
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
-    assert not gluon_backward_applies(probe, probe, probe, False, interpreted=False), "causal only"
+    assert not gluon_kernels(probe, probe, probe, False, interpreted=False)[1], "causal only"
     check_eager_and_compiled_on_gpu(shape, dtype, True)
 
 
@@ -1203,9 +1208,9 @@ def test_gluon_backward_d128_on_gpu(monkeypatch, shape, dtype, is_causal):
     monkeypatch.setattr(heuristics, "D128_BWD_MIN_SEQ_LEN", 0)
     monkeypatch.setattr(heuristics, "D128_BWD_MIN_CTAS_PER_SM", 0)
     probe = torch.empty(shape, device="cuda", dtype=dtype)
-    if not gluon_backward_applies(probe, probe, probe, is_causal, interpreted=False):
+    if not gluon_kernels(probe, probe, probe, is_causal, interpreted=False)[1]:
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
-    assert not gluon_backward_applies(probe, probe[..., :-1, :], probe[..., :-1, :], is_causal, interpreted=False)
+    assert not gluon_kernels(probe, probe[..., :-1, :], probe[..., :-1, :], is_causal, interpreted=False)[1]
     check_eager_and_compiled_on_gpu(shape, dtype, is_causal)
 
 
@@ -1233,7 +1238,7 @@ def test_gluon_backward_gives_a_models_head_views_gradients_in_their_strides(mon
         head_views(torch.randn(1, 1000, 4 * d, device="cuda", dtype=torch.bfloat16, generator=gen), 4).requires_grad_()
         for _ in range(3)
     )
-    if not gluon_backward_applies(q, k, v, True, interpreted=False):
+    if not gluon_kernels(q, k, v, True, interpreted=False)[1]:
         pytest.skip(f"the Gluon backward does not run on {torch.cuda.get_device_name()}")
     grad_out = torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     flash_configs.forget_answers()  # routes are kept per geometry: this one's, with the limits lifted, go after it
@@ -1275,17 +1280,18 @@ def test_causal_matches_sdpa_on_gpu(monkeypatch, n_q, n_k, d, dtype, split):
     `split`: every forward splits its keys, in about 8 chunks of the longest query tile's, and (8,192 SMs
     given) every fp32 backward kernel splits its loop."""
     from cs336_systems.attention import configs as flash_configs
+    from cs336_systems.attention import heuristics
     from cs336_systems.attention.launch import native as flash_native
     from cs336_systems.attention.launch.plans import LAUNCHES
 
     if split:
         monkeypatch.setattr(
-            flash_launch,
+            heuristics,
             "kv_split_chunk",
             lambda batch, n_q, n_k, is_causal, q_tile, k_tile, *rest: k_tile * -(-min(n_q, n_k) // (8 * k_tile)),
         )
-        monkeypatch.setattr(flash_launch, "sm_count", lambda device: 8192)
-    caches = (LAUNCHES.plans, LAUNCHES.forward_routes, LAUNCHES.backward_routes)  # plans derived with the real SM count
+        monkeypatch.setattr(flash_dispatch, "sm_count", lambda device: 8192)
+    caches = (LAUNCHES.plans, LAUNCHES.routes)  # plans derived with the real SM count
     for cache in caches:
         cache.clear()
     flash_configs.forget_answers()  # the C++ node's programs too

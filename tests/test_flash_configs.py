@@ -226,8 +226,9 @@ def test_config_for_gives_each_length_its_bucket_and_each_batch_its_grid_class(u
 def test_each_kernel_runs_its_own_configuration(user_cache):
     """Forward, dK/dV and dQ with three different tile shapes still give the float64 answer."""
     from cs336_systems.attention.api import DEFAULTS, FlashAttentionTriton
-    from cs336_systems.attention.launch.dispatch import kernel_config
+    from cs336_systems.attention.configs import kernel_configs
     from cs336_systems.attention.launch.layout import kernels_interpreted
+    from cs336_systems.attention.validation import Problem
     from test_flash_attention import check_against_reference
 
     if not torch.cuda.is_available() and not kernels_interpreted():
@@ -247,7 +248,7 @@ def test_each_kernel_runs_its_own_configuration(user_cache):
     assert DEFAULTS.tiles is None
     q = torch.zeros(1, 45, 16, device=device)
     for kernel, config in chosen.items():
-        assert kernel_config(kernel, q, 45, True) == config
+        assert getattr(kernel_configs(Problem.of(q, q, True)), kernel) == config
     check_against_reference(FlashAttentionTriton.apply, (1, 45, 16), (1, 45, 16), torch.float32, True, device)
 
 

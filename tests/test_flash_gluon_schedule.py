@@ -89,10 +89,11 @@ def test_every_order_computes_the_same_gradients_on_gpu(d, is_causal):
         out, lse = torch.full_like(q, float("nan")), torch.full(q.shape[:-1], float("nan"), device="cuda")
         delta, dq_acc = torch.empty_like(lse), torch.empty(q.shape, device="cuda")
         grad_k, grad_v = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+        sections = heuristics.gluon_sections(1000, d, 2, 6, is_causal)
         launches = [
-            flash_gluon.forward_launch(q, k, v, out, lse, is_causal),
+            flash_gluon.forward_launch(q, k, v, out, lse, is_causal, sections[0]),
             flash_gluon.preprocess_launch(out, do, delta, dq_acc),
-            flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal),
+            flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, sections[1]),
         ]
         for launch in launches:
             if section is not None and "SECTION" in launch.options:

@@ -167,9 +167,11 @@ out, grad_out = torch.empty(q.shape, dtype=q.dtype), torch.empty(q.shape, dtype=
 lse, delta, dq_acc = torch.empty(q.shape[:-1]), torch.empty(q.shape[:-1]), torch.empty(heads, n, d)
 tensors = dict(zip(names, (q, k, v, out, lse, grad_out, delta, grad_q, grad_k, grad_v, dq_acc)))
 slots = {id(t): i for i, t in enumerate(tensors.values())}
-launches = [flash_gluon.forward_launch(q, k, v, out, lse, is_causal),
+sections = heuristics.gluon_sections(n, d, 2, heads, is_causal)
+launches = [flash_gluon.forward_launch(q, k, v, out, lse, is_causal, sections[0]),
             flash_gluon.preprocess_launch(out, grad_out, delta, dq_acc),
-            flash_gluon.backward_launch(q, k, v, grad_out, lse, delta, grad_k, grad_v, dq_acc, is_causal),
+            flash_gluon.backward_launch(q, k, v, grad_out, lse, delta, grad_k, grad_v, dq_acc, is_causal,
+                                        sections[1]),
             flash_gluon.dq_copy_launch(grad_q, dq_acc)]
 addresses = {t.data_ptr(): i for i, t in enumerate(tensors.values())}
 found = []
@@ -513,7 +515,7 @@ def test_native_node_launches_the_gluon_kernels(native, gluon_limits, views, d, 
     gradients the Python path's, and all of them float64's within the dtype's tolerance; contiguous inputs
     and a model's head views, ragged N included."""
     from cs336_systems.attention.api import FlashAttentionTriton, flash_attention_triton
-    from cs336_systems.attention.launch.dispatch import gluon_backward_applies, gluon_forward_applies
+    from cs336_systems.attention.launch.dispatch import gluon_kernels
 
     gluon_limits(backward=gluon_backward)
     heads = 4
@@ -530,8 +532,7 @@ def test_native_node_launches_the_gluon_kernels(native, gluon_limits, views, d, 
             torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
             for _ in range(3)
         )
-    assert gluon_forward_applies(q, k, v, is_causal, False)
-    assert gluon_backward_applies(q, k, v, is_causal, False) is gluon_backward
+    assert gluon_kernels(q, k, v, is_causal, False) == (True, gluon_backward)
     grad_out = torch.randn(1, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     out = flash_attention_triton(q, k, v, is_causal)
     python = FlashAttentionTriton.python_apply(q, k, v, is_causal)

@@ -410,8 +410,7 @@ def attention_routes(shape):
     from cs336_systems.attention.launch import layout as flash_layout
 
     q, k, v = fake_qkv(shape)
-    forward = dispatch.gluon_forward_applies(q, k, v, True, interpreted=False)
-    backward = dispatch.gluon_backward_applies(q, k, v, True, interpreted=False)
+    forward, backward = dispatch.gluon_kernels(q, k, v, True, interpreted=False)
     return forward, backward, flash_layout.tma_device(q)
 
 

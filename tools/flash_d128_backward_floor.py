@@ -72,7 +72,7 @@ def main() -> None:
                 for r, order in enumerate(round_orders(impls, args.rounds)):
                     for name, fn in order:
                         use_limits(name)
-                        fused = dispatch.gluon_backward_applies(q, k, v, causal, False)
+                        fused = dispatch.gluon_kernels(q, k, v, causal, False)[1]
                         for kind in ("eager", "device"):
                             times = (
                                 measure_times_ms(fn, device, SETTINGS, (q, k, v))

@@ -79,12 +79,15 @@ def backward_routes(q, k, v, do, causal: bool, regs_list) -> tuple:
     lse = out.grad_fn.saved_tensors[0]
     o = out.detach().contiguous()
     qc, kc, vc, doc = (t.detach().contiguous() for t in (q, k, v, do))
+    n, d = q.shape[-2:]
+    section = heuristics.gluon_sections(n, d, q.element_size(), q.numel() // (n * d), causal)[1]
     routes = {
-        f"gluon_{r[0]}_{r[1]}": (lambda r=r: G._backward(qc, kc, vc, o, doc, lse, causal, regs=r)) for r in regs_list
+        f"gluon_{r[0]}_{r[1]}": (lambda r=r: G._backward(qc, kc, vc, o, doc, lse, causal, section, regs=r))
+        for r in regs_list
     }
     for name, (kernel, tiles) in VARIANTS.items():
         routes[name] = lambda kernel=kernel, tiles=tiles: G._backward(
-            qc, kc, vc, o, doc, lse, causal, tiles=tiles, kernel=kernel
+            qc, kc, vc, o, doc, lse, causal, section, tiles=tiles, kernel=kernel
         )
     routes["triton"] = triton_only(lambda: flash_backward_triton(qc, kc, vc, o, doc, lse, causal))
     return forward, routes

@@ -22,6 +22,7 @@ import statistics
 import pandas as pd
 import torch
 
+from cs336_systems.attention import heuristics
 from cs336_systems.attention.launch import gluon as flash_gluon
 from cs336_systems.attention.launch.layout import head_views
 from cs336_systems.benchmarking.timing import TimingSettings, measure_device_ms, median_table, round_orders
@@ -54,10 +55,11 @@ def problem(heads: int, n: int, d: int, causal: bool) -> dict:
     lse = torch.empty(q.shape[:-1], device="cuda")
     delta, dq_acc = torch.empty_like(lse), torch.empty(heads, n, d, device="cuda")
     grad_k, grad_v = torch.empty_like(k), torch.empty_like(v)
-    forward = flash_gluon.forward_launch(q, k, v, out, lse, causal)
+    sections = heuristics.gluon_sections(n, d, q.element_size(), heads, causal)
+    forward = flash_gluon.forward_launch(q, k, v, out, lse, causal, sections[0])
     forward.run()
     preprocess = flash_gluon.preprocess_launch(out, do, delta, dq_acc)
-    backward = flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, causal)
+    backward = flash_gluon.backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, causal, sections[1])
     return dict(
         forward=forward,
         preprocess=preprocess,

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import triton.testing
 
+from cs336_systems.attention import heuristics
 from cs336_systems.attention.api import FlashAttentionTriton
 from cs336_systems.attention.launch import gluon as G
 from cs336_systems.attention.reference import reference_gradients
@@ -123,8 +124,9 @@ def main() -> None:
         q, k, v = (torch.randn(1, 16, 16384, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         VARIANTS[args.launch_once]()
         out, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device="cuda")
-        G._launch(q, k, v, out, lse, True)
-        G._backward(q[0], k[0], v[0], out[0], torch.randn_like(q[0]), lse[0], True)
+        forward_section, backward_section = heuristics.gluon_sections(16384, 64, 2, 16, True)
+        G.launch_forward_gluon(q, k, v, out, lse, True, forward_section)
+        G._backward(q[0], k[0], v[0], out[0], torch.randn_like(q[0]), lse[0], True, backward_section)
         torch.cuda.synchronize()
         return
     variants = args.variants
@@ -142,11 +144,12 @@ def main() -> None:
     # the backward alone (preprocess, fused kernel, dQ conversion) at the leaderboard shape
     q, k, v, do = (torch.randn(16, 16384, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device="cuda")
-    G._launch(q, k, v, out, lse, True)
+    forward_section, backward_section = heuristics.gluon_sections(16384, 64, 2, 16, True)
+    G.launch_forward_gluon(q, k, v, out, lse, True, forward_section)
     for r, order in enumerate(round_orders(variants, args.rounds)):
         for name in order:
             VARIANTS[name]()
-            times = bench(lambda: G._backward(q, k, v, out, do, lse, True), args.kernel_ms)
+            times = bench(lambda: G._backward(q, k, v, out, do, lse, True, backward_section), args.kernel_ms)
             rows.append(
                 dict(
                     kind="backward",

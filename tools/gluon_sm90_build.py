@@ -88,8 +88,9 @@ def build(
     q, k, v, do, dk, dv = (torch.empty(heads, n, d, dtype=dtype) for _ in range(6))
     lse, delta, dq_acc = torch.empty(heads, n), torch.empty(heads, n), torch.empty(heads, n, d)
     q_tile, k_half, _ = heuristics.GLUON_BWD_TILES[d]
+    section = heuristics.gluon_sections(n, d, dtype.itemsize, heads, causal)[1]
     launch = flash_gluon.backward_launch(
-        q, k, v, do, lse, delta, dk, dv, dq_acc, causal, tiles=(q_tile, k_half, stages), regs=regs, kernel=kernel
+        q, k, v, do, lse, delta, dk, dv, dq_acc, causal, section, (q_tile, k_half, stages), regs, kernel
     )
     return launch.options["SECTION"], launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.options).asm["ptx"]
 

@@ -36,6 +36,7 @@ from torch.autograd.function import once_differentiable
 from cs336_systems.attention.launch import native
 from cs336_systems.attention.launch.dispatch import flash_backward_triton, flash_forward_with_route
 from cs336_systems.attention.pytorch import FlashAttentionPytorch, flash_backward
+from cs336_systems.attention.validation import check_is_causal
 
 BACKWARD_IMPLS = ("triton", "pytorch")
 
@@ -88,6 +89,7 @@ class FlashAttentionTriton(torch.autograd.Function):
                 "cs336_systems.attention.api.DEFAULTS for every call that names none"
             )  # (a metaclass that refused the assignment would hide the Function from torch.compile)
         backward_impl, tiles = DEFAULTS.resolve(backward_impl, tiles)
+        check_is_causal(is_causal)  # before any cached route or C++ program is looked up by it
         if backward_impl == "triton" and not torch.compiler.is_compiling():
             out = native.attention(q, k, v, is_causal, tiles)
             if out is not None:
@@ -119,7 +121,7 @@ class FlashAttentionTriton(torch.autograd.Function):
     ) -> torch.Tensor:
         # the options arrive resolved (`apply`, `python_apply`); a direct Function.apply call is checked here
         backward_impl, tiles = DEFAULTS.resolve(backward_impl, tiles)
-        out, lse, ctx.route_key = flash_forward_with_route(q, k, v, is_causal, tiles)
+        out, lse, ctx.route = flash_forward_with_route(q, k, v, is_causal, tiles)
         ctx.tiles = tiles
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal
@@ -135,7 +137,7 @@ class FlashAttentionTriton(torch.autograd.Function):
                 q, k, v, out, grad_out, lse, ctx.is_causal, compiled=FlashAttentionPytorch.compile_backward
             )
         else:
-            grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.route_key, ctx.tiles)
+            grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.route, ctx.tiles)
         return (*grads, None, None, None)
 
 

@@ -26,10 +26,12 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from cs336_systems.attention.heuristics import is_small_grid
+from cs336_systems.attention.validation import Problem, head_dim_tile
 
 KERNELS = ("forward", "dkdv", "dq")
 SHIPPED_TABLE = Path(__file__).with_name("flash_configs.json")
@@ -339,6 +341,31 @@ def config_for(
     )
     _ANSWERS[key] = config
     return config
+
+
+class KernelConfigs(NamedTuple):
+    """The configuration of each of the three Triton kernels for one problem (`kernel_configs`)."""
+
+    forward: KernelConfig
+    dq: KernelConfig
+    dkdv: KernelConfig
+
+
+def kernel_configs(problem: Problem, tiles: tuple[int, int] | None = None) -> KernelConfigs:
+    """The device's tuned configuration of each kernel for `problem` (`config_for`), its tiles replaced by
+    `tiles` where given (a (Q_TILE, K_TILE) pair of powers of two >= 16; same warps and stages)."""
+    n_q, n_k, d, batch, dtype, device, is_causal = problem
+    d_tile = head_dim_tile(d)
+    configs = []
+    for kernel in ("forward", "dq", "dkdv"):
+        config = config_for(kernel, d_tile, dtype, is_causal, n_q, n_k, device, batch)
+        if tiles is not None:
+            try:
+                config = KernelConfig(tiles[0], tiles[1], config.num_warps, config.num_stages)
+            except ValueError as err:
+                raise ValueError(f"tiles = {tiles}: {err}") from None
+        configs.append(config)
+    return KernelConfigs(*configs)
 
 
 # Caches of what is derived from the answers (`answer_cache`; and the C++ node's programs, `launch.native`),

@@ -2,9 +2,11 @@
 docs/flash_attention_tuning.md (the version each rule came from is named there).
 
 Pure functions of a problem's numbers (head dimension, lengths, batch·heads, dtype, the device's compute
-capability and SM count): the launch layer asks them, with the tensors' own facts, which kernels serve a
-call (`launch.dispatch`), how a small grid splits (`launch.plans`) and in which order the Gluon kernels'
-CTAs run (`launch.gluon`). Tests lift a threshold by patching it here.
+capability and SM count). `choose` applies all of them to one problem at once, after the tuned table has
+given each kernel its configuration (`configs.kernel_configs`): which kernels serve the call, how a small
+grid splits and in which order the Gluon kernels' CTAs run (`Choices`). The launch layer adds the tensors'
+own facts (`launch.dispatch`) and builds the launches from the choices (`launch.plans`, `launch.gluon`)
+without asking again. Tests lift a threshold by patching it here.
 
 Three kinds of rule:
 
@@ -29,8 +31,11 @@ Three kinds of rule:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
+
+from cs336_systems.attention.validation import Problem, head_dim_tile
 
 # ---------------------------------------------------------------------------- the Gluon kernels' configurations
 # Per head dimension: (Q_TILE per consumer warpgroup, K_TILE, STAGES) of the forward, the best of a sweep.
@@ -66,7 +71,7 @@ def gluon_forward_eligible(
     d: int, n_q: int, n_k: int, dtype: torch.dtype, batch: int, capability_major: int, sm_count: int, is_causal: bool
 ) -> bool:
     """Whether the Gluon forward serves this problem (rule 1), before the tensors' own facts (TMA-readable
-    rows, no tiles override, not interpreted: `launch.dispatch.gluon_forward_applies`)."""
+    rows, no tiles override, not interpreted: `launch.dispatch.rule_choices`)."""
     if dtype not in GLUON_DTYPES or d not in GLUON_TILES or n_q != n_k or capability_major != 9:
         return False
     if n_q < MIN_SEQ_LEN[d]:
@@ -190,3 +195,56 @@ def heads_per_section(n: int, d: int, element_size: int, batch: int, block_rows:
         return 1
     fit = max(1, SECTION_BYTES // (2 * n * d * element_size))
     return min(1 << (fit.bit_length() - 1), 1 << (max(batch, 1) - 1).bit_length())
+
+
+def gluon_sections(n: int, d: int, element_size: int, batch: int, is_causal: bool) -> tuple[int, int]:
+    """`heads_per_section` of the Gluon forward (CTAs of 2 · Q_TILE query rows) and of the fused backward (CTAs
+    of 2 · K_HALF key rows) at the shipped tiles, for d in GLUON_TILES."""
+    return (
+        heads_per_section(n, d, element_size, batch, 2 * GLUON_TILES[d][0], is_causal),
+        heads_per_section(n, d, element_size, batch, 2 * GLUON_BWD_TILES[d][1], is_causal),
+    )
+
+
+# ---------------------------------------------------------------------------- all rules for one problem
+class Choices(NamedTuple):
+    """What the rules choose for one problem (`choose`). A Gluon kernel is chosen only where the tensors
+    allow it too (`choose`'s `gluon_readable`)."""
+
+    gluon_forward: bool
+    gluon_backward: bool
+    forward_section: int  # heads per section of the Gluon forward's CTAs (rule 3)
+    backward_section: int  # ... of the fused Gluon backward's
+    kv_chunk: int  # keys per program of the split Triton forward, 0: no split (rule 2)
+    forward_by_tma: bool  # whether the Triton forward may read through descriptors: not on a small grid (rule 2)
+    dq_split: tuple[int, int]  # (rows per chunk, chunks) of the dQ kernel's loop, (0, 1): no split (rule 2)
+    dkdv_split: tuple[int, int]  # ... of the dK/dV kernel's
+
+
+def choose(problem: Problem, configs, capability_major: int, sm_count: int, gluon_readable: bool) -> Choices:
+    """Every rule applied to `problem`, whose Triton kernels run `configs` (`configs.KernelConfigs`), on a
+    device of this compute capability and SM count. `gluon_readable`: whether the Gluon kernels may serve the
+    call at all (compiled kernels on a CUDA device, rows their descriptors read in place, no tiles override)."""
+    n_q, n_k, d, batch, dtype, _, is_causal = problem
+    facts = (d, n_q, n_k, dtype, batch, capability_major, sm_count, is_causal)
+    gluon_forward = gluon_readable and gluon_forward_eligible(*facts)
+    gluon_backward = gluon_readable and gluon_backward_eligible(*facts)
+    forward_section, backward_section = (
+        gluon_sections(n_q, d, dtype.itemsize, batch, is_causal) if gluon_forward or gluon_backward else (1, 1)
+    )
+    forward, dq, dkdv = configs
+    kv_chunk = kv_split_chunk(batch, n_q, n_k, is_causal, forward.q_tile, forward.k_tile, head_dim_tile(d), sm_count)
+    splits = []
+    for kernel, config in (("dq", dq), ("dkdv", dkdv)):
+        loop_tile, grid_tile = (config.q_tile, config.k_tile) if kernel == "dkdv" else (config.k_tile, config.q_tile)
+        split = dtype == torch.float32 and is_small_grid(kernel, batch, n_q, n_k, sm_count)
+        splits.append(backward_split(kernel, batch, n_q, n_k, loop_tile, grid_tile, sm_count) if split else (0, 1))
+    return Choices(
+        gluon_forward,
+        gluon_backward,
+        forward_section,
+        backward_section,
+        kv_chunk or 0,
+        not is_small_grid("forward", batch, n_q, n_k, sm_count),
+        *splits,
+    )

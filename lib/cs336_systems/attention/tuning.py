@@ -32,8 +32,8 @@ from cs336_systems.attention.configs import (
     user_cache_path,
 )
 from cs336_systems.attention.heuristics import is_small_grid
-from cs336_systems.attention.launch.layout import head_dim_tile
 from cs336_systems.attention.launch.plans import launch_dkdv, launch_dq, launch_forward
+from cs336_systems.attention.validation import head_dim_tile
 
 TUNING_COLUMNS = [
     "kernel",

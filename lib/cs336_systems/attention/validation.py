@@ -8,10 +8,17 @@ far less legibly, or silently).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TRITON_MAX_HEAD_DIM = 256
+
+
+def head_dim_tile(d: int) -> int:
+    """The kernels' on-chip head dimension: the next power of two, at least 16 (tl.dot's smallest)."""
+    return max(16, 1 << (d - 1).bit_length())  # triton.next_power_of_2 is a JIT helper, far slower per call
 
 
 def _describe(name: str, t: torch.Tensor) -> str:
@@ -66,10 +73,33 @@ def check_attention_inputs(
         raise ValueError(f"dtype {dtype} is not supported here (supported: {names})")
 
 
-def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, interpreted: bool) -> None:
-    """The general checks, plus what the Triton kernels need: head dim <= 256, a GPU or the interpreter."""
+class Problem(NamedTuple):
+    """The numbers of a checked attention call that every routing decision reads (`check_triton_inputs`):
+    (..., N_q, d) queries against (..., N_k, d) keys, `batch` the product of the leading dimensions."""
+
+    n_q: int
+    n_k: int
+    d: int
+    batch: int
+    dtype: torch.dtype
+    device: torch.device
+    is_causal: bool
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> Problem:
+        """The problem of (..., N_q, d) queries `q` and keys `k`, unchecked."""
+        n_q, d = q.shape[-2:]
+        return cls(n_q, k.shape[-2], d, q.numel() // (n_q * d), q.dtype, q.device, is_causal)
+
+
+def check_triton_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, interpreted: bool
+) -> Problem:
+    """The general checks, plus what the Triton kernels need: head dim <= 256, a GPU or the interpreter;
+    returns the call's `Problem`."""
     check_attention_inputs(q, k, v, is_causal)
-    d = q.shape[-1]
+    problem = Problem.of(q, k, is_causal)
+    d = problem.d
     if d > TRITON_MAX_HEAD_DIM:
         raise ValueError(
             f"head dimension {d} is not supported by the Triton kernels: any d <= {TRITON_MAX_HEAD_DIM} works "
@@ -77,7 +107,7 @@ def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_ca
         )
     device_type = q.device.type
     if device_type == "cuda":
-        return
+        return problem
     if device_type == "cpu" and not interpreted:
         raise ValueError(
             "the Triton kernels got CPU tensors: move q, k, v to a CUDA device, or set TRITON_INTERPRET=1 "
@@ -85,3 +115,4 @@ def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_ca
         )
     if device_type != "cpu":
         raise ValueError(f"the Triton kernels run on CUDA devices (or the CPU interpreter), got {q.device}")
+    return problem

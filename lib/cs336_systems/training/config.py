@@ -53,16 +53,15 @@ class StepConfig:
         return int(self.bucket_size_mb * 2**20)
 
     def partitioner_budget(self):
-        """A context in which compiled blocks are partitioned under `activation_memory_budget`: the step holds
-        it while its blocks compile (at their first call, the plan's measurement of block 0 included) and
-        run, since the setting shapes a block when it compiles; a no-op without a budget."""
+        """A context in which compiled blocks are partitioned under `activation_memory_budget`, the attention
+        forward always saved (`training.partitioner`): the step holds it while its blocks compile (at their
+        first call, the plan's measurement of block 0 included) and run, since the setting shapes a block when
+        it compiles; a no-op without a budget."""
         if self.activation_memory_budget is None:
             return contextlib.nullcontext()
-        import torch._functorch.config as functorch_config  # torch.compile's partitioner settings
+        from cs336_systems.training.partitioner import partitioned_under
 
-        if not hasattr(functorch_config, "activation_memory_budget"):
-            raise ValueError("StepConfig.activation_memory_budget needs a torch whose compiler has it (2.4 or later)")
-        return functorch_config.patch(activation_memory_budget=self.activation_memory_budget)
+        return partitioned_under(self.activation_memory_budget)
 
     def __post_init__(self):
         for name in ("lr", "eps", "weight_decay", "bucket_size_mb"):

@@ -37,13 +37,13 @@ class KeptOutputFlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal: bool, keeper: KeptAttentionOutput):
         if keeper.kept is None:
-            out, lse, route_key = flash_forward_with_route(q, k, v, bool(is_causal))
+            out, lse, route = flash_forward_with_route(q, k, v, bool(is_causal))
             # A detached alias: the original `out` belongs to this pass's autograd node; the recompute's
             # node must not take it over.
-            keeper.kept = (out.detach(), lse, route_key)
+            keeper.kept = (out.detach(), lse, route)
             keeper.armed = False
         else:
-            out, lse, route_key = keeper.kept
+            out, lse, route = keeper.kept
             if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
                 raise RuntimeError(
                     f"KeptAttentionOutput: the kept output {tuple(out.shape)} {out.dtype} does not "
@@ -52,14 +52,14 @@ class KeptOutputFlashAttention(torch.autograd.Function):
             keeper.kept = None  # the recompute's saved tensors hold them from here on
             keeper.reuses += 1
         ctx.save_for_backward(lse, q, k, v, out)
-        ctx.is_causal, ctx.route_key = bool(is_causal), route_key
+        ctx.is_causal, ctx.route = bool(is_causal), route
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         lse, q, k, v, out = ctx.saved_tensors
-        grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.route_key)
+        grads = flash_backward_triton(q, k, v, out, grad_out, lse, ctx.is_causal, ctx.route)
         return (*grads, None, None)
 
 

@@ -52,8 +52,8 @@ P^T and dS^T as register operands gained only once the summed parts had cut the 
 (they had not before; docs/flash_attention_tuning.md). Loading the rows of L and D a tile ahead
 shortened the whole backward: loaded in the tile that used them, their latency stood between the S^T
 product and the exponentials. Causal only: without the mask an earlier version measured no faster than
-the Triton kernels. Scope (`launch.dispatch.gluon_backward_applies`): that of the Gluon forward, causal,
-d = 64. The handshake between the warpgroups is replayed on the CPU by
+the Triton kernels. Scope (`heuristics.gluon_backward_eligible`, `launch.dispatch.rule_choices`): that of
+the Gluon forward, causal, d = 64. The handshake between the warpgroups is replayed on the CPU by
 tests/test_flash_gluon_handshake.py.
 """
 

@@ -29,8 +29,9 @@ Causal CTAs visit key tiles up to the diagonal and mask the tiles that cross it 
 the last query blocks (longest loops) start first, heads in sections (`kernels.gluon_schedule`). L is
 stored per row; O goes through Q's shared-memory slot and a TMA store, which drops rows past N.
 
-Scope (`launch.dispatch.gluon_forward_applies`): 16-bit inputs on compute capability 9.x, N_QUERIES
-== N_KEYS, d in {64, 128}, rows readable by tensor descriptors. Other inputs take the Triton kernel.
+Scope (`heuristics.gluon_forward_eligible`, `launch.dispatch.rule_choices`): 16-bit inputs on compute
+capability 9.x, N_QUERIES == N_KEYS, d in {64, 128}, rows readable by tensor descriptors. Other inputs take
+the Triton kernel.
 """
 
 from __future__ import annotations

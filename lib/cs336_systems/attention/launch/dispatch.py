@@ -1,37 +1,67 @@
 """Which kernels run a FlashAttention call, and the Python host path that runs them.
 
-From a problem (the tensors' shapes, strides, dtype, device; causality; a `tiles` override) to a route:
-the forward is the Gluon kernel (`GLUON`, where `gluon_forward_applies`: the rules of `heuristics` and the
-tensors' own facts) or the Triton kernel by a launch plan; the backward is the fused Gluon kernel, the two
-Triton kernels by their plans (`BackwardRoute`), or None for inputs that the kernels cannot read in place
-or a non-dense upstream gradient (the caller copies and decides in full). Eager calls keep each geometry's
-route in `launch.plans.LAUNCHES` (the key holds everything a decision reads), because at short sequences
-deriving it costs as much host time as the launches.
+`decide` reads a problem once, in one order: the inputs checked into a `validation.Problem`, each Triton
+kernel's tuned configuration (`configs.kernel_configs`), every rule applied at once (`heuristics.choose`,
+told whether the tensors allow the Gluon kernels at all), then the launch plans built from those choices
+(`launch.plans`). Its `Route` holds the forward (the Gluon kernel, `GluonForward`, or the Triton kernel's
+plan) and the backward (the fused Gluon kernel, `GluonBackward`; the two Triton kernels' plans,
+`BackwardRoute`; or None where q, k or v would need a copy, which the backward then makes before deciding
+for the copies). The backward's plans are derived for the upstream gradient that autograd nearly always
+passes, dense and aligned; any other takes a dense copy first. Eager calls keep each geometry's route in
+`launch.plans.LAUNCHES` (the key holds everything a decision reads), because at short sequences deriving
+it costs as much host time as the launches.
 
-`flash_forward_with_route` and `flash_backward_triton` run a call's routes: the Python autograd.Function
+`flash_forward_with_route` and `flash_backward_triton` run a call's route: the Python autograd.Function
 (`api.FlashAttentionTriton`) and the kept-output attention of the training step call them; the C++ node
 (`launch.native`) replays the same routes' launches without Python. One host path serves eager and compiled
 calls: while torch.compile traces, these two functions put the custom ops `cs336::flash_forward` and
-`cs336::flash_backward` into the graph (with fake implementations for the shapes), and each op runs this
+`cs336::flash_backward` into the graph (with fake implementations for the shapes and FLOP formulas for the
+partitioner), and each op runs this
 same path when the graph runs, so a compiled call takes the kernels, configurations and plans an eager one
 takes, and Dynamo never traces the launches (no graph break: `fullgraph=True` holds).
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
-from cs336_systems.attention.configs import KernelConfig, config_for, device_facts
-from cs336_systems.attention.heuristics import gluon_backward_eligible, gluon_forward_eligible
+from cs336_systems.attention.configs import KernelConfigs, device_facts, kernel_configs, sm_count
+from cs336_systems.attention.heuristics import Choices, choose
 from cs336_systems.attention.launch.gluon import flash_backward_gluon, launch_forward_gluon
-from cs336_systems.attention.launch.layout import INTERPRETED, as_rows, head_dim_tile, read_in_place, tma_compatible
-from cs336_systems.attention.launch.plans import LAUNCHES, LaunchPlan, launch_dkdv, launch_dq
+from cs336_systems.attention.launch.layout import INTERPRETED, as_rows, read_in_place, tma_compatible
+from cs336_systems.attention.launch.plans import LAUNCHES, LaunchPlan
 from cs336_systems.attention.validation import check_is_causal, check_triton_inputs
 
-GLUON = "gluon"
-_UNSEEN = object()
+
+class GluonForward(NamedTuple):
+    """The forward runs the Gluon kernel, its CTAs `section` heads per section."""
+
+    section: int
+
+
+class GluonBackward(NamedTuple):
+    """The backward runs the fused Gluon kernel, its CTAs `section` heads per section."""
+
+    section: int
+
+
+class BackwardRoute(NamedTuple):
+    """The two Triton backward kernels' launch plans (dQ and D first, then dK/dV)."""
+
+    dq: LaunchPlan
+    dkdv: LaunchPlan
+
+
+class Route(NamedTuple):
+    """The kernels and launch plans of one geometry (`decide`)."""
+
+    is_causal: bool
+    forward: GluonForward | LaunchPlan
+    backward: GluonBackward | BackwardRoute | None  # None: q, k or v needs a copy first
 
 
 def tma_readable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -43,64 +73,67 @@ def tma_readable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return True
 
 
-def gluon_forward_applies(
+def decide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None) -> Route:
+    """The route of these (..., N, d) inputs (module docstring); bad inputs raise the check's ValueError.
+    `tiles` overrides every Triton kernel's tiles and keeps the call on the Triton kernels."""
+    configs, choices = rule_choices(q, k, v, is_causal, tiles)
+    # The outputs and gradients as every call allocates them (contiguous, or empty_like's strides; aligned):
+    # the plans read only their geometry, so meta tensors stand in for them.
+    out = torch.empty(q.shape, dtype=q.dtype, device="meta")
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device="meta")
+    grad_out, delta, grad_q, grad_k, grad_v = (torch.empty_like(t, device="meta") for t in (out, lse, q, k, v))
+    in_place = all(read_in_place(t) for t in (q, k, v))
+    if choices.gluon_forward:
+        forward = GluonForward(choices.forward_section)
+    else:
+        forward = LAUNCHES.plan(
+            "forward", (q, k, v, out, lse), is_causal, configs.forward, choices.kv_chunk, choices.forward_by_tma
+        )
+    if not in_place:
+        backward = None
+    elif choices.gluon_backward:
+        backward = GluonBackward(choices.backward_section)
+    else:
+        backward = BackwardRoute(
+            LAUNCHES.plan("dq", (q, k, v, out, grad_out, lse, delta, grad_q), is_causal, configs.dq, choices.dq_split),
+            LAUNCHES.plan(
+                "dkdv", (q, k, v, grad_out, lse, delta, grad_k, grad_v), is_causal, configs.dkdv, choices.dkdv_split
+            ),
+        )
+    return Route(bool(is_causal), forward, backward)
+
+
+def rule_choices(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     is_causal: bool,
-    interpreted: bool,
-    tiles: tuple[int, int] | None = None,
-) -> bool:
-    """Whether the forward of these (..., N, d) inputs runs the Gluon kernel: compiled kernels on a CUDA
-    device, no override of the Triton kernels' tiles, `heuristics.gluon_forward_eligible`, rows the
-    descriptors read in place."""
-    if interpreted or q.device.type != "cuda" or tiles is not None:
-        return False
-    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-    if not gluon_forward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *device_facts(q.device), is_causal):
-        return False
-    return tma_readable(q, k, v)
+    tiles: tuple[int, int] | None,
+    interpreted: bool = INTERPRETED,
+) -> tuple[KernelConfigs, Choices]:
+    """The Triton kernels' configurations and the rules' choices for these inputs, after their checks: the
+    Gluon kernels are allowed only to compiled kernels on a CUDA device reading the rows in place through
+    descriptors, without a tiles override."""
+    problem = check_triton_inputs(q, k, v, is_causal, interpreted)
+    configs = kernel_configs(problem, tiles)
+    major = device_facts(q.device)[0] if q.is_cuda else 0
+    gluon_readable = q.is_cuda and not interpreted and tiles is None and tma_readable(q, k, v)
+    return configs, choose(problem, configs, major, sm_count(q.device), gluon_readable)
 
 
-def gluon_backward_applies(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    is_causal: bool,
-    interpreted: bool,
-    tiles: tuple[int, int] | None = None,
-) -> bool:
-    """Whether the backward of these inputs runs the fused Gluon kernel (as `gluon_forward_applies`, with
-    `heuristics.gluon_backward_eligible`)."""
-    if interpreted or q.device.type != "cuda" or tiles is not None:
-        return False
-    (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-    if not gluon_backward_eligible(d, n_q, n_k, q.dtype, q.numel() // (n_q * d), *device_facts(q.device), is_causal):
-        return False
-    return tma_readable(q, k, v)
-
-
-def kernel_config(
-    kernel: str, q: torch.Tensor, n_k: int, is_causal: bool, tiles: tuple[int, int] | None = None
-) -> KernelConfig:
-    """The device's tuned configuration of `kernel`, its tiles replaced by `tiles` where given
-    (a (Q_TILE, K_TILE) pair of powers of two >= 16; same warps and stages)."""
-    n_q, d = q.shape[-2:]
-    config = config_for(kernel, head_dim_tile(d), q.dtype, is_causal, n_q, n_k, q.device, q.numel() // (n_q * d))
-    if tiles is not None:
-        try:
-            config = KernelConfig(tiles[0], tiles[1], config.num_warps, config.num_stages)
-        except ValueError as err:
-            raise ValueError(f"tiles = {tiles}: {err}") from None
-    return config
+def gluon_kernels(q, k, v, is_causal: bool, interpreted: bool = INTERPRETED) -> tuple[bool, bool]:
+    """Whether these inputs' forward runs the Gluon kernel and their backward the fused Gluon kernel, as the
+    current rules decide (not the kept routes); `interpreted=False` asks what compiled kernels would do."""
+    choices = rule_choices(q, k, v, is_causal, None, interpreted)[1]
+    return choices.gluon_forward, choices.gluon_backward
 
 
 def geometry_key(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None
-) -> tuple:
+) -> tuple | None:
     """What every routing decision of a call reads: shapes, strides, dtypes, devices and 16-byte alignment
     of q, k, v, causality, the fp32 matmul precision and the tiles (configurations enter through
-    `config_for`, whose table changes clear the routes). Bad inputs raise the check's ValueError."""
+    `config_for`, whose table changes clear the routes); None where an input is not a tensor."""
     try:
         return (
             q.shape,
@@ -122,101 +155,44 @@ def geometry_key(
             torch.get_float32_matmul_precision(),
             tiles,
         )
-    except AttributeError:  # not a tensor: the check says which
-        check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-        raise
-
-
-def decide_forward(q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | None) -> str | LaunchPlan:
-    """GLUON, or the Triton forward's launch plan for these tensors; checks the inputs first."""
-    check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-    if gluon_forward_applies(q, k, v, is_causal, INTERPRETED, tiles):
-        return GLUON
-    return LAUNCHES.plan(
-        "forward", (q, k, v, out, lse), is_causal, kernel_config("forward", q, k.shape[-2], is_causal, tiles)
-    )
-
-
-def forward_route(key: tuple, q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | None) -> str | LaunchPlan:
-    """`decide_forward`, decided once per `geometry_key`."""
-    route = LAUNCHES.forward_routes.get(key, _UNSEEN)
-    if route is _UNSEEN:
-        route = LAUNCHES.remember(LAUNCHES.forward_routes, key, decide_forward(q, k, v, out, lse, is_causal, tiles))
-    return route
-
-
-class BackwardRoute(NamedTuple):
-    """The two Triton backward kernels' launch plans (dQ and D first, then dK/dV)."""
-
-    dq: LaunchPlan
-    dkdv: LaunchPlan
-
-
-def decide_backward(
-    q, k, v, out, grad_out, lse, is_causal: bool, tiles: tuple[int, int] | None
-) -> str | BackwardRoute | None:
-    """GLUON, the Triton kernels' plans, or None (the general path) where q, k or v would need a copy
-    (`launch.layout.read_in_place`) or the upstream gradient or L is not contiguous. The gradients the plans
-    write have the inputs' strides (`empty_like`)."""
-    if not (all(read_in_place(t) for t in (q, k, v)) and grad_out.is_contiguous() and lse.is_contiguous()):
+    except AttributeError:  # not a tensor: `decide`'s check says which
         return None
-    if gluon_backward_applies(q, k, v, is_causal, INTERPRETED, tiles):
-        return GLUON
-    n_k = k.shape[-2]
-    # D and the gradients as every call allocates them (contiguous, aligned): the plans read their geometry
-    delta, grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (lse, q, k, v))
-    return BackwardRoute(
-        LAUNCHES.plan(
-            "dq", (q, k, v, out, grad_out, lse, delta, grad_q), is_causal, kernel_config("dq", q, n_k, is_causal, tiles)
-        ),
-        LAUNCHES.plan(
-            "dkdv",
-            (q, k, v, grad_out, lse, delta, grad_k, grad_v),
-            is_causal,
-            kernel_config("dkdv", q, n_k, is_causal, tiles),
-        ),
-    )
 
 
-def backward_route(
-    forward_key: tuple, q, k, v, out, grad_out, lse, is_causal: bool, tiles: tuple[int, int] | None
-) -> str | BackwardRoute | None:
-    """`decide_backward`, decided once per forward geometry and upstream-gradient layout. O and L are the
-    forward's own contiguous outputs, so the forward's key and the gradient's strides and alignment fix it."""
-    key = (forward_key, grad_out.stride(), grad_out.data_ptr() % 16)
-    route = LAUNCHES.backward_routes.get(key, _UNSEEN)
-    if route is _UNSEEN:
-        route = LAUNCHES.remember(
-            LAUNCHES.backward_routes, key, decide_backward(q, k, v, out, grad_out, lse, is_causal, tiles)
-        )
+def route_of(q, k, v, is_causal: bool, tiles: tuple[int, int] | None) -> Route:
+    """`decide`, decided once per `geometry_key`."""
+    key = geometry_key(q, k, v, is_causal, tiles)
+    route = LAUNCHES.routes.get(key)
+    if route is None:
+        route = decide(q, k, v, is_causal, tiles)
+        LAUNCHES.remember(LAUNCHES.routes, key, route)
     return route
 
 
 def flash_forward_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
 ):
-    """O and L (q.shape[:-1], fp32) of (..., N, d) inputs, eagerly: the Gluon kernel where
-    `gluon_forward_applies`, else `flash_fwd_kernel`; bad inputs raise a ValueError that names the problem."""
+    """O and L (q.shape[:-1], fp32) of (..., N, d) inputs, eagerly: the Gluon kernel or `flash_fwd_kernel`, as
+    `decide` routes them; bad inputs raise a ValueError that names the problem."""
     return flash_forward_with_route(q, k, v, is_causal, tiles)[:2]
 
 
 def flash_forward_with_route(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
 ):
-    """`flash_forward_triton`'s O and L, and the key of the inputs' geometry under which
-    `flash_backward_triton(..., route_key=key)` finds its route (the model's strided layout without copies).
-    While torch.compile traces, the call is the custom op `cs336::flash_forward` (the same host path, run
-    when the graph runs; O and L allocated in the graph) and the key None."""
+    """`flash_forward_triton`'s O and L, and the inputs' `Route`, which `flash_backward_triton(..., route=route)`
+    follows (the model's strided layout without copies). While torch.compile traces, the call is the custom
+    op `cs336::flash_forward` (the same host path, run when the graph runs; O and L allocated in the graph)
+    and the route None."""
     check_is_causal(is_causal)  # on every call: a route found by its key skips the inputs' checks
     if torch.compiler.is_compiling():
         check_triton_inputs(q, k, v, is_causal, INTERPRETED)  # a bad input fails the trace with its own message
-        out, lse = forward_outputs(q)
-        torch.ops.cs336.flash_forward(q, k, v, out, lse, is_causal, tile_list(tiles))
+        out, lse = torch.ops.cs336.flash_forward(q, k, v, is_causal, tile_list(tiles))
         return out, lse, None
-    key = geometry_key(q, k, v, is_causal, tiles)
+    route = route_of(q, k, v, is_causal, tiles)
     out, lse = forward_outputs(q)
-    forward_into(key, q, k, v, out, lse, is_causal, tiles)
-    return out, lse, key
+    forward_into(route, q, k, v, out, lse)
+    return out, lse, route
 
 
 def forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,13 +203,12 @@ def forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def forward_into(key: tuple, q, k, v, out, lse, is_causal: bool, tiles: tuple[int, int] | None) -> None:
-    """O and L into `out` and `lse` by the route of `key` (`geometry_key`)."""
-    route = forward_route(key, q, k, v, out, lse, is_causal, tiles)
-    if route is GLUON:
-        launch_forward_gluon(q, k, v, out, lse, is_causal)
+def forward_into(route: Route, q, k, v, out, lse) -> None:
+    """O and L into `out` and `lse` (`forward_outputs`) by `route`."""
+    if type(route.forward) is GluonForward:
+        launch_forward_gluon(q, k, v, out, lse, route.is_causal, route.forward.section)
     else:
-        LAUNCHES.run("forward", route, (q, k, v, out, lse))
+        LAUNCHES.run("forward", route.forward, (q, k, v, out, lse))
 
 
 def tile_list(tiles: tuple[int, int] | None) -> list[int] | None:
@@ -245,24 +220,46 @@ def tile_pair(tiles: list[int] | None) -> tuple[int, int] | None:
     return None if tiles is None else (tiles[0], tiles[1])
 
 
-@torch.library.custom_op("cs336::flash_forward", mutates_args=("out", "lse"))
+@torch.library.custom_op("cs336::flash_forward", mutates_args=())
 def flash_forward_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    is_causal: bool,
-    tiles: list[int] | None,
-) -> None:
-    """O and L into `out` and `lse` (`flash_forward_with_route`'s host path): what a compiled graph calls."""
-    tiles = tile_pair(tiles)
-    forward_into(geometry_key(q, k, v, is_causal, tiles), q, k, v, out, lse, is_causal, tiles)
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: list[int] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """O and L (`flash_forward_with_route`'s host path): what a compiled graph calls."""
+    out, lse = forward_outputs(q)
+    forward_into(route_of(q, k, v, is_causal, tile_pair(tiles)), q, k, v, out, lse)
+    return out, lse
 
 
 @flash_forward_op.register_fake
-def _(q, k, v, out, lse, is_causal, tiles) -> None:
-    return None
+def _(q, k, v, is_causal, tiles):
+    return forward_outputs(q)
+
+
+def attention_flops(q_shape, k_shape, is_causal: bool) -> int:
+    """Multiply-add FLOPs of the forward's two products, S = Q K^T and O = P V (2 · 2 · N_q · N_k · d per
+    head), over the (query, key) pairs the mask keeps: causal query i sees keys j <= i."""
+    *lead, n_q, d = q_shape
+    n_k = k_shape[-2]
+    if is_causal:
+        seen = min(n_q, n_k)
+        pairs = seen * (seen + 1) // 2 + max(0, n_q - n_k) * n_k
+    else:
+        pairs = n_q * n_k
+    return 4 * math.prod(lead) * pairs * d
+
+
+# The FLOPs of the custom ops, for torch.utils.flop_counter and so for the min-cut partitioner, whose
+# activation-memory budget trades saved activations against recompute by counted FLOPs: an op without a
+# formula counts as free, and the partitioner recomputed the attention forward in the backward (its O and L
+# are small beside the work). The backward is five products of the forward's size (S, dP, dV, dQ, dK).
+@register_flop_formula(torch.ops.cs336.flash_forward)
+def _(q_shape, k_shape, v_shape, is_causal, tiles, *args, **kwargs) -> int:
+    return attention_flops(q_shape, k_shape, is_causal)
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """`t` if contiguous and 16-byte aligned (as the routes' plans assume), else a contiguous copy."""
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
 def flash_backward_triton(
@@ -273,49 +270,42 @@ def flash_backward_triton(
     grad_out: torch.Tensor,
     lse: torch.Tensor,
     is_causal: bool,
-    route_key: tuple | None = None,
+    route: Route | None = None,
     tiles: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV (shapes and dtypes of q, k, v) from the two Triton kernels or, where
-    `gluon_backward_applies`, the fused Gluon kernel. `route_key`: the key `flash_forward_with_route` returned with
-    `out` and `lse`, under which the route is kept (None: decided in full). While torch.compile traces, the
-    call is the custom op `cs336::flash_backward` (this host path, run when the graph runs)."""
+    """dQ, dK, dV (shapes and dtypes of q, k, v) from the two Triton kernels or the fused Gluon kernel, as
+    the route decides. `route`: the one `flash_forward_with_route` returned with `out` and `lse` (None:
+    decided here). While torch.compile traces, the call is the custom op `cs336::flash_backward` (this host
+    path, run when the graph runs)."""
     if torch.compiler.is_compiling():
         # the dense copy (below) in the graph, where the compiler can fuse it into the gradient's producer
         grad_out, lse = grad_out.contiguous(), lse.contiguous()
         return torch.ops.cs336.flash_backward(q, k, v, out, grad_out, lse, is_causal, tile_list(tiles))
-    if route_key is not None:
-        route = backward_route(route_key, q, k, v, out, grad_out, lse, is_causal, tiles)
-        if route is GLUON:
-            return flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
-        if route is not None:
-            delta = torch.empty_like(lse)
-            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-            LAUNCHES.run("dq", route.dq, (q, k, v, out, grad_out, lse, delta, grads[0]))
-            LAUNCHES.run("dkdv", route.dkdv, (q, k, v, grad_out, lse, delta, grads[1], grads[2]))
-            return grads
+    dense_gradient = grad_out.is_contiguous() and grad_out.data_ptr() % 16 == 0 and lse.is_contiguous()
+    if route is not None and route.backward is not None and dense_gradient:
+        return backward_into(route, q, k, v, out, grad_out, lse)
     shapes = (q.shape, k.shape, v.shape)
-    # One copy, not one per kernel, where the leading dimensions do not merge.
-    q, k, v = (t if t.is_contiguous() else as_rows(t)[0] for t in (q, k, v))
+    if not (read_in_place(q) and read_in_place(k) and read_in_place(v)):
+        # (batch, N, d) rows, one copy (not one per kernel) where the leading dimensions do not merge, a view
+        # where they do
+        q, k, v = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     # An upstream gradient can be a broadcast (o.sum() gives stride-0 ones). The kernels could read it in
     # place, but streaming stride-0 tiles slowed the dK/dV kernel at the leaderboard shape; the
     # dense copy costs far less.
-    grad_out, lse = grad_out.contiguous(), lse.contiguous()
-    if gluon_backward_applies(q, k, v, is_causal, INTERPRETED, tiles):
-        grads = flash_backward_gluon(q, k, v, out, grad_out, lse, is_causal)
-        return tuple(grad.view(shape) for grad, shape in zip(grads, shapes))
+    out, grad_out, lse = dense(out), dense(grad_out), dense(lse)
+    grads = backward_into(route_of(q, k, v, is_causal, tiles), q, k, v, out, grad_out, lse)
+    return tuple(grad if grad.shape == shape else grad.view(shape) for grad, shape in zip(grads, shapes))
+
+
+def backward_into(route: Route, q, k, v, out, grad_out, lse) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (the strides `empty_like` gives q, k, v) by `route`, whose backward is not None."""
+    if type(route.backward) is GluonBackward:
+        return flash_backward_gluon(q, k, v, out, grad_out, lse, route.is_causal, route.backward.section)
     delta = torch.empty_like(lse)  # written by the dQ kernel, read by the dK/dV kernel
-    # empty_like where it gives the shape: less host time than torch.empty
-    grad_q, grad_k, grad_v = (
-        torch.empty_like(t) if t.shape == shape else torch.empty(shape, dtype=t.dtype, device=t.device)
-        for t, shape in zip((q, k, v), shapes)
-    )
-    n_k = k.shape[-2]
-    launch_dq(q, k, v, out, grad_out, lse, delta, grad_q, is_causal, kernel_config("dq", q, n_k, is_causal, tiles))
-    launch_dkdv(
-        q, k, v, grad_out, lse, delta, grad_k, grad_v, is_causal, kernel_config("dkdv", q, n_k, is_causal, tiles)
-    )
-    return grad_q, grad_k, grad_v
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    LAUNCHES.run("dq", route.backward.dq, (q, k, v, out, grad_out, lse, delta, grads[0]))
+    LAUNCHES.run("dkdv", route.backward.dkdv, (q, k, v, grad_out, lse, delta, grads[1], grads[2]))
+    return grads
 
 
 @torch.library.custom_op("cs336::flash_backward", mutates_args=())
@@ -348,3 +338,8 @@ def in_layout_of(grad: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 @flash_backward_op.register_fake
 def _(q, k, v, out, grad_out, lse, is_causal, tiles):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@register_flop_formula(torch.ops.cs336.flash_backward)
+def _(q_shape, k_shape, v_shape, out, grad_out, lse, is_causal, tiles, *args, **kwargs) -> int:
+    return 5 * attention_flops(q_shape, k_shape, is_causal) // 2

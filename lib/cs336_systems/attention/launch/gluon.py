@@ -5,8 +5,8 @@ path runs and the C++ node (`launch.native`) replays.
 Where they run instead of the Triton kernels is decided by `heuristics` (the rules, with their reasons) and
 `launch.dispatch` (the tensors' own facts). The forward is one kernel; the fused backward three launches: D
 and a zeroed fp32 dQ accumulator (`preprocess_launch`), the fused kernel (`backward_launch`), dQ converted to
-q's dtype (`dq_copy_launch`). Under the causal mask their CTAs go heaviest first in sections of heads
-(`heuristics.heads_per_section`, `kernels.gluon_schedule`).
+q's dtype (`dq_copy_launch`). Under the causal mask their CTAs go heaviest first in sections of heads, as
+many heads per section as the caller passes (`heuristics.Choices`, `kernels.gluon_schedule`).
 
 A compiled graph reaches them through `launch.dispatch`'s custom ops, like every other launch.
 """
@@ -25,7 +25,6 @@ from cs336_systems.attention.heuristics import (
     GLUON_BWD_TILES,
     GLUON_TILES,
     PRODUCER_REGS,
-    heads_per_section,
     in_backward_scope,
 )
 from cs336_systems.attention.launch.layout import INTERPRETED, as_rows, batch_stride, output_strides
@@ -55,7 +54,7 @@ def _descriptor(t: torch.Tensor, stride_b: int, rows: int, layout):
     """A (batch, N, d) tensor descriptor of `t` with (1, rows, d) blocks.
 
     Built without TensorDescriptor's constructor checks, whose host time is a launch's own:
-    `launch.dispatch.gluon_forward_applies` has checked what they check (unit last stride, 16-byte alignment)."""
+    `launch.dispatch.tma_readable` has checked what they check (unit last stride, 16-byte alignment)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     n, d = t.shape[-2:]
@@ -98,8 +97,9 @@ class KernelLaunch(NamedTuple):
         return compiled_kernel(self.kernel, self.grid, self.args, self.options)
 
 
-def forward_launch(q, k, v, out, lse, is_causal: bool) -> KernelLaunch:
-    """The Gluon forward on these tensors: the descriptors of q, k, v and `out`, then L, its strides and the
+def forward_launch(q, k, v, out, lse, is_causal: bool, section: int) -> KernelLaunch:
+    """The Gluon forward on these tensors, its CTAs ordered `section` heads per section
+    (`heuristics.Choices.forward_section`): the descriptors of q, k, v and `out`, then L, its strides and the
     lengths."""
     from cs336_systems.attention.kernels.gluon_forward import flash_fwd_gluon_kernel
 
@@ -121,7 +121,6 @@ def forward_launch(q, k, v, out, lse, is_causal: bool) -> KernelLaunch:
         n,
         n,
     )
-    section = heads_per_section(n, d, q.element_size(), batch, 2 * q_tile, is_causal)
     options = dict(
         scale=d**-0.5,
         STAGES=stages,
@@ -151,9 +150,10 @@ def preprocess_launch(out, do, delta, dq_acc) -> KernelLaunch:
 
 
 def backward_launch(
-    q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, tiles=None, regs=None, kernel=None
+    q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal: bool, section: int, tiles=None, regs=None, kernel=None
 ) -> KernelLaunch:
-    """The fused Gluon backward on these tensors (`tiles`, `regs` and `kernel` override the shipped ones)."""
+    """The fused Gluon backward on these tensors, its CTAs ordered `section` heads per section
+    (`heuristics.Choices.backward_section`; `tiles`, `regs` and `kernel` override the shipped ones)."""
     n, d = q.shape[-2:]
     q_tile, k_half, stages = tiles or GLUON_BWD_TILES[d]
     consumer_regs, producer_regs = regs or GLUON_BWD_REGS[d]
@@ -181,7 +181,6 @@ def backward_launch(
         n,
     )
     batch = q.numel() // (n * d)
-    section = heads_per_section(n, d, q.element_size(), batch, 2 * k_half, is_causal)
     grid = schedule_grid(triton.cdiv(n, 2 * k_half), batch, section)
     options = dict(
         scale=d**-0.5,
@@ -200,7 +199,7 @@ def backward_launch(
     return KernelLaunch(kernel or flash_bwd_gluon_d128_kernel, grid, args, {**options, "is_causal": bool(is_causal)})
 
 
-def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None, kernel=None):
+def _backward(q, k, v, out, do, lse, is_causal: bool, section: int, tiles=None, regs=None, kernel=None):
     n, d = q.shape[-2:]
     batch = q.numel() // (n * d)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
@@ -210,7 +209,7 @@ def _backward(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None, ker
     # (AccumulateGrad's into a strided leaf, or the reshape back to the projections').
     grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (q, k, v))
     preprocess_launch(out, do, delta, dq_acc).run()
-    backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, tiles, regs, kernel).run()
+    backward_launch(q, k, v, do, lse, delta, grad_k, grad_v, dq_acc, is_causal, section, tiles, regs, kernel).run()
     copy_dq(grad_q, dq_acc)
     return grad_q, grad_k, grad_v
 
@@ -253,22 +252,23 @@ def copy_dq(grad_q: torch.Tensor, dq_acc: torch.Tensor) -> None:
     grad_q.unflatten(-1, (halves, DQ_PLANE_COLS)).copy_(planes.transpose(-3, -2))
 
 
-def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, tiles=None, regs=None):
+def flash_backward_gluon(q, k, v, out, do, lse, is_causal: bool, section: int, tiles=None, regs=None):
     """dQ, dK, dV of (..., N, d) tensors in one pass (`kernels.gluon_backward` at d = 64,
     `kernels.gluon_backward_d128` at d = 128): D and a zeroed fp32 dQ accumulator from
     `flash_bwd_preprocess_kernel`, the fused kernel, then dQ converted to q's dtype; the gradients have the
     strides of q, k, v (`torch.empty_like`). `out` and `do` have unit column stride and rows that `as_rows`
-    reads in place. `tiles` = (Q_TILE, K_HALF, STAGES) and `regs` = (consumer, producer) registers override
-    the shipped ones."""
+    reads in place; its CTAs go `section` heads per section. `tiles` = (Q_TILE, K_HALF, STAGES) and `regs` =
+    (consumer, producer) registers override the shipped ones."""
     d = q.shape[-1]
     if not in_backward_scope(d, is_causal):
         raise ValueError(
             f"the Gluon backward runs d in {sorted(GLUON_BWD_TILES)} (causal only at d = 64); got "
-            f"d = {d}, is_causal = {bool(is_causal)} (launch.dispatch.gluon_backward_applies)"
+            f"d = {d}, is_causal = {bool(is_causal)} (heuristics.gluon_backward_eligible)"
         )
-    return _backward(q, k, v, out, do, lse, is_causal, tiles, regs)
+    return _backward(q, k, v, out, do, lse, is_causal, section, tiles, regs)
 
 
-def launch_forward_gluon(q, k, v, out, lse, is_causal: bool) -> None:
-    """O and L of (..., N, d) inputs into `out` (q's shape, contiguous rows) and `lse` (q.shape[:-1])."""
-    forward_launch(q, k, v, out, lse, is_causal).run()
+def launch_forward_gluon(q, k, v, out, lse, is_causal: bool, section: int) -> None:
+    """O and L of (..., N, d) inputs into `out` (q's shape, contiguous rows) and `lse` (q.shape[:-1]), the
+    CTAs `section` heads per section."""
+    forward_launch(q, k, v, out, lse, is_causal, section).run()

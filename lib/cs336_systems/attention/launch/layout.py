@@ -24,11 +24,6 @@ if INTERPRETED:
     repair_interpreter()
 
 
-def head_dim_tile(d: int) -> int:
-    """The on-chip head dimension: the next power of two, at least 16 (tl.dot's smallest)."""
-    return max(16, 1 << (d - 1).bit_length())  # triton.next_power_of_2 is a JIT helper, far slower per call
-
-
 def input_precision(dtype: torch.dtype) -> str:
     """How tl.dot multiplies fp32 tiles, following torch.get_float32_matmul_precision().
 

@@ -8,8 +8,8 @@ kernels' loaded functions (`cuLaunchKernel`) with the parameters Triton's own la
 allocates through PyTorch's caching allocator, and takes no GIL in the backward.
 
 A *program* holds, per input geometry, each launch's function, grid, threads, shared memory and
-parameters (`launch_spec`), derived here once from the Python path's own decisions (`launch.dispatch`'s
-`decide_forward`, `decide_backward`) and the compiled kernels (Triton's `warmup`): the kernels,
+parameters (`launch_spec`), derived here once from the Python path's own route (`launch.dispatch.route_of`)
+and the compiled kernels (Triton's `warmup`): the kernels,
 configurations and launch plans are the Python path's, so both paths compute the same thing (tests/test_flash_native.py
 checks the parameters against Triton's launcher on compiled kernels, and on a GPU the gradients).
 The program covers inputs the kernels read in place (contiguous, or views whose leading dimensions merge
@@ -41,11 +41,10 @@ from typing import NamedTuple
 import torch
 
 from cs336_systems.attention.configs import register_answer_cache
-from cs336_systems.attention.launch.dispatch import GLUON, decide_backward, decide_forward, forward_outputs
+from cs336_systems.attention.launch.dispatch import GluonBackward, GluonForward, forward_outputs, route_of
 from cs336_systems.attention.launch.gluon import backward_launch, dq_copy_launch, forward_launch, preprocess_launch
-from cs336_systems.attention.launch.layout import INTERPRETED, read_in_place
+from cs336_systems.attention.launch.layout import INTERPRETED
 from cs336_systems.attention.launch.plans import LAUNCHES
-from cs336_systems.attention.validation import check_is_causal, check_triton_inputs
 from cs336_systems.triton_support.launch import grid3, launch_hooks_set
 
 SOURCE = Path(__file__).with_name("csrc") / "flash_autograd.cpp"
@@ -114,10 +113,9 @@ def status() -> str:
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tiles: tuple[int, int] | None = None
 ) -> torch.Tensor | None:
-    """O of an eager call through the C++ node, or None where the call belongs
-    to the Python path (`api.flash_attention_triton` then takes it): among others, a `tiles`
-    override of the kernels' configurations."""
-    check_is_causal(is_causal)  # on every call: a registered program skips the inputs' checks
+    """O of an eager call through the C++ node, or None where the call belongs to the Python path
+    (`api.FlashAttentionTriton` then takes it): among others, a `tiles` override of the kernels'
+    configurations. `is_causal` is a bool, as the API has checked (a registered program's lookup reads it)."""
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or not q.is_cuda:
         return None
     if tiles is not None or launch_hooks_set():
@@ -138,7 +136,7 @@ class Unsupported(Exception):
 
 def register(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> None:
     """Derive and register the program of this geometry, or mark it as the Python path's.
-    Bad inputs raise the Python path's ValueError (`check_triton_inputs`)."""
+    Bad inputs raise the Python path's ValueError (`launch.dispatch.decide`)."""
     try:
         program = derive_program(native, q, k, v, is_causal)
     except Unsupported:
@@ -152,37 +150,54 @@ def register(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causa
 def derive_program(native, q, k, v, is_causal: bool):
     """(forward launch specs, backward launch specs, held tensors, zeroed gradient slots, fp32 elements of the
     dQ accumulator) of this geometry for the extension `native` (its slots, parameter kinds and driver), or
-    None where the Python path serves it (module docstring)."""
-    check_triton_inputs(q, k, v, is_causal, INTERPRETED)
-    if INTERPRETED or not all(read_in_place(t) and t.data_ptr() % 16 == 0 for t in (q, k, v)):
+    None where the Python path serves it (module docstring): the launches of the Python path's route
+    (`launch.dispatch.route_of`), the Gluon ones built first, then each as the node makes it."""
+    route = route_of(q, k, v, is_causal, None)
+    gluon_forward, gluon_backward = type(route.forward) is GluonForward, type(route.backward) is GluonBackward
+    if (
+        INTERPRETED
+        or route.backward is None
+        or not all(t.data_ptr() % 16 == 0 for t in (q, k, v))
+        or (not gluon_forward and True in route.forward.copies)
+        or ((gluon_forward or gluon_backward) and not native.tensor_maps_supported())
+    ):
         return None
     # Distinct objects even where the caller passed one tensor twice: a Gluon launch's arguments name their
     # slots by the identity of their tensors (`kernel_launch_spec`).
     q, k, v = (t.detach() for t in (q, k, v))
     out, lse = forward_outputs(q)
-    plan = decide_forward(q, k, v, out, lse, is_causal, None)
-    s = native.SLOTS
     grad_out = torch.empty_like(out)  # the C++ node makes every upstream gradient contiguous and aligned
-    route = decide_backward(q, k, v, out, grad_out, lse, is_causal, None)
-    if route is None or ((plan is GLUON or route is GLUON) and not native.tensor_maps_supported()):
-        return None
     delta, grad_q, grad_k, grad_v = (torch.empty_like(t) for t in (lse, q, k, v))
-    slots = {
-        id(t): s[name]
-        for name, t in dict(
-            q=q, k=k, v=v, out=out, lse=lse, grad_out=grad_out, delta=delta, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v
-        ).items()
-    }
-    if plan is GLUON:
-        held, forward = [], [kernel_launch_spec(forward_launch(q, k, v, out, lse, is_causal), slots, kinds=native)]
-    elif True in plan.copies:
-        return None
+    is_causal = route.is_causal
+    forward_launches = [forward_launch(q, k, v, out, lse, is_causal, route.forward.section)] if gluon_forward else []
+    backward_launches, dq_acc = [], None
+    if gluon_backward:
+        n, d = q.shape[-2:]
+        dq_acc = torch.empty((q.numel() // (n * d), n, d), dtype=torch.float32, device=q.device)
+        backward_launches = [
+            preprocess_launch(out, grad_out, delta, dq_acc),
+            backward_launch(q, k, v, grad_out, lse, delta, grad_k, grad_v, dq_acc, is_causal, route.backward.section),
+            dq_copy_launch(grad_q, dq_acc),
+        ]
+        if backward_launches[-1] is None:
+            return None
+    s = native.SLOTS
+    tensors = dict(
+        q=q, k=k, v=v, out=out, lse=lse, grad_out=grad_out, delta=delta, grad_q=grad_q, grad_k=grad_k, grad_v=grad_v
+    )
+    slots = {id(t): s[name] for name, t in tensors.items()}
+    if dq_acc is not None:
+        slots[id(dq_acc)] = s["dq_acc"]
+    held = []
+    if gluon_forward:
+        forward = [kernel_launch_spec(launch, slots, kinds=native) for launch in forward_launches]
     else:
+        plan = route.forward
         if plan.workspace:
             held = list(LAUNCHES.split_workspace(q.device, plan.workspace))
             forward_slots, workspace = (s["held"], s["held"] + 1), tuple(held)
         else:
-            held, forward_slots, workspace = [], (s["out"], s["lse"]), (out, lse)
+            forward_slots, workspace = (s["out"], s["lse"]), (out, lse)
         forward = [
             launch_spec(
                 "forward",
@@ -192,40 +207,28 @@ def derive_program(native, q, k, v, is_causal: bool):
                 kinds=native,
             )
         ]
-    if route is GLUON:
-        n, d = q.shape[-2:]
-        dq_acc = torch.empty((q.numel() // (n * d), n, d), dtype=torch.float32, device=q.device)
-        slots[id(dq_acc)] = s["dq_acc"]
-        copy = dq_copy_launch(grad_q, dq_acc)
-        if copy is None:
-            return None
-        launches = (
-            preprocess_launch(out, grad_out, delta, dq_acc),
-            backward_launch(q, k, v, grad_out, lse, delta, grad_k, grad_v, dq_acc, is_causal),
-            copy,
-        )
-        backward = [kernel_launch_spec(launch, slots, kinds=native) for launch in launches]
+    if gluon_backward:
+        backward = [kernel_launch_spec(launch, slots, kinds=native) for launch in backward_launches]
         return forward, backward, held, [], dq_acc.numel()
+    dq, dkdv = route.backward
     backward = [
         launch_spec(
             "dq",
-            route.dq,
+            dq,
             (q, k, v, out, grad_out, lse, delta, grad_q),
             (s["q"], s["k"], s["v"], s["out"], s["grad_out"], s["lse"], s["delta"], s["grad_q"]),
             kinds=native,
         ),
         launch_spec(
             "dkdv",
-            route.dkdv,
+            dkdv,
             (q, k, v, grad_out, lse, delta, grad_k, grad_v),
             (s["q"], s["k"], s["v"], s["grad_out"], s["lse"], s["delta"], s["grad_k"], s["grad_v"]),
             kinds=native,
         ),
     ]
     # a kernel that splits its loop adds into its gradients, as `KernelLaunches.run` zeroes them for
-    zeroed = ([s["grad_q"]] if route.dq.meta["SPLIT"] else []) + (
-        [s["grad_k"], s["grad_v"]] if route.dkdv.meta["SPLIT"] else []
-    )
+    zeroed = ([s["grad_q"]] if dq.meta["SPLIT"] else []) + ([s["grad_k"], s["grad_v"]] if dkdv.meta["SPLIT"] else [])
     return forward, backward, held, zeroed, 0
 
 

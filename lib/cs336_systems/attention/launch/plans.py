@@ -1,7 +1,8 @@
 """The launch layer of the Triton FlashAttention kernels: launch plans and the state they need, in one object.
 
-A *launch plan* is what a launch derives from its tensors' geometry (`derive_plan`): grid, strides,
-constexprs, whether an input is read from a contiguous copy, the split forward's workspace sizes. At
+A *launch plan* is what a launch derives from its tensors' geometry and the rules' choices for it (a split
+of the kernel's loop, descriptor reads: `heuristics.Choices`, which the caller passes; `derive_plan`): grid,
+strides, constexprs, whether an input is read from a contiguous copy, the split forward's workspace sizes. At
 short sequences the host is the latency and deriving a plan took about as long as the launch itself, so
 `KernelLaunches` keeps one plan per geometry, and with them the routes the dispatch decided per geometry,
 the split forward's workspaces, the scratch memory of device-built tensor descriptors and the zeroed
@@ -10,7 +11,8 @@ arrival counts of CUDA-graph captures. Every cache is bounded (it starts over pa
 (`configs.answer_cache`). `LAUNCHES` is the process's one instance.
 
 Below it: the kernels (`kernels.triton_forward`, `kernels.triton_backward`), `triton_support.launch` (Triton's launcher
-without its per-call argument binding), `launch.layout` (shape and stride facts), `configs` and `heuristics`.
+without its per-call argument binding), `launch.layout` (shape and stride facts), `configs`, and `heuristics`
+for the launches named by a configuration alone (`launch_forward`, `launch_dq`, `launch_dkdv`: the tuner's).
 """
 
 from __future__ import annotations
@@ -21,19 +23,19 @@ from typing import NamedTuple
 import torch
 import triton
 
-from cs336_systems.attention.configs import KernelConfig, register_answer_cache, sm_count
-from cs336_systems.attention.heuristics import backward_split, is_small_grid, kv_split_chunk
+from cs336_systems.attention.configs import KernelConfig, KernelConfigs, device_facts, register_answer_cache, sm_count
+from cs336_systems.attention.heuristics import Choices, choose
 from cs336_systems.attention.kernels.triton_backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
 from cs336_systems.attention.kernels.triton_forward import flash_fwd_kernel
 from cs336_systems.attention.launch.layout import (
     INTERPRETED,
     as_rows,
-    head_dim_tile,
     input_precision,
     output_strides,
     tma_compatible,
     tma_device,
 )
+from cs336_systems.attention.validation import Problem, head_dim_tile
 from cs336_systems.triton_support.launch import CachedLauncher, current_device_and_stream
 
 MAX_ENTRIES = 4096
@@ -64,25 +66,17 @@ class LaunchPlan(NamedTuple):
     workspace: tuple[int, int] | None = None  # split-key forward: fp32 partials, int32 arrival counts
 
 
-def split_plan(q: torch.Tensor, n_k: int, is_causal: bool, config: KernelConfig, kv_chunk: int | None):
-    """(keys per program, grid's split dimension, workspace sizes) of a forward launch; keys 0 where it
-    does not split. `kv_chunk`: None follows `kv_split_chunk`, 0 never splits, else keys per program."""
-    n_q, d = q.shape[-2:]
-    batch = q.numel() // (n_q * d)
-    if kv_chunk is None:
-        kv_chunk = (
-            kv_split_chunk(
-                batch, n_q, n_k, is_causal, config.q_tile, config.k_tile, head_dim_tile(d), sm_count(q.device)
-            )
-            or 0
-        )
-    elif kv_chunk < 0 or kv_chunk % config.k_tile:
+def split_plan(q: torch.Tensor, n_k: int, is_causal: bool, config: KernelConfig, kv_chunk: int):
+    """(keys per program, grid's split dimension, workspace sizes) of a forward launch whose programs take
+    `kv_chunk` keys each (0: no split)."""
+    if kv_chunk < 0 or kv_chunk % config.k_tile:
         raise ValueError(
             f"kv_chunk must be 0 (no split) or a positive multiple of K_TILE = {config.k_tile}, got {kv_chunk}"
         )
     if not kv_chunk:
         return 0, 1, None
-    query_tiles = batch * -(-n_q // config.q_tile)
+    n_q, d = q.shape[-2:]
+    query_tiles = q.numel() // (n_q * d) * -(-n_q // config.q_tile)
     # Causal query tiles stop at key (i + 1)·Q_TILE: no program of the last one's keys is idle.
     keys = min(n_k, -(-n_q // config.q_tile) * config.q_tile) if is_causal else n_k
     splits = -(-keys // kv_chunk)
@@ -95,19 +89,18 @@ def derive_plan(
     is_causal: bool,
     config: KernelConfig,
     serial: int = -1,
-    kv_chunk: int | None = None,
+    split: int | tuple[int, int] = 0,
+    by_tma: bool = True,
 ) -> LaunchPlan:
-    """The launch plan of `kernel` on `tensors` (laid out as `ROLES[kernel]`), derived in full."""
+    """The launch plan of `kernel` on `tensors` (laid out as `ROLES[kernel]`), derived in full. `split` and
+    `by_tma` are the rules' choices (`heuristics.Choices`): the forward's keys per program (0: no split) and
+    whether it may read through descriptors; a backward kernel's (rows per chunk, chunks) of its loop."""
     roles = ROLES[kernel]
     if len(tensors) != len(roles):
         raise ValueError(f"the {kernel} kernel takes {len(roles)} tensors, got {len(tensors)}")
     q, k = tensors[0], tensors[1]
     (n_q, d), n_k = q.shape[-2:], k.shape[-2]
-    copies, strides, use_tma = [], [], tma_device(q)
-    if use_tma and kernel == "forward" and is_small_grid(kernel, q.numel() // (n_q * d), n_q, n_k, sm_count(q.device)):
-        # Each program builds its descriptors on the device before its first read, a latency that a small
-        # grid's one program per SM cannot hide (block pointers measured faster there).
-        use_tma = False
+    copies, strides, use_tma = [], [], by_tma and tma_device(q)
     for t, role in zip(tensors, roles):
         copy = False
         if role == "read":
@@ -146,16 +139,11 @@ def derive_plan(
     )
     workspace = None
     if kernel == "forward":
-        chunk, splits, workspace = split_plan(q, n_k, is_causal, config, kv_chunk)
+        chunk, splits, workspace = split_plan(q, n_k, is_causal, config, split)
         grid, scalars, meta["SPLIT_KV"] = (*grid, splits), (*scalars, chunk), bool(chunk)
         meta["MAX_SPLITS"] = max(2, 1 << (splits - 1).bit_length())
     else:
-        chunk, splits, batch = 0, 1, grid[1]
-        if q.dtype == torch.float32 and is_small_grid(kernel, batch, n_q, n_k, sm_count(q.device)):
-            loop_tile, grid_tile = (
-                (config.q_tile, config.k_tile) if kernel == "dkdv" else (config.k_tile, config.q_tile)
-            )
-            chunk, splits = backward_split(kernel, batch, n_q, n_k, loop_tile, grid_tile, sm_count(q.device))
+        chunk, splits = split
         grid, scalars, meta["SPLIT"] = (*grid, splits), (*scalars, chunk), splits > 1
     return LaunchPlan(serial, grid, tuple(copies), scalars, meta, workspace)
 
@@ -164,8 +152,8 @@ class KernelLaunches:
     """Launches of the three Triton kernels by plan, and every cache the launch layer keeps (module docstring).
 
     `plan` derives (or finds) a kernel's launch plan for some tensors, `run` launches by a plan, `launch`
-    does both. `forward_routes` and `backward_routes` are the dispatch's per-geometry decisions, kept here
-    with the plans they point to (`launch.dispatch`)."""
+    does both. `routes` are the dispatch's per-geometry decisions, kept here with the plans they point to
+    (`launch.dispatch.route_of`)."""
 
     def __init__(self):
         self.launchers = {
@@ -174,8 +162,7 @@ class KernelLaunches:
             "dq": CachedLauncher(flash_bwd_dq_kernel),
         }
         self.plans: dict[tuple, LaunchPlan] = {}
-        self.forward_routes: dict[tuple, object] = {}
-        self.backward_routes: dict[tuple, object] = {}
+        self.routes: dict[tuple, object] = {}
         # Per (device, stream): the split forward's fp32 partials and int32 arrival counts, which each launch
         # leaves at zero, so launches on one stream, which run one after another, reuse them uncleared.
         self.split_workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -190,8 +177,7 @@ class KernelLaunches:
     def clear(self) -> None:
         """Forget the derived answers (plans, routes); workspaces and scratch stay allocated."""
         self.plans.clear()
-        self.forward_routes.clear()
-        self.backward_routes.clear()
+        self.routes.clear()
 
     @staticmethod
     def remember(cache: dict, key, value):
@@ -207,27 +193,31 @@ class KernelLaunches:
         tensors: tuple[torch.Tensor, ...],
         is_causal: bool,
         config: KernelConfig,
-        kv_chunk: int | None = None,
+        split: int | tuple[int, int] = 0,
+        by_tma: bool = True,
     ) -> LaunchPlan:
-        """The launch plan of `kernel` on `tensors` (laid out as `ROLES[kernel]`), kept per geometry.
+        """The launch plan of `kernel` on `tensors` (laid out as `ROLES[kernel]`; `split`, `by_tma`: as
+        `derive_plan`'s), kept per geometry.
 
         The plan's key holds everything it is derived from: the tensors' shapes, strides, dtypes and
-        16-byte alignment of their addresses, the device (descriptor reads), the configuration,
-        causality and the fp32 matmul precision. That is also everything Triton specializes the
-        compilation on, so the plan's serial number serves the launcher as the launch's signature."""
+        16-byte alignment of their addresses, the device (descriptor reads), the configuration, the
+        rules' choices, causality and the fp32 matmul precision. That is also everything Triton
+        specializes the compilation on, so the plan's serial number serves the launcher as the launch's
+        signature."""
         key = (
             kernel,
             config,
             bool(is_causal),
             tensors[0].device,
             torch.get_float32_matmul_precision(),
-            kv_chunk,
+            split,
+            by_tma,
             *[(t.shape, t.stride(), t.dtype, t.data_ptr() % 16) for t in tensors],
         )
         plan = self.plans.get(key)
         if plan is None:
             plan = self.remember(
-                self.plans, key, derive_plan(kernel, tensors, is_causal, config, next(self._serials), kv_chunk)
+                self.plans, key, derive_plan(kernel, tensors, is_causal, config, next(self._serials), split, by_tma)
             )
         return plan
 
@@ -237,10 +227,11 @@ class KernelLaunches:
         tensors: tuple[torch.Tensor, ...],
         is_causal: bool,
         config: KernelConfig,
-        kv_chunk: int | None = None,
+        split: int | tuple[int, int] = 0,
+        by_tma: bool = True,
     ):
-        """Launch `kernel` on `tensors` (laid out as `ROLES[kernel]`); returns the compiled kernel."""
-        return self.run(kernel, self.plan(kernel, tensors, is_causal, config, kv_chunk), tensors)
+        """Launch `kernel` on `tensors` (laid out as `ROLES[kernel]`) by its plan; returns the compiled kernel."""
+        return self.run(kernel, self.plan(kernel, tensors, is_causal, config, split, by_tma), tensors)
 
     def run(self, kernel: str, plan: LaunchPlan, tensors: tuple[torch.Tensor, ...]):
         """Launch `kernel` on `tensors` by `plan` (`plan` of tensors of this geometry)."""
@@ -307,21 +298,32 @@ LAUNCHES = KernelLaunches()
 register_answer_cache(LAUNCHES)  # plans and routes embed configurations
 
 
+def launch_choices(q: torch.Tensor, k: torch.Tensor, is_causal: bool, config: KernelConfig) -> Choices:
+    """The rules' choices for a launch named by its kernel's configuration alone (the tuner's and the tests'
+    entry; a call's route asks `heuristics.choose` with each kernel's own configuration)."""
+    major = device_facts(q.device)[0] if q.is_cuda else 0
+    return choose(Problem.of(q, k, is_causal), KernelConfigs(config, config, config), major, sm_count(q.device), False)
+
+
 def launch_forward(q, k, v, out, lse, is_causal: bool, config: KernelConfig, kv_chunk: int | None = None):
     """O and L of (..., N, d) inputs into `out` (q's shape) and `lse` (q.shape[:-1]): grid (query
     tiles, batch, key chunks), batch = the leading dimensions. `kv_chunk`: keys per program where
     each query tile's keys are split over programs; None: `heuristics.kv_split_chunk` decides, 0: no
     split. Returns the compiled kernel."""
-    return LAUNCHES.launch("forward", (q, k, v, out, lse), is_causal, config, kv_chunk)
+    choices = launch_choices(q, k, is_causal, config)
+    split = choices.kv_chunk if kv_chunk is None else kv_chunk
+    return LAUNCHES.launch("forward", (q, k, v, out, lse), is_causal, config, split, choices.forward_by_tma)
 
 
 def launch_dkdv(q, k, v, do, lse, delta, grad_k, grad_v, is_causal: bool, config: KernelConfig):
     """dK, dV of (..., N, d) tensors into `grad_k`, `grad_v`: grid (key tiles, batch). `lse` and
     `delta` (q.shape[:-1]) share strides. Returns the compiled kernel."""
-    return LAUNCHES.launch("dkdv", (q, k, v, do, lse, delta, grad_k, grad_v), is_causal, config)
+    split = launch_choices(q, k, is_causal, config).dkdv_split
+    return LAUNCHES.launch("dkdv", (q, k, v, do, lse, delta, grad_k, grad_v), is_causal, config, split)
 
 
 def launch_dq(q, k, v, out, do, lse, delta, grad_q, is_causal: bool, config: KernelConfig):
     """dQ of (..., N, d) tensors into `grad_q` and D = rowsum(O * dO) into `delta` (strides of `lse`):
     grid (query tiles, batch). Returns the compiled kernel."""
-    return LAUNCHES.launch("dq", (q, k, v, out, do, lse, delta, grad_q), is_causal, config)
+    split = launch_choices(q, k, is_causal, config).dq_split
+    return LAUNCHES.launch("dq", (q, k, v, out, do, lse, delta, grad_q), is_causal, config, split)
