@@ -182,8 +182,7 @@ def flash_forward_with_route(
 ):
     """`flash_forward_triton`'s O and L, and the inputs' `Route`, which `flash_backward_triton(..., route=route)`
     follows (the model's strided layout without copies). While torch.compile traces, the call is the custom
-    op `cs336::flash_forward` (the same host path, run when the graph runs; O and L allocated in the graph)
-    and the route None."""
+    op `cs336::flash_forward` (the same host path, run when the graph runs) and the route None."""
     check_is_causal(is_causal)  # on every call: a route found by its key skips the inputs' checks
     if torch.compiler.is_compiling():
         check_triton_inputs(q, k, v, is_causal, INTERPRETED)  # a bad input fails the trace with its own message
