@@ -336,6 +336,39 @@ def test_leaderboard_answer_from_the_notebooks_run_keeps_the_capped_command_run(
     assert list(answer.table["blocks recomputed"][:2]) == [8, 34]
 
 
+def test_leaderboard_answer_leads_with_command_runs_made_after_the_notebooks(tmp_path):
+    """Command runs dated after the notebook's own run (runs.json) are later code: the answer leads with the
+    latest of them and its same-run torch-native ratio, and says what the notebook's run took; command runs
+    from before it leave the notebook's rows in the lead."""
+    import json
+
+    from cs336_systems.experiments.answers import Results, build
+
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (tmp_path / "runs.json").write_text(json.dumps([dict(name="20_leaderboard_8b", date="2026-11-27 11:33 UTC")]))
+    step = dict(peak_gib=120.0, tflops=500.0, ceiling_tflops=700.0, world_size=2, device="NVIDIA H200")
+    pd.DataFrame(
+        [dict(step, variant="torch_native", step_ms=5616.1), dict(step, variant="ours", step_ms=4513.1)]
+    ).to_csv(folder / "leaderboard_8b.csv", index=False)
+    command = dict(batch=1, world_size=2, layers=34, device="NVIDIA H200", status="ok", peak_gib=130.0)
+
+    def answer(date):
+        pd.DataFrame(
+            [
+                dict(command, variant="ours", ms=4438.2, blocks_recomputed=2, commit="ddd", date=date),
+                dict(command, variant="torch_native", ms=5689.0, blocks_recomputed=34, commit="ddd", date=date),
+            ]
+        ).to_csv(folder / "leaderboard_8b_two_gpus_command.csv", index=False)
+        return build("leaderboard.2026", Results(folder))
+
+    later = answer("2026-11-27 16:37 UTC")
+    assert "**4,438.2 ms**" in later.text and "recomputes 2 of 34 blocks" in later.text
+    assert "0.780×" in later.text and "the notebook's own two-GPU run took 4,513.1 ms" in later.caveat
+    earlier = answer("2026-11-27 09:00 UTC")
+    assert "**4,513.1 ms**" in earlier.text and "0.804×" in earlier.text and not earlier.caveat
+
+
 def test_a_hand_run_result_joins_the_command_table(tmp_path):
     """`--append-json` adds a `leaderboard_8b --json` result as a row naming its command, cap and caches."""
     import importlib.util

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -50,6 +51,7 @@ COMMAND_COLUMNS = [
     "blocks_recomputed",
     "memory_cap_gib",
     "commit",
+    "date",
     "wall_s",
     "status",
     "note",
@@ -66,6 +68,8 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
             df[column] = None
     launcher = df.world_size.map(lambda n: f"torchrun --nproc-per-node {int(n)} -m" if n > 1 else "python -m")
     caches = "empty caches" if empty_caches else "compile caches as the machine had them"
+    if df["date"].isna().all():  # when the runs ended; the report leads with runs after the notebook's own
+        df["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     df["command"] = [
         f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v}"
         + (f" --memory-gib {cap:g}" if pd.notna(cap) else "")

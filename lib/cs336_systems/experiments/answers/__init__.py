@@ -70,6 +70,14 @@ class Results:
             return e.get("GPU") or e.get("CPU", "")
         return ""
 
+    def run_date(self, notebook: str) -> pd.Timestamp | None:
+        """When a notebook's run ended, as the report's runs.json dates it; None where it does not."""
+        runs = self.folder.parent / "runs.json"
+        for r in json.loads(runs.read_text()) if runs.exists() else []:
+            if r.get("name") == notebook and r.get("date"):
+                return pd.Timestamp(r["date"].removesuffix(" UTC"))
+        return None
+
     def gpu_name(self, notebook: str) -> str:
         """A short name of the machine for prose: 'an NVIDIA H100 80GB HBM3', '2 × NVIDIA H200', or 'the CPU'."""
         machine = self.machine(notebook)
