@@ -256,9 +256,15 @@ def _(q_shape, k_shape, v_shape, is_causal, tiles, *args, **kwargs) -> int:
     return attention_flops(q_shape, k_shape, is_causal)
 
 
+def is_dense(t: torch.Tensor) -> bool:
+    """Whether `t` is contiguous and 16-byte aligned, as the routes' plans assume every O, L and upstream
+    gradient is."""
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
 def dense(t: torch.Tensor) -> torch.Tensor:
-    """`t` if contiguous and 16-byte aligned (as the routes' plans assume), else a contiguous copy."""
-    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+    """`t` if `is_dense`, else a contiguous copy."""
+    return t if is_dense(t) else t.clone(memory_format=torch.contiguous_format)
 
 
 def flash_backward_triton(
@@ -280,8 +286,7 @@ def flash_backward_triton(
         # the dense copy (below) in the graph, where the compiler can fuse it into the gradient's producer
         grad_out, lse = grad_out.contiguous(), lse.contiguous()
         return torch.ops.cs336.flash_backward(q, k, v, out, grad_out, lse, is_causal, tile_list(tiles))
-    dense_gradient = grad_out.is_contiguous() and grad_out.data_ptr() % 16 == 0 and lse.is_contiguous()
-    if route is not None and route.backward is not None and dense_gradient:
+    if route is not None and route.backward is not None and is_dense(grad_out) and is_dense(lse):
         return backward_into(route, q, k, v, out, grad_out, lse)
     shapes = (q.shape, k.shape, v.shape)
     if not (read_in_place(q) and read_in_place(k) and read_in_place(v)):

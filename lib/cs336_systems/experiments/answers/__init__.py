@@ -57,13 +57,19 @@ class Results:
             raise NotAnswered(f"this run has no `{name}` figure")
         return rel
 
+    def run_record(self, notebook: str) -> dict:
+        """A notebook's entry in the report's runs.json (name, status, machine, commit, date); {} where none."""
+        runs = self.folder.parent / "runs.json"
+        for r in json.loads(runs.read_text()) if runs.exists() else []:
+            if r.get("name") == notebook:
+                return r
+        return {}
+
     def machine(self, notebook: str) -> str:
         """The machine a notebook ran on, as the report's runs.json names it (e.g. '2 × NVIDIA H200 (...)'),
         else this report's environment; '' when neither says."""
-        runs = self.folder.parent / "runs.json"
-        for r in json.loads(runs.read_text()) if runs.exists() else []:
-            if r.get("name") == notebook and r.get("machine"):
-                return r["machine"]
+        if machine := self.run_record(notebook).get("machine"):
+            return machine
         env = self.folder.parent / "environment.json"
         if env.exists():
             e = json.loads(env.read_text())
@@ -72,11 +78,8 @@ class Results:
 
     def run_date(self, notebook: str) -> pd.Timestamp | None:
         """When a notebook's run ended, as the report's runs.json dates it; None where it does not."""
-        runs = self.folder.parent / "runs.json"
-        for r in json.loads(runs.read_text()) if runs.exists() else []:
-            if r.get("name") == notebook and r.get("date"):
-                return pd.Timestamp(r["date"].removesuffix(" UTC"))
-        return None
+        date = self.run_record(notebook).get("date")
+        return pd.Timestamp(date.removesuffix(" UTC")) if date else None
 
     def gpu_name(self, notebook: str) -> str:
         """A short name of the machine for prose: 'an NVIDIA H100 80GB HBM3', '2 × NVIDIA H200', or 'the CPU'."""
