@@ -125,6 +125,56 @@ def test_stochastic_rounding_is_deterministic_for_a_seed():
     assert not torch.equal(first[0], other[0])
 
 
+def philox4x32_10(key: int, counter_lo, counter_hi):
+    """Philox4x32-10 (Salmon et al. 2011, Triton's constants) of counters (lo, hi, 0, 0): four uint64 arrays
+    holding uint32 values."""
+    import numpy as np
+
+    mask = np.uint64(0xFFFFFFFF)
+    c0, c1 = np.asarray(counter_lo, np.uint64), np.asarray(counter_hi, np.uint64)
+    c2, c3 = np.zeros_like(c0), np.zeros_like(c0)
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    for _ in range(10):
+        p0, p2 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2  # 32 x 32 bits: exact in uint64
+        c0, c1, c2, c3 = (p2 >> np.uint64(32)) ^ c1 ^ k0, p2 & mask, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask
+    return c0, c1, c2, c3
+
+
+def test_stochastic_rounding_draws_one_philox_call_per_pair_of_elements():
+    """The stored bf16 bits are the fp32 update (an fp32 run of the same kernel) plus the module docstring's
+    random bits: Philox of the global index of each pair's first element, its first three outputs' high
+    halves for element 2j's m, v and p, their low halves for 2j + 1's. Tensors of odd sizes put the pairs of
+    the second at odd global indices."""
+    import numpy as np
+
+    shapes, seed, step = [(37,), (3, 101)], 11, 1
+    ours, exact = twin_params(shapes, dtype=torch.bfloat16)
+    for a, b in zip(ours, exact):
+        b.data = b.detach().float()  # the same values, held in fp32
+        a.grad = torch.linspace(-1, 1, a.numel(), device=DEVICE).reshape(a.shape).to(torch.bfloat16)
+        b.grad = a.grad.float()
+    rounded = FusedAdamW(ours, lr=1e-2, weight_decay=0.1, state_dtype=torch.bfloat16, seed=seed)
+    rounded.step()
+    fp32 = FusedAdamW(exact, lr=1e-2, weight_decay=0.1, state_dtype=torch.float32)
+    fp32.step()  # the same arithmetic, nothing rounded at the stores
+    first = 0
+    for a, b in zip(ours, exact):
+        local = np.arange(a.numel(), dtype=np.uint64)
+        pair_first = np.uint64(first) + local - (local & np.uint64(1))
+        draws = philox4x32_10((seed << 32) | step, pair_first & np.uint64(0xFFFFFFFF), pair_first >> np.uint64(32))
+        odd = (local & np.uint64(1)).astype(bool)
+        stored = (rounded.state[a]["exp_avg"], rounded.state[a]["exp_avg_sq"], a.detach())
+        exact_values = (fp32.state[b]["exp_avg"], fp32.state[b]["exp_avg_sq"], b.detach())
+        for name, r, got, value in zip(("m", "v", "p"), draws, stored, exact_values):
+            add = np.where(odd, r & np.uint64(0xFFFF), r >> np.uint64(16))
+            bits = value.cpu().reshape(-1).view(torch.int32).numpy().astype(np.int64).astype(np.uint64)
+            expected = ((bits & np.uint64(0xFFFFFFFF)) + add) >> np.uint64(16) & np.uint64(0xFFFF)
+            got_bits = got.cpu().reshape(-1).view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+            assert np.array_equal(got_bits, expected.astype(np.int64)), f"{name} of a tensor of shape {tuple(a.shape)}"
+        first += a.numel()
+
+
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
 def test_state_dict_round_trip(param_dtype):
     ours, theirs = twin_params(SHAPES[:2], dtype=param_dtype)

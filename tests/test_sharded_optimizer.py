@@ -177,11 +177,24 @@ def _errors() -> dict:
     return out
 
 
+def _exchange() -> dict:
+    """One step's parameter exchange as this rank issues it: (send or recv, peer, parameter index)."""
+    model = _model("transformer")
+    params = list(model.parameters())
+    opt = ShardedOptimizer(params, AdamW, lr=1e-3)
+    index = {id(p): i for i, p in enumerate(params)}
+    ops = [
+        ("send" if op.op is dist.isend else "recv", op.peer, index[id(op.tensor)]) for op in opt.exchange_operations()
+    ]
+    return {"ops": ops, "owners": [opt.owner[p] for p in params]}
+
+
 def _worker(ctx) -> dict:
     torch.set_num_threads(1)  # ranks share 2 cores; more threads per rank only contend
     results = {(m, o): _equality(m, o) for m in MODELS for o in OPTIMIZERS}
     results["add_param_group"] = _add_param_group_later()
     results["errors"] = _errors()
+    results["exchange"] = _exchange()
     results["one_group_rank_numel"] = ShardedOptimizer(_model("transformer").parameters(), AdamW, lr=1e-3).rank_numel
     return results
 
@@ -243,6 +256,29 @@ def test_bad_arguments_are_value_errors(ranks):
     errors = ranks[0]["errors"]
     assert "torch.optim.Optimizer subclass" in errors["bad_class"]
     assert "outside the world size" in errors["bad_rank"]
+
+
+@pytest.mark.multiprocess
+def test_owners_send_and_every_rank_receives_in_one_batch(ranks):
+    """The exchange: each rank sends the parameters it owns to every other rank and receives each other one
+    from its owner; what rank a sends to b, in order, is what b receives from a, in order."""
+    world_size = len(ranks)
+    owners = ranks[0]["exchange"]["owners"]
+    for rank, results in enumerate(ranks):
+        ops = results["exchange"]["ops"]
+        received = sorted(i for kind, _, i in ops if kind == "recv")
+        assert received == [i for i, o in enumerate(owners) if o != rank], f"rank {rank} misses a parameter"
+        assert all(owners[i] == peer for kind, peer, i in ops if kind == "recv"), "received from a non-owner"
+        for i, owner in enumerate(owners):
+            if owner == rank:
+                peers = sorted(peer for kind, peer, j in ops if kind == "send" and j == i)
+                assert peers == [q for q in range(world_size) if q != rank], f"rank {rank} does not send {i} to all"
+    for a in range(world_size):
+        for b in range(world_size):
+            if a != b:
+                sent = [i for kind, peer, i in ranks[a]["exchange"]["ops"] if kind == "send" and peer == b]
+                got = [i for kind, peer, i in ranks[b]["exchange"]["ops"] if kind == "recv" and peer == a]
+                assert sent == got, f"rank {a}'s sends to {b} do not meet {b}'s receives in order"
 
 
 def test_needs_a_process_group():

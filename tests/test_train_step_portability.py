@@ -441,7 +441,7 @@ def test_attention_takes_the_gluon_route_on_hopper(fake_capability, monkeypatch,
 def test_fused_loss_and_adamw_kernels_use_nothing_generation_specific(fake_capability):
     """The fused loss (torch matmuls and one Triton row kernel) and FusedAdamW (Triton elementwise kernels) have no
     capability gate: their Triton sources use no Gluon, wgmma, tensor descriptor or inline PTX, and their launch
-    choices read no capability (FusedAdamW's block is the same 1,024 on every GPU)."""
+    choices read no capability (FusedAdamW's block is the same on every GPU)."""
     import inspect
 
     from cs336_systems.fused_loss import cross_entropy_kernels, linear_cross_entropy
@@ -451,6 +451,8 @@ def test_fused_loss_and_adamw_kernels_use_nothing_generation_specific(fake_capab
         source = inspect.getsource(module)
         for feature in ("gluon", "wgmma", "warpgroup", "make_tensor_descriptor", "inline_asm", "capability"):
             assert feature not in source, f"{module.__name__} uses {feature}"
+    blocks = set()
     for capability in GENERATIONS:
         fake_capability(*capability)
-        assert fused_adamw_kernels.block_size(torch.device("cuda", 0), 1 << 20) == 1024
+        blocks.add(fused_adamw_kernels.block_size(torch.device("cuda", 0), 1 << 20))
+    assert len(blocks) == 1, f"FusedAdamW's block depends on the GPU: {blocks}"

@@ -7,9 +7,16 @@ A rank's wrapped optimizer (`optimizer_cls`) sees only the parameters it owns, s
 it allocates (two moments per element for AdamW) is about 1/N of the unsharded optimizer's.
 
 One step: every rank holds the full, already averaged gradients (data parallelism); each rank
-updates its own parameters; then every parameter is broadcast from its owner, so all ranks end
+updates its own parameters; then every parameter is sent from its owner to the others, so all ranks end
 the step with identical weights. Per step and rank that moves (N-1)/N of the parameter bytes on
 top of the gradient all-reduce (see `accounting.sharding` for the comparison with ZeRO stage 1).
+
+The exchange is one batch of point-to-point operations (`dist.batch_isend_irecv`, one NCCL group): each
+owner sends its updated parameters to every other rank and each rank receives the others' from their
+owners, all issued together, so every rank sends and receives at once: on two GPUs both directions of the
+link carry bytes together, where one broadcast after another uses one direction at a time. (A process
+group per owner, the owners broadcasting side by side, was faster still, but NCCL does not support
+several communicators in use at the same time, and a step built that way hung; docs/leaderboard_8b_record.md.)
 """
 
 from __future__ import annotations
@@ -150,21 +157,33 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
             local_group.update(_hyperparameters(group))
         loss = self.local_optimizer.step(closure, **kwargs)
-        self._broadcast_parameters()
+        self._exchange_parameters()
         return loss
 
+    def exchange_operations(self) -> list[dist.P2POp]:
+        """This rank's side of the parameter exchange (module docstring): a send of each parameter it owns to
+        every other rank and a receive of each other parameter from its owner, in parameter order (every rank
+        lists the same pairs in the same order, so each send meets its receive)."""
+        ops = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                owner = self.owner[p]
+                if owner != self.rank:
+                    ops.append(dist.P2POp(dist.irecv, p, owner))
+                    continue
+                ops += [dist.P2POp(dist.isend, p, peer) for peer in range(self.world_size) if peer != self.rank]
+        return ops
+
     @torch.no_grad()
-    def _broadcast_parameters(self) -> None:
-        # One asynchronous in-place broadcast per parameter, then wait for all: the collectives
-        # queue back to back, and no flat copy of the model is ever allocated.
-        handles = [
-            dist.broadcast(p, src=self.owner[p], async_op=True)
-            for group in self.param_groups
-            for p in group["params"]
-            if p.requires_grad
-        ]
-        for handle in handles:
-            handle.wait()
+    def _exchange_parameters(self) -> None:
+        # In place (no flat copy of the model is ever allocated); one batch, then wait for all of it.
+        ops = self.exchange_operations()
+        if not ops:
+            return
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _global_to_local_index(self) -> dict[int, int]:

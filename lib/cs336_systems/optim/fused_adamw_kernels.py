@@ -19,10 +19,13 @@ bf16, the parameter when it is bf16) takes it either rounded to nearest even or,
 rounded stochastically (both on the bit pattern, so the interpreter, whose own cast truncates, stores
 the bits the GPU stores): the fp32 bit pattern plus a uniform 16-bit random integer, truncated to its top 16
 bits, rounds x up with probability (x - down) / (up - down), so E[round(x)] = x. The random bits are
-counter-based (Philox, `tl.philox`): key = the launch's seed (the optimizer's seed in the high 32
-bits, the step in the low 32), counter = (low, high 32 bits of the element's global index, 0, 0),
-where the global index is the element's position in the concatenation of all the optimizer's
-parameters. Its four outputs feed m, v and p: a fixed seed gives the same bits on every run and
+counter-based (Philox, `tl.philox`), one call per pair of elements (2j, 2j + 1) of a tensor: key = the
+launch's seed (the optimizer's seed in the high 32 bits, the step in the low 32), counter = (low, high 32
+bits of element 2j's global index, 0, 0), where the global index is the element's position in the
+concatenation of all the optimizer's parameters. Of its four 32-bit outputs the first three feed m, v
+and p: their high 16 bits element 2j's, their low 16 bits element 2j + 1's. (Philox is the kernel's
+costliest arithmetic; one call per element, a fresh 32-bit word per store, made the update slower without
+making the 16 bits each store uses any more random.) A fixed seed gives the same bits on every run and
 every block size, on CPU (interpreter) and GPU alike. inf is stored as it is, NaN as the quiet NaN.
 
 Launching (`adamw_multi_tensor_kernel`): ONE launch walks a whole list of tensors. The host passes
@@ -59,11 +62,12 @@ def kernels_interpreted() -> bool:
 
 
 def block_size(device: torch.device, largest_numel: int) -> int:
-    """Elements per program: 1024 on a GPU (4 warps, 8 per thread). Under the interpreter (CPU), where
+    """Elements per program: 512 on a GPU (4 warps, 4 per thread: more programs in flight hide the table
+    lookups' latency better than longer ones, docs/fused_adamw_record.md). Under the interpreter (CPU), where
     each program costs a Python call and NumPy vectorises the block, the largest tensor's size rounded
     up to a power of two, at most 16384 (the random bits of a whole block cost the same at any size)."""
     if device.type != "cpu":
-        return 1024
+        return 512
     return min(16384, max(16, triton.next_power_of_2(largest_numel)))
 
 
@@ -107,7 +111,7 @@ def adamw_block(
     v_ptr,
     offs,
     mask,
-    global_index,
+    first_index,
     decay,
     one_minus_b1,
     b2,
@@ -119,8 +123,10 @@ def adamw_block(
     P_BF16: tl.constexpr,
     S_BF16: tl.constexpr,
     STOCHASTIC: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    """One block of the AdamW update (the math of the module docstring) at offsets `offs`."""
+    """One block of the AdamW update (the math of the module docstring) at offsets `offs`, BLOCK of them from
+    an even offset of the tensor; `first_index` is the global index of the block's first element."""
     p = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
     m = tl.load(m_ptr + offs, mask=mask).to(tl.float32)
@@ -131,10 +137,13 @@ def adamw_block(
     denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
     p = p - step_size * tl.div_rn(m, denom)
     if (P_BF16 or S_BF16) and STOCHASTIC:
-        zero = tl.zeros_like(offs).to(tl.uint32)
-        lo = (global_index & 0xFFFFFFFF).to(tl.uint32)
-        hi = (global_index >> 32).to(tl.uint32)
-        r_m, r_v, r_p, _ = tl.philox(seed, lo, hi, zero, zero)
+        pairs = first_index + 2 * tl.arange(0, BLOCK // 2).to(tl.int64)  # global index of each pair's first
+        zero = tl.zeros_like(pairs).to(tl.uint32)
+        r0, r1, r2, _ = tl.philox(seed, (pairs & 0xFFFFFFFF).to(tl.uint32), (pairs >> 32).to(tl.uint32), zero, zero)
+        # element 2j takes the high halves, 2j + 1 the low ones (round_to_bf16 reads the top 16 bits)
+        r_m = tl.reshape(tl.join(r0, r0 << 16), [BLOCK])
+        r_v = tl.reshape(tl.join(r1, r1 << 16), [BLOCK])
+        r_p = tl.reshape(tl.join(r2, r2 << 16), [BLOCK])
     else:
         r_m = offs
         r_v = offs
@@ -175,7 +184,6 @@ def adamw_multi_tensor_kernel(
     numel = tl.load(numels_ptr + t)
     offs = block * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = offs < numel
-    global_index = tl.load(global_offsets_ptr + t) + offs
     adamw_block(
         p_ptr,
         g_ptr,
@@ -183,7 +191,7 @@ def adamw_multi_tensor_kernel(
         v_ptr,
         offs,
         mask,
-        global_index,
+        tl.load(global_offsets_ptr + t) + block * BLOCK,
         decay,
         one_minus_b1,
         b2,
@@ -195,6 +203,7 @@ def adamw_multi_tensor_kernel(
         tl.bfloat16 == P_DTYPE,
         tl.bfloat16 == S_DTYPE,
         STOCHASTIC,
+        BLOCK,
     )
 
 
@@ -218,7 +227,8 @@ def adamw_single_tensor_kernel(
     BLOCK: tl.constexpr,
 ):
     """The same update, one tensor per launch (a reference: the optimizer launches the multi-tensor kernel)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK).to(tl.int64)
     mask = offs < numel
     adamw_block(
         p_ptr,
@@ -227,7 +237,7 @@ def adamw_single_tensor_kernel(
         v_ptr,
         offs,
         mask,
-        global_offset + offs,
+        global_offset + start,
         decay,
         one_minus_b1,
         b2,
@@ -239,4 +249,5 @@ def adamw_single_tensor_kernel(
         p_ptr.dtype.element_ty == tl.bfloat16,
         m_ptr.dtype.element_ty == tl.bfloat16,
         STOCHASTIC,
+        BLOCK,
     )
