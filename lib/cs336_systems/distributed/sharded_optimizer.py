@@ -16,7 +16,7 @@ owner sends its updated parameters to every other rank and each rank receives th
 owners, all issued together, so every rank sends and receives at once: on two GPUs both directions of the
 link carry bytes together, where one broadcast after another uses one direction at a time. (A process
 group per owner, the owners broadcasting side by side, was faster still, but NCCL does not support
-several communicators in use at the same time, and a step built that way hung; docs/leaderboard_8b_record.md.)
+communicators in use at the same time, and a step built that way hung; docs/leaderboard_8b_record.md.)
 """
 
 from __future__ import annotations
