@@ -168,10 +168,10 @@ def test_stochastic_rounding_draws_one_philox_call_per_pair_of_elements():
         exact_values = (fp32.state[b]["exp_avg"], fp32.state[b]["exp_avg_sq"], b.detach())
         for name, r, got, value in zip(("m", "v", "p"), draws, stored, exact_values):
             add = np.where(odd, r & np.uint64(0xFFFF), r >> np.uint64(16))
-            bits = value.cpu().reshape(-1).view(torch.int32).numpy().astype(np.int64).astype(np.uint64)
-            expected = ((bits & np.uint64(0xFFFFFFFF)) + add) >> np.uint64(16) & np.uint64(0xFFFF)
-            got_bits = got.cpu().reshape(-1).view(torch.int16).numpy().astype(np.int64) & 0xFFFF
-            assert np.array_equal(got_bits, expected.astype(np.int64)), f"{name} of a tensor of shape {tuple(a.shape)}"
+            bits = value.cpu().reshape(-1).view(torch.int32).numpy().view(np.uint32).astype(np.uint64)
+            expected = (bits + add) >> np.uint64(16) & np.uint64(0xFFFF)
+            got_bits = got.cpu().reshape(-1).view(torch.int16).numpy().view(np.uint16)
+            assert np.array_equal(got_bits, expected), f"{name} of a tensor of shape {tuple(a.shape)}"
         first += a.numel()
 
 
