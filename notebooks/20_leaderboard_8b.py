@@ -268,7 +268,7 @@ ctx.md(f"After {curve_steps} steps the plain reference's loss is {plain:.4f}; "
 # which leaves room for more kept blocks (the plan above, `leaderboard_8b_sharded_plan`). Where this machine has two GPUs the
 # handout's command runs under `torchrun --nproc-per-node 2` for both steps, each from empty compile caches and
 # timed as the handout times it (`do_bench(rep=30000, warmup=10000)`, the `two_gpu_*` parameters), and one more step of ours is
-# profiled on rank 0 (`--trace`): the time each stream was busy and how much of the communication ran while
+# profiled on rank 0 (`--trace`: after another, as in the timed loop, cut to its compute span): the time each stream was busy and how much of the communication ran while
 # compute kernels did (`profiling.streams`); elsewhere the data-parallel step runs on two CPU processes (gloo)
 # at the scaled-down size, to show it runs and agrees.
 
@@ -286,7 +286,7 @@ ctx.md("Per rank: " + "; ".join(
     f"{'does not fit' if pd.isna(r.blocks_keeping_activations) else f'{int(r.blocks_keeping_activations)} of {layers} blocks keep theirs'}"
     for r in sharded.itertuples()) + ".")
 if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
-    trace = ctx.path("leaderboard_8b_two_gpus_trace.json.gz")  # ours: one more step profiled on rank 0
+    trace = ctx.path("leaderboard_8b_two_gpus_trace.json.gz")  # ours: one more step profiled on rank 0 (`--trace`)
     trace.unlink(missing_ok=True)  # an earlier run's, which a failed run would leave in its place
     two = pd.DataFrame([torchrun_step(v, 2, layers=layers, context=context, rep_ms=two_gpu_rep_ms,
                                       warmup_ms=two_gpu_warmup_ms, cold_cache=True,

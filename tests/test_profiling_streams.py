@@ -81,3 +81,57 @@ def test_two_gpu_profile_of_a_trace_file(tmp_path):
     streams, overlap, fig = two_gpu_profile(path)
     assert len(streams) == 3 and overlap.set_index("device").loc[0].exposed_ms == pytest.approx(0.020)
     assert fig.axes[0].get_title().startswith("8B step")
+
+
+def _launched(name, device, stream, ts, dur, launch_ts, correlation):
+    """A kernel on (device, stream) at [ts, ts + dur) µs and the runtime call on host 100 that launched it."""
+    k = kernel(name, device, stream, ts, dur)
+    k["args"]["correlation"] = correlation
+    launch = dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", pid=100, tid=1, ts=launch_ts, dur=1,
+                  args=dict(correlation=correlation))  # fmt: skip
+    return [k, launch]
+
+
+# Two steps, the second in the command's "traced step" range (host 100..200 µs): the first step's compute at
+# 0-50 µs, its exchange in two rounds (50-100 µs, 150-160 µs) running into the second step, whose compute runs
+# 95-150 and 160-200 µs, and whose own exchange trails at 200-240 µs, after its last compute kernel.
+TWO_STEPS = {
+    "traceEvents": [
+        *_launched(GEMM, 0, 7, 0, 50, 5, 1),
+        *_launched(REDUCE, 0, 21, 50, 50, 60, 2),
+        *_launched(REDUCE, 0, 21, 150, 10, 61, 3),
+        *_launched(GEMM, 0, 7, 95, 55, 110, 4),
+        *_launched(GEMM, 0, 7, 160, 40, 120, 5),
+        *_launched(REDUCE, 0, 21, 200, 40, 130, 6),
+        dict(ph="X", cat="user_annotation", name="traced step", pid=100, tid=1, ts=100, dur=100),
+    ]
+}
+
+
+def test_the_traced_step_is_cut_to_its_compute_span(tmp_path):
+    """The window is the traced step's compute kernels' span (95-200 µs): the first step's exchange counts
+    where it runs into it (5 µs hidden, 10 µs exposed), its own trailing exchange does not."""
+    import gzip
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from cs336_systems.experiments.leaderboard_8b_record import two_gpu_profile
+    from cs336_systems.profiling.streams import clip_to_window
+
+    whole = communication_overlap(load_trace(TWO_STEPS)).iloc[0]
+    assert whole.exposed_ms == pytest.approx(0.095)
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(TWO_STEPS, f)
+    streams, overlap, _ = two_gpu_profile(path)
+    row = overlap.iloc[0]
+    assert row.span_ms == pytest.approx(0.105) and row.compute_ms == pytest.approx(0.095)
+    assert row.communication_ms == pytest.approx(0.015) and row.hidden_ms == pytest.approx(0.005)
+    assert row.exposed_ms == pytest.approx(0.010)
+    assert streams.set_index("lane").loc["GPU 0 stream 21", "kernels"] == 2
+    clipped = clip_to_window(load_trace(TWO_STEPS), 95, 200)
+    gpu = clipped[clipped.kind == "kernel"]
+    assert (gpu.dur_us == gpu.end_us - gpu.ts_us).all() and gpu.ts_us.min() == 95 and gpu.end_us.max() == 200
+    assert (clipped.kind == "runtime").sum() == 6, "the host's events stay as they are"

@@ -177,16 +177,54 @@ def _errors() -> dict:
     return out
 
 
-def _exchange() -> dict:
-    """One step's parameter exchange as this rank issues it: (send or recv, peer, parameter index)."""
+def _exchange(round_bytes: int = 256 * 2**20) -> dict:
+    """One step's parameter exchange as this rank issues it, round by round: (send or recv, peer, parameter
+    index) per operation, and the parameters each round carries."""
     model = _model("transformer")
     params = list(model.parameters())
-    opt = ShardedOptimizer(params, AdamW, lr=1e-3)
+    opt = ShardedOptimizer(params, AdamW, lr=1e-3, exchange_round_bytes=round_bytes)
     index = {id(p): i for i, p in enumerate(params)}
-    ops = [
-        ("send" if op.op is dist.isend else "recv", op.peer, index[id(op.tensor)]) for op in opt.exchange_operations()
-    ]
-    return {"ops": ops, "owners": [opt.owner[p] for p in params]}
+    rounds = opt.exchange_rounds()
+    return {
+        "ops": [
+            [("send" if op.op is dist.isend else "recv", op.peer, index[id(op.tensor)]) for op in r] for _, r in rounds
+        ],
+        "carried": [[index[id(p)] for p in carried] for carried, _ in rounds],
+        "owners": [opt.owner[p] for p in params],
+        "bytes": [p.numel() * p.element_size() for p in params],
+    }
+
+
+def _exchange_in_flight() -> dict:
+    """Steps with the exchange left in flight (`step(wait=False)`), in small rounds: after
+    `wait_for_parameters(first block)` those parameters equal the unsharded optimizer's; after the next steps
+    (each waiting for the last one's rounds first) and `wait_for_exchange`, all of them do."""
+    model, reference = _model("transformer"), _model("transformer")
+    sharded = ShardedOptimizer(model.parameters(), AdamW, lr=1e-3, exchange_round_bytes=4096)
+    plain = AdamW(reference.parameters(), lr=1e-3)
+    rounds = len(sharded.exchange_rounds())
+    in_flight = first_diff = None
+    for step in range(3):
+        sharded.wait_for_parameters(model.parameters())  # what the forward reads (a training step: by block)
+        for opt, m in ((sharded, model), (plain, reference)):
+            opt.zero_grad()
+            _loss("transformer", m, step).backward()
+        plain.step()
+        sharded.step(wait=False)
+        if step == 0:
+            in_flight = sharded.rounds_in_flight
+            first = list(model.layers[0].parameters())
+            sharded.wait_for_parameters(first)
+            first_diff = max((a - b).abs().max().item() for a, b in zip(first, reference.layers[0].parameters()))
+    sharded.wait_for_exchange()
+    return dict(
+        rounds=rounds,
+        in_flight=in_flight,
+        first_diff=first_diff,
+        max_diff=_max_diff(model, reference),
+        same_on_all_ranks=_same_on_all_ranks(model),
+        left=sharded.rounds_in_flight,
+    )
 
 
 def _worker(ctx) -> dict:
@@ -195,6 +233,8 @@ def _worker(ctx) -> dict:
     results["add_param_group"] = _add_param_group_later()
     results["errors"] = _errors()
     results["exchange"] = _exchange()
+    results["exchange_small_rounds"] = _exchange(round_bytes=4096)
+    results["exchange_in_flight"] = _exchange_in_flight()
     results["one_group_rank_numel"] = ShardedOptimizer(_model("transformer").parameters(), AdamW, lr=1e-3).rank_numel
     return results
 
@@ -259,13 +299,31 @@ def test_bad_arguments_are_value_errors(ranks):
 
 
 @pytest.mark.multiprocess
-def test_owners_send_and_every_rank_receives_in_one_batch(ranks):
+@pytest.mark.parametrize("key", ["exchange", "exchange_small_rounds"])
+def test_owners_send_and_every_rank_receives_round_by_round(ranks, key):
     """The exchange: each rank sends the parameters it owns to every other rank and receives each other one
-    from its owner; what rank a sends to b, in order, is what b receives from a, in order."""
+    from its owner; within each round, what rank a sends to b, in order, is what b receives from a, in order.
+    Round k carries every owner's k-th run of its parameters, in parameter order, each run closing once it
+    reaches the round's bytes (one round for this model at the default 256 MiB; several at 4 KiB)."""
     world_size = len(ranks)
-    owners = ranks[0]["exchange"]["owners"]
+    owners, sizes = ranks[0][key]["owners"], ranks[0][key]["bytes"]
+    limit = 256 * 2**20 if key == "exchange" else 4096
+    runs = {o: [[]] for o in range(world_size)}
+    used = dict.fromkeys(range(world_size), 0)
+    for i, o in enumerate(owners):
+        if used[o] >= limit:
+            runs[o].append([])
+            used[o] = 0
+        runs[o][-1].append(i)
+        used[o] += sizes[i]
+    expected = [
+        sum((runs[o][k] for o in range(world_size) if k < len(runs[o])), [])
+        for k in range(max(map(len, runs.values())))
+    ]
+    assert (len(expected) == 1) == (key == "exchange")
     for rank, results in enumerate(ranks):
-        ops = results["exchange"]["ops"]
+        assert results[key]["carried"] == expected, f"rank {rank}: rounds carry other runs"
+        ops = [op for r in results[key]["ops"] for op in r]
         received = sorted(i for kind, _, i in ops if kind == "recv")
         assert received == [i for i, o in enumerate(owners) if o != rank], f"rank {rank} misses a parameter"
         assert all(owners[i] == peer for kind, peer, i in ops if kind == "recv"), "received from a non-owner"
@@ -273,12 +331,23 @@ def test_owners_send_and_every_rank_receives_in_one_batch(ranks):
             if owner == rank:
                 peers = sorted(peer for kind, peer, j in ops if kind == "send" and j == i)
                 assert peers == [q for q in range(world_size) if q != rank], f"rank {rank} does not send {i} to all"
-    for a in range(world_size):
-        for b in range(world_size):
-            if a != b:
-                sent = [i for kind, peer, i in ranks[a]["exchange"]["ops"] if kind == "send" and peer == b]
-                got = [i for kind, peer, i in ranks[b]["exchange"]["ops"] if kind == "recv" and peer == a]
-                assert sent == got, f"rank {a}'s sends to {b} do not meet {b}'s receives in order"
+    for k in range(len(expected)):
+        for a in range(world_size):
+            for b in range(world_size):
+                if a != b:
+                    sent = [i for kind, peer, i in ranks[a][key]["ops"][k] if kind == "send" and peer == b]
+                    got = [i for kind, peer, i in ranks[b][key]["ops"][k] if kind == "recv" and peer == a]
+                    assert sent == got, f"round {k}: rank {a}'s sends to {b} do not meet {b}'s receives in order"
+
+
+@pytest.mark.multiprocess
+def test_exchange_left_in_flight_completes_by_parameter_and_in_full(ranks):
+    for rank, results in enumerate(ranks):
+        r = results["exchange_in_flight"]
+        assert r["rounds"] > 2 and r["in_flight"] == r["rounds"], "the exchange must run in several rounds"
+        assert r["first_diff"] <= 1e-6, f"rank {rank}: the first block's parameters were not waited for"
+        assert r["max_diff"] <= 1e-6, f"rank {rank}: sharded vs unsharded differ by {r['max_diff']}"
+        assert r["same_on_all_ranks"] and r["left"] == 0
 
 
 def test_needs_a_process_group():

@@ -89,3 +89,52 @@ def test_the_plan_counts_a_rank_s_share_of_the_states_and_gradients():
     # three buckets in flight on top of a rank's share, never more than all the gradients
     assert fixed_memory_bytes(model, torch.float32, *x.shape, world_size=2, bucket_bytes=1000) == two + 3000
     assert fixed_memory_bytes(model, torch.float32, *x.shape, world_size=2, bucket_bytes=1 << 30) == one - states // 2
+
+
+STEPS_IN_FORWARD = 3
+
+
+def _rank_exchange_in_forward(ctx):
+    """Three steps with the exchange completing in the next forward, in rounds of 2 KiB (several per block):
+    before each block runs, no round in flight still brings this rank its parameters; before the final norm,
+    none at all."""
+    model, x, y = model_and_batch()
+    half = slice(2 * ctx.rank, 2 * ctx.rank + 2)
+    step = build_train_step(model, StepConfig(**CONFIG, exchange_in_forward=True))
+    step.optimizer.exchange_round_bytes = 2048
+    seen = []
+
+    def before(name, params):
+        return lambda module, args: seen.append(
+            (name, step.optimizer.in_flight(params), step.optimizer.rounds_in_flight)
+        )
+
+    for i, block in enumerate(model.layers):
+        block.register_forward_pre_hook(before(f"block {i}", list(block.parameters())))
+    model.ln_final.register_forward_pre_hook(before("ln_final", list(model.parameters())))
+    rounds = []
+    for _ in range(STEPS_IN_FORWARD):
+        step.step(x[half], y[half])
+        rounds.append(step.optimizer.rounds_in_flight)
+    step.wait_for_exchange()
+    return dict(seen=seen, rounds=rounds, params={n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+@pytest.mark.multiprocess
+def test_exchange_in_forward_waits_block_by_block_and_ends_equal():
+    ranks = spawn(_rank_exchange_in_forward, 2, backend="gloo", timeout_s=300)
+    model, x, y = model_and_batch()
+    single = build_train_step(model, StepConfig(**CONFIG))
+    for _ in range(STEPS_IN_FORWARD):
+        single.step(x, y)
+    for rank, r in enumerate(ranks):
+        assert all(n > 2 for n in r["rounds"]), f"rank {rank}: each step must leave its rounds in flight"
+        assert not any(waiting for _, waiting, _ in r["seen"]), f"rank {rank}: a part ran before its parameters came"
+    # Rank 0 owns the first blocks: it waits for nothing before block 0, so the later rounds are still in flight.
+    later = ranks[0]["seen"][len(ranks[0]["seen"]) // STEPS_IN_FORWARD :]  # the steps after the first
+    assert later[0][0] == "block 0" and later[0][2] > 0, "the exchange did not run into the forward"
+    for name, p in model.named_parameters():
+        assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name]), name
+        torch.testing.assert_close(
+            ranks[0]["params"][name], p.detach(), rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}"
+        )

@@ -11,12 +11,19 @@ updates its own parameters; then every parameter is sent from its owner to the o
 the step with identical weights. Per step and rank that moves (N-1)/N of the parameter bytes on
 top of the gradient all-reduce (see `accounting.sharding` for the comparison with ZeRO stage 1).
 
-The exchange is one batch of point-to-point operations (`dist.batch_isend_irecv`, one NCCL group): each
-owner sends its updated parameters to every other rank and each rank receives the others' from their
-owners, all issued together, so every rank sends and receives at once: on two GPUs both directions of the
-link carry bytes together, where one broadcast after another uses one direction at a time. (A process
-group per owner, the owners broadcasting side by side, was faster still, but NCCL does not support
-communicators in use at the same time, and a step built that way hung; docs/leaderboard_8b_record.md.)
+The exchange is point-to-point (`dist.batch_isend_irecv`, one NCCL group per round): each owner sends its
+updated parameters to every other rank and each rank receives the others' from their owners, all issued
+together, so every rank sends and receives at once: on two GPUs both directions of the link carry bytes
+together, where one broadcast after another uses one direction at a time. (A process group per owner, the
+owners broadcasting side by side, was faster still, but NCCL does not support communicators in use at the
+same time, and a step built that way hung; docs/leaderboard_8b_record.md.)
+
+It runs in rounds of about `exchange_round_bytes` per owner: round k carries each owner's k-th run of its
+parameters, in parameter order. `step(wait=False)` leaves the rounds in flight, so that a training step can
+overlap them with its next forward: `wait_for_parameters(params)` waits (the current CUDA stream on NCCL,
+the host on gloo) for the rounds that bring this rank any of `params`, in order; `wait_for_exchange()` for
+all of them. Until then the parameters this rank does not own may still be being written. The next `step`,
+and every state-dict method, waits for the rest first.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         optimizer_cls: type[torch.optim.Optimizer],
         *,
         owners: Mapping[torch.Tensor, int] | None = None,
+        exchange_round_bytes: int = 256 * 2**20,
         **kwargs: Any,
     ):
         if not dist.is_available() or not dist.is_initialized():
@@ -96,6 +104,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.rank_numel = [0] * self.world_size
         self.local_optimizer: torch.optim.Optimizer | None = None
         self.given_owners = owners
+        if isinstance(exchange_round_bytes, bool) or not isinstance(exchange_round_bytes, int):
+            raise ValueError(f"exchange_round_bytes must be an int, got {type(exchange_round_bytes).__name__}")
+        if exchange_round_bytes < 1:
+            raise ValueError(f"exchange_round_bytes must be positive, got {exchange_round_bytes}")
+        self.exchange_round_bytes = exchange_round_bytes
+        # Rounds issued and not yet waited for, in order: (ids of the parameters the round brings this rank,
+        # its works).
+        self._in_flight: list[tuple[set[int], list[Any]]] = []
         self._pending_local_groups: list[dict[str, Any]] = []
         # The base constructor calls add_param_group once per group; the wrapped optimizer is
         # built afterwards from the local halves of those groups, so it never sees foreign params.
@@ -152,38 +168,84 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for key, value in _hyperparameters(self.local_optimizer.param_groups[-1]).items():
                 group.setdefault(key, value)
 
-    # ---- the step --------------------------------------------------------------------------
-    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+    # ---- the step ----------------------------------------------------------------------------
+    def step(self, closure: Callable[[], Any] | None = None, *, wait: bool = True) -> Any:
+        """The owned parameters' update, then the exchange; with `wait=False` the exchange is left in flight
+        (module docstring: `wait_for_parameters`, `wait_for_exchange`)."""
+        self.wait_for_exchange()  # the update writes parameters an earlier round may still be sending
         for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
             local_group.update(_hyperparameters(group))
-        loss = self.local_optimizer.step(closure, **kwargs)
-        self._exchange_parameters()
+        loss = self.local_optimizer.step(closure)
+        self._start_exchange()
+        if wait:
+            self.wait_for_exchange()
         return loss
 
-    def exchange_operations(self) -> list[dist.P2POp]:
-        """This rank's side of the parameter exchange (module docstring): a send of each parameter it owns to
-        every other rank and a receive of each other parameter from its owner, in parameter order (every rank
-        lists the same pairs in the same order, so each send meets its receive)."""
-        ops = []
+    def exchange_rounds(self) -> list[tuple[list[torch.Tensor], list[dist.P2POp]]]:
+        """This rank's side of the parameter exchange (module docstring), round by round: (the parameters the
+        round carries, this rank's operations). Each owner's trainable parameters, in parameter order, are
+        cut into runs that close once they reach `exchange_round_bytes`; round k carries every owner's k-th
+        run: a send of each parameter the rank owns to every other rank, a receive of each other one from
+        its owner. Every rank lists the same pairs in the same order, so each send meets its receive."""
+        runs: list[list[list[torch.Tensor]]] = [[[]] for _ in range(self.world_size)]
+        run_bytes = [0] * self.world_size
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
                     continue
                 owner = self.owner[p]
-                if owner != self.rank:
-                    ops.append(dist.P2POp(dist.irecv, p, owner))
-                    continue
-                ops += [dist.P2POp(dist.isend, p, peer) for peer in range(self.world_size) if peer != self.rank]
-        return ops
+                if run_bytes[owner] >= self.exchange_round_bytes:
+                    runs[owner].append([])
+                    run_bytes[owner] = 0
+                runs[owner][-1].append(p)
+                run_bytes[owner] += p.numel() * p.element_size()
+        rounds = []
+        for k in range(max(len(r) for r in runs)):
+            params, ops = [], []
+            for owner in range(self.world_size):
+                for p in runs[owner][k] if k < len(runs[owner]) else []:
+                    params.append(p)
+                    if owner != self.rank:
+                        ops.append(dist.P2POp(dist.irecv, p, owner))
+                        continue
+                    ops += [dist.P2POp(dist.isend, p, peer) for peer in range(self.world_size) if peer != self.rank]
+            if ops:
+                rounds.append((params, ops))
+        return rounds
 
     @torch.no_grad()
-    def _exchange_parameters(self) -> None:
-        # In place (no flat copy of the model is ever allocated); one batch, then wait for all of it.
-        ops = self.exchange_operations()
-        if not ops:
-            return
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+    def _start_exchange(self) -> None:
+        # In place: each parameter is sent from and received into its own storage (no flat copy).
+        for params, ops in self.exchange_rounds():
+            received = {id(p) for p in params if self.owner[p] != self.rank}
+            self._in_flight.append((received, dist.batch_isend_irecv(ops)))
+
+    @property
+    def rounds_in_flight(self) -> int:
+        """How many rounds of the exchange were issued and not yet waited for."""
+        return len(self._in_flight)
+
+    def in_flight(self, params: Iterable[torch.Tensor]) -> bool:
+        """Whether a round not yet waited for brings this rank any of `params`."""
+        wanted = {id(p) for p in params}
+        return any(received & wanted for received, _ in self._in_flight)
+
+    def wait_for_parameters(self, params: Iterable[torch.Tensor]) -> None:
+        """Wait for the rounds in flight up to the last one that brings this rank any of `params` (on NCCL the
+        current CUDA stream waits; on gloo the host): after this, they hold the last step's values."""
+        wanted = {id(p) for p in params}
+        last = max((k for k, (received, _) in enumerate(self._in_flight) if received & wanted), default=-1)
+        self._wait_rounds(last + 1)
+
+    def wait_for_exchange(self) -> None:
+        """Wait for every round in flight: every parameter holds the last step's values on every rank."""
+        self._wait_rounds(len(self._in_flight))
+
+    def _wait_rounds(self, count: int) -> None:
+        for _, works in self._in_flight[:count]:
+            for work in works:
+                work.wait()
+        del self._in_flight[:count]
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _global_to_local_index(self) -> dict[int, int]:
@@ -212,6 +274,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         `torch.optim.Optimizer.state_dict` numbers them); `state` holds the entries of the
         parameters this rank owns only, under those same global indices.
         """
+        self.wait_for_exchange()
         local = self.local_optimizer.state_dict()["state"]
         state = {g: local[i] for g, i in self._global_to_local_index().items() if i in local}
         return {"state": state, "param_groups": self._param_groups_description()}
@@ -234,6 +297,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a shard or a consolidated (or unsharded optimizer's) state dict; keeps the owned entries."""
+        self.wait_for_exchange()
         groups = state_dict["param_groups"]
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError(

@@ -22,7 +22,7 @@ import torch
 from cs336_systems.benchmarking.timing import TimingSettings, measure_times_ms
 from cs336_systems.model import TransformerLM, set_attention
 from cs336_systems.training.config import StepConfig
-from cs336_systems.training.leaderboard_8b import ACTIVATION_MEMORY_BUDGET, useful_flops
+from cs336_systems.training.leaderboard_8b import ACTIVATION_MEMORY_BUDGET, TRACED_STEP, useful_flops
 from cs336_systems.training.memory_plan import GIB, MemoryTerms, fixed_memory_bytes, plan_recompute, recompute_cost
 from cs336_systems.training.step import PHASES, TrainStep, build_train_step, phase_times
 
@@ -408,7 +408,7 @@ def torchrun_step(
     """`torchrun --nproc-per-node nproc -m cs336_systems.training.leaderboard_8b` (the handout's command
     on `nproc` GPUs, batch 1 per GPU) in a subprocess: rank 0's result, with `status` "ok", or "failed"
     and the end of its output as `note`, and the command's wall seconds (`wall_s`). `trace`: the command's
-    `--trace` (one more step profiled, rank 0's Chrome trace there); `cold_cache`: empty Triton and
+    `--trace` (a step profiled as the timed ones run, rank 0's Chrome trace there); `cold_cache`: empty Triton and
     Inductor caches of the command's own, as on a fresh machine (the handout times from an empty cache)."""
     import json
     import os
@@ -471,14 +471,19 @@ def torchrun_step(
 
 def two_gpu_profile(trace) -> tuple[pd.DataFrame, pd.DataFrame, object]:
     """A traced two-GPU step (the command's `--trace`): the per-stream summary (`profiling.streams.stream_summary`),
-    the communication hidden behind compute (`communication_overlap`) and the streams' timeline figure. The
-    figure has no phase rows: the step's CPU-side ranges run ahead of the GPU, and autograd's thread leaves the
-    GPU-side copy of "backward" empty; the kernels' categories show the phases."""
-    from cs336_systems.profiling.streams import communication_overlap, stream_summary
+    the communication hidden behind compute (`communication_overlap`) and the streams' timeline figure. Where
+    the trace has the command's `TRACED_STEP` range (a step traced after another, whose parameter exchange runs
+    into it, as in the timed loop), all of it is cut to that step's compute span: from its first compute kernel
+    to its last, so its own exchange, which the next step's forward would overlap, is left out. The figure has
+    no phase rows: the step's CPU-side ranges run ahead of the GPU, and autograd's thread leaves the GPU-side
+    copy of "backward" empty; the kernels' categories show the phases."""
+    from cs336_systems.profiling.streams import clip_to_window, communication_overlap, compute_span, stream_summary
     from cs336_systems.profiling.timeline import plot_timeline
-    from cs336_systems.profiling.trace import load_trace
+    from cs336_systems.profiling.trace import GPU_KINDS, events_in_ranges, load_trace
 
     events = load_trace(trace)
+    if TRACED_STEP in set(events.loc[events["kind"] == "range", "name"]):
+        events = clip_to_window(events, *compute_span(events_in_ranges(events, TRACED_STEP, kinds=GPU_KINDS)))
     fig = plot_timeline(events, title="8B step, rank 0 of 2 GPUs: compute and communication streams")
     return stream_summary(events), communication_overlap(events), fig
 

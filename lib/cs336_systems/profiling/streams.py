@@ -100,3 +100,25 @@ def communication_overlap(events: pd.DataFrame) -> pd.DataFrame:
             )
         )
     return pd.DataFrame(rows)
+
+
+def clip_to_window(events: pd.DataFrame, start_us: float, end_us: float) -> pd.DataFrame:
+    """The GPU events' parts inside [start_us, end_us): those wholly outside dropped, those across an edge cut
+    at it (the other events as they are). What a steady-state step is, when the trace holds more than one."""
+    gpu = events["kind"].isin(GPU_KINDS)
+    outside = gpu & ((events["end_us"] <= start_us) | (events["ts_us"] >= end_us))
+    clipped = events[~outside].copy()
+    inside = clipped["kind"].isin(GPU_KINDS)
+    clipped.loc[inside, "ts_us"] = clipped.loc[inside, "ts_us"].clip(lower=start_us)
+    clipped.loc[inside, "end_us"] = clipped.loc[inside, "end_us"].clip(upper=end_us)
+    clipped.loc[inside, "dur_us"] = clipped.loc[inside, "end_us"] - clipped.loc[inside, "ts_us"]
+    return clipped
+
+
+def compute_span(events: pd.DataFrame) -> tuple[float, float]:
+    """(start, end) in µs of the compute kernels among `events` (communication excluded)."""
+    gpu = _gpu_events(events)
+    compute = gpu[~gpu["communication"]]
+    if compute.empty:
+        raise ValueError("no compute kernels among the events")
+    return float(compute["ts_us"].min()), float(compute["end_us"].max())

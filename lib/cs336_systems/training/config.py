@@ -46,6 +46,10 @@ class StepConfig:
     bucket_size_mb: float = 1000.0  # data parallel only: DDPShardedGradients' bucket size
     keep_attention: bool = True  # recomputed blocks keep attention's O and L (only with our FlashAttention)
     activation_memory_budget: float | None = None  # compiled blocks' partitioner budget in (0, 1]; None: torch's
+    # Data parallel only: the parameter exchange after the update is left in flight and completes in the next
+    # step's forward, each block waiting for its own parameters (`TrainStep.wait_for_exchange` before reading
+    # the model's parameters between steps); False: every step ends with it complete.
+    exchange_in_forward: bool = False
 
     @property
     def bucket_bytes(self) -> int:
@@ -69,7 +73,7 @@ class StepConfig:
                 raise TypeError(f"StepConfig.{name} must be a real number, got {type(getattr(self, name)).__name__}")
         if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 and all(map(_is_real, self.betas))):
             raise TypeError(f"StepConfig.betas must be a pair of floats, got {self.betas!r}")
-        for name in ("compile_blocks", "check_token_ids", "keep_attention"):
+        for name in ("compile_blocks", "check_token_ids", "keep_attention", "exchange_in_forward"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"StepConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}")
         for name in ("memory_budget_bytes", "loss_chunk_tokens"):

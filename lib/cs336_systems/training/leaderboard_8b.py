@@ -21,9 +21,11 @@ AdamW states sharded over the ranks, each bucket of gradients reduced to its own
 backward), batch `--batch` per GPU, each rank its own random tokens; the handout's test is batch 2 on two
 GPUs: `--batch 1` on 2 ranks. There every rank times the step with do_bench's algorithm and the same
 number of calls (`do_bench_agreed`: each rank's own estimate could round to one call more, and that rank
-would wait in a collective until the timeout).
-`--trace PATH` profiles one more step after the timing (torch.profiler, CPU and CUDA) and writes rank 0's
-Chrome trace there (gzipped for a `.gz` name): the compute and communication streams of one step.
+would wait in a collective until the timeout). Each step's parameter exchange completes in the next step's
+forward, each block waiting for its own parameters (`--no-exchange-in-forward`: at the end of the step).
+`--trace PATH` profiles two more steps after the timing (torch.profiler, CPU and CUDA), the second in a
+`TRACED_STEP` range, and writes rank 0's Chrome trace there (gzipped for a `.gz` name): the compute and
+communication streams of a step as it runs in the timed loop.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ VOCAB, D_MODEL, D_FF, LAYERS, HEADS, CONTEXT = 151_936, 4_096, 11_008, 34, 32, 3
 # The compiled blocks' partitioner budget of our step (StepConfig.activation_memory_budget), chosen by
 # measuring one 8B block at this context (docs/leaderboard_8b_record.md, tools/activation_budget_probe.py)
 ACTIVATION_MEMORY_BUDGET = 0.6
+# The profiler range around the step `--trace` profiles (`trace_step`).
+TRACED_STEP = "traced step"
 
 
 def process_start_time() -> float:
@@ -93,6 +97,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help=f"ours, compiled: the partitioner's budget (default {ACTIVATION_MEMORY_BUDGET}; 1 saves all)",
     )
+    p.add_argument(
+        "--exchange-in-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours, data parallel: each step's parameter exchange completes in the next forward, block by block "
+        "(StepConfig.exchange_in_forward); --no-exchange-in-forward: at the end of its own step",
+    )
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     p.add_argument(
         "--memory-gib",
@@ -102,7 +113,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the plan's budget honours it): a smaller card simulated on a larger one",
     )
     p.add_argument("--json", default=None, help="also write rank 0's result to this JSON file")
-    p.add_argument("--trace", default=None, help="profile one more step; rank 0's Chrome trace to this path")
+    p.add_argument(
+        "--trace",
+        default=None,
+        help="profile two more steps (the second as a timed one runs); rank 0's Chrome trace to this path",
+    )
     return p.parse_args(argv)
 
 
@@ -123,16 +138,21 @@ def main(argv=None) -> dict | None:
 
 
 def trace_step(step_obj, x: torch.Tensor, y: torch.Tensor, path: str | None) -> None:
-    """One step under torch.profiler (CPU and CUDA activity); its Chrome trace written to `path` (every rank
-    steps, since the step's collectives need them all; only a rank with a path profiles)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Two more steps under torch.profiler (CPU and CUDA activity), the second inside a `TRACED_STEP` range:
+    it runs as a timed step does, the first one's parameter exchange in flight into its forward. Rank 0's
+    Chrome trace written to `path` (every rank steps, since the step's collectives need them all; only a rank
+    with a path profiles)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     if path is None:
-        step_obj.step(x, y)
+        for _ in range(2):
+            step_obj.step(x, y)
         torch.cuda.synchronize()
         return
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step_obj.step(x, y)
+        with record_function(TRACED_STEP):
+            step_obj.step(x, y)
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)
 
@@ -165,6 +185,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
             recompute=args.recompute,
             compile_blocks=args.compile_blocks,
             keep_attention=args.keep_attention,
+            exchange_in_forward=args.exchange_in_forward,
             activation_memory_budget=(args.activation_memory_budget or ACTIVATION_MEMORY_BUDGET)
             if args.compile_blocks
             else None,
@@ -193,8 +214,10 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     else:
         ms = triton.testing.do_bench(train_step, rep=args.rep, warmup=args.warmup)
     peak = torch.cuda.max_memory_allocated()
-    if args.trace:
+    if args.trace:  # the traced step's forward overlaps the last timed step's exchange, as every timed one did
         trace_step(step_obj, x, y, args.trace if rank == 0 else None)
+    if args.variant == "ours":
+        step_obj.wait_for_exchange()
     # do_bench calls fn once, 5 times to estimate, n_warmup times, then n_repeat timed times with
     # n_warmup : n_repeat = warmup : rep (up to rounding): the first timed call is about this one.
     extra = len(calls) - 6

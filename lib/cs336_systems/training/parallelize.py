@@ -27,6 +27,7 @@ The model's class stays plain; what the step applies to its instance is done her
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -66,13 +67,15 @@ class Parallelized:
             if recompute and i not in self.keepers:
                 self.keepers[i] = attn.attention = KeptAttentionOutput(attn.attention)
 
-    def block_runner(self, plan: RecomputePlan) -> BlockRunner:
+    def block_runner(self, plan: RecomputePlan, before_block: Callable[[int], None] | None = None) -> BlockRunner:
         """`run_block(i, block, h)` for the model's `final_hidden_states`: block i plainly where the plan keeps
         its activations, else under non-reentrant checkpointing (its keeper armed just before, where the plan
-        keeps attention outputs)."""
+        keeps attention outputs); `before_block(i)`, where given, first (outside any compiled region)."""
         keepers = self.keepers
 
         def run_block(i: int, block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+            if before_block is not None:
+                before_block(i)
             if not plan.recompute[i]:
                 return block(h)
             if plan.keep_attention:

@@ -112,8 +112,10 @@ class TrainStep(OptimizerStep):
     each rank steps on its own (x, y); the model is sharded by `parallelize` (rank 0's weights broadcast,
     each parameter's gradient reduced onto its owning rank as the backward completes it); the optimizer is
     `ShardedOptimizer` around the chosen one with the same owners, each rank keeping the AdamW states of its
-    parameters and broadcasting them updated. After `forward_backward` a rank's `.grad` is set for its own
-    parameters only. The returned loss is the rank's own batch's. With one rank none of this is built."""
+    parameters and sending them updated to the other ranks (with `StepConfig.exchange_in_forward`, in flight
+    until the next step's forward needs them: `wait_for_exchange` before reading the parameters between
+    steps). After `forward_backward` a rank's `.grad` is set for its own parameters only. The returned loss
+    is the rank's own batch's. With one rank none of this is built."""
 
     def __init__(self, model: nn.Module, config: StepConfig):
         self.model = model
@@ -166,7 +168,7 @@ class TrainStep(OptimizerStep):
         try:
             self._mark("forward")
             with record_function("forward"):
-                h = final_hidden_states(self.model, x, self.parallel.block_runner(plan))
+                h = self._forward(x, plan)
             self._mark("loss")
             with record_function("loss"):
                 if config.loss == "fused":
@@ -185,11 +187,43 @@ class TrainStep(OptimizerStep):
             self.parallel.release()
         return loss.detach().float()
 
+    def _forward(self, x: torch.Tensor, plan: RecomputePlan) -> torch.Tensor:
+        if not self.sharded:
+            return final_hidden_states(self.model, x, self.parallel.block_runner(plan))
+        # The last step's parameter exchange may be in flight (`StepConfig.exchange_in_forward`): each part
+        # waits for its own parameters just before it runs, so the rest of the exchange overlaps its compute.
+        exchange, layers = self.optimizer, self.parts.layers
+        exchange.wait_for_parameters(self.parts.token_embeddings.parameters())
+        if len(layers) == 0:
+            exchange.wait_for_exchange()
+
+        def before_block(i: int) -> None:
+            if i == len(layers) - 1:  # the final norm and the head run after the last block
+                exchange.wait_for_exchange()
+            else:
+                exchange.wait_for_parameters(layers[i].parameters())
+
+        return final_hidden_states(self.model, x, self.parallel.block_runner(plan, before_block))
+
     def optimizer_step(self) -> None:
         self._mark("optimizer")
         with record_function("optimizer"):
-            self.optimizer.step()
+            if self.sharded:
+                self.optimizer.step(wait=not self.config.exchange_in_forward)
+            else:
+                self.optimizer.step()
         self._mark("end")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the step is data parallel: the optimizer a `ShardedOptimizer`, its parameters exchanged."""
+        return self.parallel.owners is not None
+
+    def wait_for_exchange(self) -> None:
+        """Complete the last step's parameter exchange where `StepConfig.exchange_in_forward` left it in flight:
+        after this every rank's model holds the updated parameters (the next step does it block by block)."""
+        if self.sharded:
+            self.optimizer.wait_for_exchange()
 
     def _mark(self, phase: str) -> None:
         if self.phase_marks is None:
