@@ -18,7 +18,7 @@
 # (`cs336_systems.distributed.sharded_optimizer`) wraps any `torch.optim.Optimizer`: every
 # parameter is owned by one rank (greedy: largest parameter first, to the least-loaded rank), each
 # rank's wrapped optimizer holds state for its own parameters only, and after each step every
-# parameter is broadcast from its owner. Below: equality with the unsharded optimizer; the peak
+# parameter is sent from its owner to the other ranks. Below: equality with the unsharded optimizer; the peak
 # memory of training on 2 GPUs after initialization, before and after the optimizer step, with
 # and without sharding (and with PyTorch's `ZeroRedundancyOptimizer`), broken down and next to the
 # analysis; the time per iteration; and how this differs from ZeRO stage 1. Each handout asks for
@@ -185,7 +185,7 @@ if not gpu_peaks:
 # %% [markdown]
 # ## (b) Time per iteration
 # Forward+backward, the exposed part of the gradient all-reduce, and the optimizer step (for the
-# sharded optimizers including the broadcasts of the updated parameters), each synchronized.
+# sharded optimizers including the exchange of the updated parameters), each synchronized.
 
 # %%
 timing = result["timing"]
@@ -205,7 +205,7 @@ for size, rows in timing.groupby("size", sort=False):
         f"**{size}:** an iteration takes {u.step_ms:.1f} ± {u.step_std_ms:.1f} ms with the unsharded AdamW and "
         f"{s.step_ms:.1f} ± {s.step_std_ms:.1f} ms with the sharded one ({s.step_ms / u.step_ms:.2f}×). "
         f"The optimizer phase goes from {u.optimizer_ms:.1f} ms to {s.optimizer_ms:.1f} ms: each rank updates only its "
-        f"own parameters, then broadcasts them."
+        f"own parameters, then sends them to the other ranks."
     )
     if "zero" in ok.index:
         z = ok.loc["zero"]
@@ -220,7 +220,7 @@ for size, rows in timing.groupby("size", sort=False):
 # the gradients: a reduce-scatter delivers each rank the summed gradients of its slice only, the
 # rank updates its slice, and an all-gather returns the updated parameters. Our optimizer keeps
 # the DDP all-reduce (every rank receives every summed gradient, though it updates only its own
-# parameters) and then broadcasts the parameters — the all-gather's traffic on top of the
+# parameters) and then sends the parameters from their owners — the all-gather's traffic on top of the
 # all-reduce's. ZeRO's paper counts mixed-precision training, where the fp32 master weights are
 # optimizer state too, and shards them as well.
 

@@ -264,7 +264,8 @@ ctx.md(f"After {curve_steps} steps the plain reference's loss is {plain:.4f}; "
 # under a process group (`TrainStep`): rank 0's weights broadcast; each rank owns half of the
 # parameters; their gradients are averaged onto their owner by bucketed reduces launched as the
 # backward completes them (`DDPShardedGradients`), and the owner keeps their AdamW states, updates
-# them and broadcasts them (ZeRO stage 2). Per rank, sharding halves the gradients and the states,
+# them and sends them to the other rank, in rounds that the next step's forward waits for block by block
+# (ZeRO stage 2). Per rank, sharding halves the gradients and the states,
 # which leaves room for more kept blocks (the plan above, `leaderboard_8b_sharded_plan`). Where this machine has two GPUs the
 # handout's command runs under `torchrun --nproc-per-node 2` for both steps, each from empty compile caches and
 # timed as the handout times it (`do_bench(rep=30000, warmup=10000)`, the `two_gpu_*` parameters), and one more step of ours is

@@ -20,7 +20,8 @@ parameter (AdamW: K = 2, m and v) in fp32 unless stated. Per rank, per training 
 Ψ_r norm gains; c is the bytes of its compute dtype, in which it communicates. Collective volumes
 are the ring algorithms' (accounting/rings.py): an all-reduce sends 2(N−1)/N of the buffer per
 rank, a reduce-scatter or all-gather (N−1)/N; a broadcast of every parameter from its owner is an
-all-gather with uneven pieces, (N−1)/N of the bytes per rank on average with a pipelined ring.
+all-gather with uneven pieces, (N−1)/N of the bytes per rank on average with a pipelined ring, and so
+are ShardedOptimizer's point-to-point sends of each owner's parameters to every other rank.
 Gathered-weight buffers of FSDP and activations are not part of the table (they are measured).
 
 ZeRO's paper counts mixed precision: fp16 parameters and gradients (2Ψ each) and K = 12 bytes of

@@ -12,8 +12,8 @@ the bucket's first gradient of the step and freed after the reduce (at most `in_
 waited on later than their launch), the parameters' `.grad` set back to None. Per rank, the gradients
 then take about 1/n of their size (the owned buckets, which live until the optimizer's zero_grad) plus
 the buckets in flight, against all of them under `DDPBucketed`'s persistent buffers. A reduce moves
-about half the bytes of an all-reduce; the owners' updated parameters are then broadcast by the
-optimizer, so a step moves what DDP with a sharded optimizer moves (reduce + broadcast = all-reduce).
+about half the bytes of an all-reduce; the optimizer then sends the owners' updated parameters to the
+other ranks (an all-gather's bytes), so a step moves what DDP with a sharded optimizer moves.
 
 `owners` maps every trainable parameter to a rank; `ShardedOptimizer(..., owners=the same)` must use the
 same map. `sharded_optimizer.assign_contiguous` gives each rank one contiguous run of parameters, so the

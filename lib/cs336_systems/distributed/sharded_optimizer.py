@@ -126,10 +126,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # ---- ownership -------------------------------------------------------------------------
     def _check_parameter(self, p: torch.Tensor) -> None:
         if self.backend == "nccl" and p.device.type != "cuda":
-            raise ValueError(f"NCCL broadcasts need CUDA parameters, got one on {p.device}")
+            raise ValueError(f"NCCL sends and receives need CUDA parameters, got one on {p.device}")
         if not p.is_contiguous():
             raise ValueError(
-                f"a parameter of shape {tuple(p.shape)} is not contiguous and cannot be broadcast in place"
+                f"a parameter of shape {tuple(p.shape)} is not contiguous and cannot be sent and received in place"
             )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ Three optimizers drive the same data-parallel model (DDPIndividualParameters: ev
 all-reduced as soon as the backward pass completes it), all in one distributed run:
 
     unsharded   the project's AdamW over every parameter
-    sharded     ShardedOptimizer(AdamW): state for the rank's own parameters, then broadcasts
+    sharded     ShardedOptimizer(AdamW): state for the rank's own parameters, then sends them
     zero        torch.distributed.optim.ZeroRedundancyOptimizer(AdamW), PyTorch's version of it
 
 Memory, per rank, at the handout's three points — after model initialization, directly before
@@ -440,7 +440,8 @@ def plot_step_times(timing: pd.DataFrame, title: str = ""):
     labels = ok["optimizer"] + ("\n" + ok["size"].astype(str) if "size" in ok and ok["size"].nunique() > 1 else "")
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(ok) + 2), 3.8))
     bottom = pd.Series(0.0, index=ok.index)
-    for phase, label in zip(PHASES, ("forward+backward", "gradient sync (exposed)", "optimizer step + broadcasts")):
+    phase_labels = ("forward+backward", "gradient sync (exposed)", "optimizer step + parameter exchange")
+    for phase, label in zip(PHASES, phase_labels):
         ax.bar(labels, ok[f"{phase}_ms"], bottom=bottom, label=label)
         bottom += ok[f"{phase}_ms"]
     ax.errorbar(labels, ok["step_ms"], yerr=ok["step_std_ms"], fmt="none", ecolor="black", capsize=3)

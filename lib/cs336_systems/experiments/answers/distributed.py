@@ -935,7 +935,8 @@ def optimizer_state_sharding(results: Results) -> Answer:
         "`cs336_systems.distributed.ShardedOptimizer(params, optimizer_cls, **kwargs)` (module "
         "`sharded_optimizer`) calls the `torch.optim.Optimizer` constructor, and its `add_param_group` assigns every "
         "parameter to one rank (largest first, to the least-loaded rank); each rank's wrapped optimizer holds state "
-        "for its own parameters only, and `step()` updates them and then broadcasts every parameter from its owner. "
+        "for its own parameters only, and `step()` updates them and then sends every parameter from its owner to the "
+        "other ranks. "
         f"On {where}, after {int(eq.steps.iloc[0])} AdamW steps on the {eq['size'].iloc[0]} model (the weights moved "
         f"by up to {worst.max_update.max():.3g}), "
         + _agreement(
@@ -1058,7 +1059,7 @@ def _sharding_time(results: Results, handout: str) -> Answer:
         f"With {setup.describe()}, an iteration takes {_ms(u.step_ms)} ± {u.step_std_ms:.1f} ms with AdamW and "
         f"{_ms(s.step_ms)} ± {s.step_std_ms:.1f} ms with the sharded AdamW, {_x(s.step_ms / u.step_ms)} "
         f"({s.step_ms - u.step_ms:+.1f} ms). The optimizer phase goes from {_ms(u.optimizer_ms)} to "
-        f"{_ms(s.optimizer_ms)}, since each rank updates only its own parameters and then broadcasts them to the "
+        f"{_ms(s.optimizer_ms)}, since each rank updates only its own parameters and then sends them to the "
         f"others, while forward+backward takes "
         + (
             f"{_ms(u.fwd_bwd_ms)} with both."
@@ -1081,7 +1082,7 @@ def _sharding_time(results: Results, handout: str) -> Answer:
         "step_std_ms": "± std (ms)",
         "fwd_bwd_ms": "forward+backward (ms)",
         "sync_ms": "exposed gradient all-reduce (ms)",
-        "optimizer_ms": "optimizer step incl. broadcasts (ms)",
+        "optimizer_ms": "optimizer step incl. parameter exchange (ms)",
     }
     table = (
         ok[[c for c in cols if c in ok]]
@@ -1117,7 +1118,7 @@ def sharding_vs_zero1(results: Results) -> Answer:
     text = (
         f"ZeRO stage 1 replaces the gradient all-reduce with a reduce-scatter (each rank receives only its slice "
         f"of the summed gradients) followed by an all-gather of the updated parameters, whereas ours keeps DDP's "
-        f"all-reduce and then broadcasts each parameter from its owner; for {name} ({params / 1e9:.3f} B "
+        f"all-reduce and then sends each parameter from its owner to the other ranks; for {name} ({params / 1e9:.3f} B "
         f"parameters) on {world} ranks that is {comm.loc[ddp, 'sent_per_rank_GB']:.2f} GB sent per rank and step for "
         f"DDP and ZeRO-1 ({_x(comm.loc[zero1, 'relative_to_ddp'])} DDP) against "
         f"{comm.loc[ours, 'sent_per_rank_GB']:.2f} GB for ours ({_x(comm.loc[ours, 'relative_to_ddp'])}). "

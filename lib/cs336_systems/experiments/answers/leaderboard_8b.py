@@ -75,9 +75,9 @@ def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
                 command[~in_cap],
                 capped,
                 (
-                    "Timed by `torchrun --nproc-per-node 2 -m cs336_systems.training.leaderboard_8b` after this "
-                    f"notebook's run, on later code (`tools/leaderboard_8b_two_gpus.py`, each command from empty "
-                    f"compile caches); the notebook's own two-GPU run took {notebook.ms:,.1f} ms."
+                    "Timed by `torchrun --nproc-per-node 2 -m cs336_systems.training.leaderboard_8b` in a run after "
+                    f"this notebook's (`tools/leaderboard_8b_two_gpus.py`, each command from empty compile caches; "
+                    f"its table names the code each ran); the notebook's own two-GPU run took {notebook.ms:,.1f} ms."
                 ),
             )
     if "variant" in command and "ours" in set(command[~in_cap].variant):
