@@ -125,7 +125,8 @@ def test_the_traced_step_is_cut_to_its_compute_span(tmp_path):
     path = tmp_path / "trace.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(TWO_STEPS, f)
-    streams, overlap, _ = two_gpu_profile(path)
+    streams, overlap, fig = two_gpu_profile(path)
+    assert fig.axes[0].get_xlim() == pytest.approx((0.0, 0.105)), "the figure spans the traced step's window only"
     row = overlap.iloc[0]
     assert row.span_ms == pytest.approx(0.105) and row.compute_ms == pytest.approx(0.095)
     assert row.communication_ms == pytest.approx(0.015) and row.hidden_ms == pytest.approx(0.005)

@@ -484,7 +484,8 @@ def two_gpu_profile(trace) -> tuple[pd.DataFrame, pd.DataFrame, object]:
     events = load_trace(trace)
     if TRACED_STEP in set(events.loc[events["kind"] == "range", "name"]):
         events = clip_to_window(events, *compute_span(events_in_ranges(events, TRACED_STEP, kinds=GPU_KINDS)))
-    fig = plot_timeline(events, title="8B step, rank 0 of 2 GPUs: compute and communication streams")
+    gpu = events[events["kind"].isin(GPU_KINDS)]  # the host's events would stretch the axis back to the first step
+    fig = plot_timeline(gpu, title="8B step, rank 0 of 2 GPUs: compute and communication streams")
     return stream_summary(events), communication_overlap(events), fig
 
 
