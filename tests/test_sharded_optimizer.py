@@ -170,6 +170,11 @@ def _errors() -> dict:
     except ValueError as err:
         out["bad_class"] = str(err)
     try:
+        ShardedOptimizer(model.parameters(), AdamW, lr=1e-3, exchange_round_bytes=0)
+        out["bad_round_bytes"] = "no error"
+    except ValueError as err:
+        out["bad_round_bytes"] = str(err)
+    try:
         ShardedOptimizer(model.parameters(), AdamW, lr=1e-3).consolidated_state_dict(to=dist.get_world_size())
         out["bad_rank"] = "no error"
     except ValueError as err:
@@ -296,6 +301,7 @@ def test_bad_arguments_are_value_errors(ranks):
     errors = ranks[0]["errors"]
     assert "torch.optim.Optimizer subclass" in errors["bad_class"]
     assert "outside the world size" in errors["bad_rank"]
+    assert "exchange_round_bytes must be positive, got 0" in errors["bad_round_bytes"]
 
 
 @pytest.mark.multiprocess
