@@ -1,5 +1,6 @@
 """Without CUDA, Triton kernels run under its interpreter. The variable must be set before the first
-`import triton` anywhere in the session, so it is set here, before any test module is imported.
+`import triton` anywhere in the session, so it is set here, before any test module is imported. With CUDA
+they are compiled for the GPU, and a test that hands them CPU tensors is skipped, saying so (below).
 
 Markers (registered in pyproject.toml): `slow` runs the notebooks, `multiprocess` starts a distributed
 job in other processes; `make test-fast` leaves both out, `make test` (CI) runs everything."""
@@ -17,6 +18,41 @@ def _has_cuda() -> bool:
 
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# With a GPU the kernels are compiled for it, and a test that hands them CPU tensors cannot run in this
+# session: the library says so with one exception type (`NeedsTritonInterpreter`; in a spawned rank, its
+# name in the traceback the parent receives). Such a test is skipped with the reason, not failed; any
+# other error fails it as before. A machine without a GPU runs them under the interpreter (CI does).
+def _skip_if_it_needs_the_interpreter(err: BaseException) -> None:
+    from torch.multiprocessing import ProcessRaisedException
+
+    from cs336_systems.triton_support.interpreter import NeedsTritonInterpreter
+
+    name = NeedsTritonInterpreter.__name__
+    if _INTERPRETED:
+        return
+    if isinstance(err, NeedsTritonInterpreter) or (isinstance(err, ProcessRaisedException) and name in str(err)):
+        pytest.skip("runs Triton kernels on CPU tensors, which needs TRITON_INTERPRET=1 (this session compiles them)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    try:
+        return (yield)
+    except Exception as err:
+        _skip_if_it_needs_the_interpreter(err)
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except Exception as err:
+        _skip_if_it_needs_the_interpreter(err)
+        raise
 
 
 # A safety net for the marker: a test that starts torch.multiprocessing workers without it is named

@@ -87,6 +87,20 @@ def test_a_row_that_does_not_fit_is_a_row(tiny, monkeypatch):
     assert df.status.iloc[0] == "does not fit" and "bigger GPU" in df.note.iloc[0]
 
 
+def test_a_row_that_fails_otherwise_is_an_error_not_a_row(tiny, monkeypatch):
+    """Only a plan that does not fit (`PlanDoesNotFit`) becomes a "does not fit" row; another ValueError (here
+    the timing's) propagates, rather than being recorded as a size problem."""
+    model, x, y = tiny
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug in the timing")
+
+    monkeypatch.setattr(rec, "time_step", broken)
+    row = rec.RecordRow("plain", "everything kept", "flash_triton", dict(recompute="none"))
+    with pytest.raises(ValueError, match="a bug in the timing"):
+        rec.run_record(model, x, y, [row], compile_blocks=False)
+
+
 def test_sharded_plan_halves_each_rank_s_states(tiny):
     model = tiny[0]
     terms = MemoryTerms(fixed=0, block=10_000)

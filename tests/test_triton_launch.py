@@ -201,3 +201,32 @@ def test_wrong_number_of_runtime_arguments_is_refused():
     kernel, launcher = kernel_and_launcher()
     with pytest.raises(ValueError, match="takes 4 runtime arguments, got 2 tensors and 1 scalars"):
         launcher((3,), (cuda_tensor(), cuda_tensor()), (16,), dict(FLAG=True, BLOCK=64))
+
+
+def test_every_kernel_family_refuses_cpu_tensors_with_one_error_type(monkeypatch):
+    """Compiled kernels (the interpreter reported off) handed CPU tensors: attention, the fused loss and
+    FusedAdamW all raise `NeedsTritonInterpreter` (a ValueError), the type a GPU machine's test session skips
+    on (tests/conftest.py), naming what to do."""
+    import importlib
+
+    from cs336_systems.attention.launch.dispatch import gluon_kernels
+    from cs336_systems.fused_loss import linear_cross_entropy
+    from cs336_systems.optim import FusedAdamW
+    from cs336_systems.triton_support.interpreter import NeedsTritonInterpreter
+
+    # (the packages export functions of their modules' names: the modules themselves, by name)
+    loss_module = importlib.import_module("cs336_systems.fused_loss.linear_cross_entropy")
+    adamw_module = importlib.import_module("cs336_systems.optim.fused_adamw")
+    q = torch.randn(1, 16, 16)
+    with pytest.raises(NeedsTritonInterpreter, match="TRITON_INTERPRET=1"):
+        gluon_kernels(q, q, q, True, interpreted=False)
+    monkeypatch.setattr(loss_module, "kernel_interpreted", lambda: False)
+    hidden, weight = torch.randn(4, 8), torch.randn(10, 8)
+    with pytest.raises(NeedsTritonInterpreter, match="TRITON_INTERPRET=1"):
+        linear_cross_entropy(hidden, weight, torch.zeros(4, dtype=torch.int64))
+    monkeypatch.setattr(adamw_module, "kernels_interpreted", lambda: False)
+    p = torch.nn.Parameter(torch.randn(8))
+    p.grad = torch.randn(8)
+    with pytest.raises(NeedsTritonInterpreter, match="TRITON_INTERPRET=1"):
+        FusedAdamW([p], lr=1e-3).step()
+    assert issubclass(NeedsTritonInterpreter, ValueError)

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from cs336_systems.triton_support.interpreter import NeedsTritonInterpreter
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TRITON_MAX_HEAD_DIM = 256
 
@@ -109,7 +111,7 @@ def check_triton_inputs(
     if device_type == "cuda":
         return problem
     if device_type == "cpu" and not interpreted:
-        raise ValueError(
+        raise NeedsTritonInterpreter(
             "the Triton kernels got CPU tensors: move q, k, v to a CUDA device, or set TRITON_INTERPRET=1 "
             "before triton is first imported to run them in the (slow) Triton interpreter"
         )

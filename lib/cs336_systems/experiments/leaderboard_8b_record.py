@@ -23,7 +23,14 @@ from cs336_systems.benchmarking.timing import TimingSettings, measure_times_ms
 from cs336_systems.model import TransformerLM, set_attention
 from cs336_systems.training.config import StepConfig
 from cs336_systems.training.leaderboard_8b import ACTIVATION_MEMORY_BUDGET, TRACED_STEP, useful_flops
-from cs336_systems.training.memory_plan import GIB, MemoryTerms, fixed_memory_bytes, plan_recompute, recompute_cost
+from cs336_systems.training.memory_plan import (
+    GIB,
+    MemoryTerms,
+    PlanDoesNotFit,
+    fixed_memory_bytes,
+    plan_recompute,
+    recompute_cost,
+)
 from cs336_systems.training.step import PHASES, TrainStep, build_train_step, phase_times
 
 
@@ -184,7 +191,7 @@ def run_record(
                 record["peak_gib"] = torch.cuda.max_memory_allocated(x.device) / GIB
         except torch.OutOfMemoryError as err:
             record.update(status="OOM", note=str(err).split("\n")[0][:200])
-        except ValueError as err:  # the plan does not fit: the message says what to change
+        except PlanDoesNotFit as err:  # the message says what to change
             record.update(status="does not fit", note=str(err)[:800])
         finally:
             release(step)
@@ -512,7 +519,7 @@ def kept_blocks_table(
                 try:
                     plan = plan_recompute(model.config.num_layers, replace(terms, fixed=fixed), budget_bytes)
                     kept, keep_attention = plan.kept_blocks, plan.keep_attention
-                except ValueError:
+                except PlanDoesNotFit:
                     kept = keep_attention = None
             rows.append(
                 dict(

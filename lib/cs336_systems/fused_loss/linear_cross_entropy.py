@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from cs336_systems.fused_loss.cross_entropy_kernels import kernel_interpreted, launch_cross_entropy_rows
-from cs336_systems.triton_support.interpreter import repair_interpreter
+from cs336_systems.triton_support.interpreter import NeedsTritonInterpreter, repair_interpreter
 
 if kernel_interpreted():
     repair_interpreter()  # the kernel's loops over V run to a runtime bound
@@ -74,6 +74,10 @@ def check_inputs(
     if not (hidden.device == weight.device == targets.device):
         raise ValueError(
             f"hidden, weight and targets must be on one device, got {hidden.device}, {weight.device}, {targets.device}"
+        )
+    if hidden.device.type == "cpu" and not kernel_interpreted():
+        raise NeedsTritonInterpreter(
+            "tensors on cpu: the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 set before triton is imported)"
         )
     if hidden.device.type != "cuda" and not kernel_interpreted():
         raise ValueError(

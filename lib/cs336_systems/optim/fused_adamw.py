@@ -37,6 +37,7 @@ from cs336_systems.optim.fused_adamw_kernels import (
     triton_dtype,
 )
 from cs336_systems.optim.hyperparameters import check_adamw_hyperparameters
+from cs336_systems.triton_support.interpreter import NeedsTritonInterpreter
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 PARAM_DTYPES = (torch.float32, torch.bfloat16)
@@ -148,7 +149,7 @@ class FusedAdamW(torch.optim.Optimizer):
         index, device, param_dtype, _, state_dtype, t = kind
         group = self.param_groups[index]
         if device.type == "cpu" and not kernels_interpreted():
-            raise RuntimeError(
+            raise NeedsTritonInterpreter(
                 "FusedAdamW: CPU parameters need the Triton interpreter "
                 "(set TRITON_INTERPRET=1 before triton is imported)"
             )

@@ -24,7 +24,7 @@ is data parallel. The modules, one concept each:
 """
 
 from cs336_systems.training.config import StepConfig
-from cs336_systems.training.memory_plan import RecomputePlan
+from cs336_systems.training.memory_plan import PlanDoesNotFit, RecomputePlan
 from cs336_systems.training.step import build_train_step
 
-__all__ = ["RecomputePlan", "StepConfig", "build_train_step"]
+__all__ = ["PlanDoesNotFit", "RecomputePlan", "StepConfig", "build_train_step"]

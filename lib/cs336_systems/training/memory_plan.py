@@ -32,6 +32,13 @@ from cs336_systems.training.config import StepConfig
 from cs336_systems.training.model_structure import ModelParts
 
 GIB = 1 << 30
+
+
+class PlanDoesNotFit(ValueError):
+    """No recompute plan fits the memory budget; the message says what would (fewer layers, a shorter
+    context, more GPUs). Its own type, so that a sweep can record such a row and still fail on other errors."""
+
+
 CUDA_MARGIN_BYTES = 5 * GIB
 
 
@@ -92,7 +99,7 @@ def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> Reco
     The kept blocks are the LAST ones: the backward runs the last block first, so kept activations are
     freed at the start of the backward, before any recomputed block's activations are rebuilt.
 
-    ValueError when no plan fits.
+    PlanDoesNotFit (a ValueError) when no plan fits.
     """
     if n_layers < 0 or min(vars(terms).values()) < 0:
         raise ValueError("plan_recompute: layer count and byte counts must be non-negative")
@@ -102,7 +109,7 @@ def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> Reco
             kept = max(fits)
             return RecomputePlan((True,) * (n_layers - kept) + (False,) * kept, keep_attention and kept < n_layers)
     need = min(recompute_cost(n_layers, k, terms) for k in range(n_layers + 1))
-    raise ValueError(
+    raise PlanDoesNotFit(
         f"the step does not fit its memory budget with any recompute plan: the least it needs is about "
         f"{need / GIB:.2f} GiB ({terms.fixed / GIB:.2f} GiB of parameters, gradients, optimizer states "
         f"and loss workspace, {n_layers} checkpointed block inputs and one block's "
@@ -252,8 +259,8 @@ def make_plan(
     terms = memory_terms(model, parts, config, x, keep_attention, world_size)
     try:
         return plan_recompute(n, terms, budget)
-    except ValueError as err:
-        raise ValueError(f"{err}. {what_would_fit(model, parts, config, x, terms, budget, world_size)}") from None
+    except PlanDoesNotFit as err:
+        raise PlanDoesNotFit(f"{err}. {what_would_fit(model, parts, config, x, terms, budget, world_size)}") from None
 
 
 def least_cost(n_layers: int, terms: MemoryTerms) -> int:

@@ -6,6 +6,12 @@ fused loss, the fused AdamW) asks here, so the repair is made once, whichever is
 from __future__ import annotations
 
 
+class NeedsTritonInterpreter(ValueError):
+    """CPU tensors handed to Triton kernels in a process where they were compiled for a GPU (TRITON_INTERPRET=1
+    was not set before triton's first import): the work cannot run here. One type for every kernel family, so
+    a caller (a test session on a GPU machine) can tell this from a wrong input."""
+
+
 def built_by_interpreter(kernel) -> bool:
     """True when `kernel` (a @triton.jit function) was built by the interpreter, i.e. runs on CPU tensors."""
     from triton.runtime.interpreter import InterpretedFunction
