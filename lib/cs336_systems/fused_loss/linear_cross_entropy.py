@@ -75,12 +75,9 @@ def check_inputs(
         raise ValueError(
             f"hidden, weight and targets must be on one device, got {hidden.device}, {weight.device}, {targets.device}"
         )
-    if hidden.device.type == "cpu" and not kernel_interpreted():
-        raise NeedsTritonInterpreter(
-            "tensors on cpu: the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 set before triton is imported)"
-        )
     if hidden.device.type != "cuda" and not kernel_interpreted():
-        raise ValueError(
+        error = NeedsTritonInterpreter if hidden.device.type == "cpu" else ValueError
+        raise error(
             f"tensors on {hidden.device}: the Triton kernel needs CUDA tensors "
             f"(or TRITON_INTERPRET=1 set before triton is imported)"
         )

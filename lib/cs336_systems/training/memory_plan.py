@@ -32,14 +32,12 @@ from cs336_systems.training.config import StepConfig
 from cs336_systems.training.model_structure import ModelParts
 
 GIB = 1 << 30
+CUDA_MARGIN_BYTES = 5 * GIB
 
 
 class PlanDoesNotFit(ValueError):
     """No recompute plan fits the memory budget; the message says what would (fewer layers, a shorter
     context, more GPUs). Its own type, so that a sweep can record such a row and still fail on other errors."""
-
-
-CUDA_MARGIN_BYTES = 5 * GIB
 
 
 @dataclass(frozen=True)
