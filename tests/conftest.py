@@ -25,34 +25,32 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # session: the library says so with one exception type (`NeedsTritonInterpreter`; in a spawned rank, its
 # name in the traceback the parent receives). Such a test is skipped with the reason, not failed; any
 # other error fails it as before. A machine without a GPU runs them under the interpreter (CI does).
-def _skip_if_it_needs_the_interpreter(err: BaseException) -> None:
-    from torch.multiprocessing import ProcessRaisedException
+def _skipping_tests_that_need_the_interpreter():
+    """The body of the setup and call hook wrappers below (`yield from` it)."""
+    try:
+        return (yield)
+    except Exception as err:
+        if not _INTERPRETED:
+            from torch.multiprocessing import ProcessRaisedException
 
-    from cs336_systems.triton_support.interpreter import NeedsTritonInterpreter
+            from cs336_systems.triton_support.interpreter import NeedsTritonInterpreter
 
-    name = NeedsTritonInterpreter.__name__
-    if _INTERPRETED:
-        return
-    if isinstance(err, NeedsTritonInterpreter) or (isinstance(err, ProcessRaisedException) and name in str(err)):
-        pytest.skip("runs Triton kernels on CPU tensors, which needs TRITON_INTERPRET=1 (this session compiles them)")
+            spawned = isinstance(err, ProcessRaisedException) and NeedsTritonInterpreter.__name__ in str(err)
+            if isinstance(err, NeedsTritonInterpreter) or spawned:
+                pytest.skip(
+                    "runs Triton kernels on CPU tensors, which needs TRITON_INTERPRET=1 (this session compiles them)"
+                )
+        raise
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    try:
-        return (yield)
-    except Exception as err:
-        _skip_if_it_needs_the_interpreter(err)
-        raise
+    return (yield from _skipping_tests_that_need_the_interpreter())
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    try:
-        return (yield)
-    except Exception as err:
-        _skip_if_it_needs_the_interpreter(err)
-        raise
+    return (yield from _skipping_tests_that_need_the_interpreter())
 
 
 # A safety net for the marker: a test that starts torch.multiprocessing workers without it is named

@@ -488,11 +488,11 @@ def two_gpu_profile(trace) -> tuple[pd.DataFrame, pd.DataFrame, object]:
     from cs336_systems.profiling.timeline import plot_timeline
     from cs336_systems.profiling.trace import GPU_KINDS, events_in_ranges, load_trace
 
-    events = load_trace(trace)
+    events, window = load_trace(trace), None
     if TRACED_STEP in set(events.loc[events["kind"] == "range", "name"]):
-        events = clip_to_window(events, *compute_span(events_in_ranges(events, TRACED_STEP, kinds=GPU_KINDS)))
-    gpu = events[events["kind"].isin(GPU_KINDS)]  # the host's events would stretch the axis back to the first step
-    fig = plot_timeline(gpu, title="8B step, rank 0 of 2 GPUs: compute and communication streams")
+        window = compute_span(events_in_ranges(events, TRACED_STEP, kinds=GPU_KINDS))
+        events = clip_to_window(events, *window)
+    fig = plot_timeline(events, window=window, title="8B step, rank 0 of 2 GPUs: compute and communication streams")
     return stream_summary(events), communication_overlap(events), fig
 
 

@@ -216,8 +216,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     peak = torch.cuda.max_memory_allocated()
     if args.trace:  # the traced step's forward overlaps the last timed step's exchange, as every timed one did
         trace_step(step_obj, x, y, args.trace if rank == 0 else None)
-    if args.variant == "ours":
-        step_obj.wait_for_exchange()
+    step_obj.wait_for_exchange()
     # do_bench calls fn once, 5 times to estimate, n_warmup times, then n_repeat timed times with
     # n_warmup : n_repeat = warmup : rep (up to rounding): the first timed call is about this one.
     extra = len(calls) - 6
