@@ -179,6 +179,8 @@ def test_two_gpu_command_rows_compare_within_a_world_size():
             note="",
             wall_s=120.0,
             plan=[True, False, False],
+            sm_mhz_by_gpu=[1590.0, 1545.0],
+            power_capped_by_gpu=[0.5, 0.9],
         ),
         dict(
             variant="ours",
@@ -204,6 +206,9 @@ def test_two_gpu_command_rows_compare_within_a_world_size():
     assert rows.loc[("torch_native", 1), "note"] == "out of memory"
     assert rows.loc[("ours", 2), "blocks_recomputed"] == 1 and rows.loc[("ours", 1), "blocks_recomputed"] == 2
     assert pd.isna(rows.loc[("torch_native", 2), "blocks_recomputed"])
+    # the slowest GPU's clock sets a data-parallel step's pace; runs without telemetry have none
+    assert rows.loc[("ours", 2), "sm_mhz"] == 1545.0 and rows.loc[("ours", 2), "power_capped"] == 0.9
+    assert pd.isna(rows.loc[("ours", 1), "sm_mhz"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path without a GPU")

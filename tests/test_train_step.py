@@ -33,6 +33,7 @@ from cs336_systems.training.memory_plan import (
     measure_block_activation_bytes,
     plan_recompute,
     recompute_cost,
+    states_fetch_block,
 )
 from cs336_systems.training.step import phase_times, torch_native_step
 
@@ -406,6 +407,7 @@ def test_bad_config_raises():
         ("check_token_ids", None, TypeError, "StepConfig.check_token_ids must be a bool, got NoneType"),
         ("keep_attention", 1, TypeError, "StepConfig.keep_attention must be a bool, got int"),
         ("activation_memory_budget", "0.5", TypeError, "StepConfig.activation_memory_budget must be a real number"),
+        ("offload_optimizer_states", "yes", TypeError, "StepConfig.offload_optimizer_states must be a bool, got str"),
     ],
     ids=[
         "lr-str",
@@ -421,6 +423,7 @@ def test_bad_config_raises():
         "check-none",
         "keep-int",
         "activation-budget-str",
+        "offload-str",
     ],
 )
 def test_bad_config_field_raises_naming_it(field, value, error, match):
@@ -528,3 +531,71 @@ def test_a_step_that_does_not_fit_names_what_would(monkeypatch):
     assert build_train_step(fewer, config).plan_for(x).recompute  # plans, no error
     shorter, _ = batch(seq=context)
     assert build_train_step(make_models()[0], config).plan_for(shorter).recompute
+
+
+def test_offloaded_states_count_out_of_the_forward_and_come_back_when_room_is_freed():
+    # the end of the forward, 1000 + 100 k + 10 (8 - k) <= 1400: k = 3; with S = 250 away through the forward,
+    # 250 less: k = 6. The end of the backward (fixed + a) is counted once they are back
+    terms = dict(fixed=1000, block=100, checkpoint=10)
+    assert plan(8, 1400, **terms).kept_blocks == 3
+    offloaded = plan(8, 1400, **terms, offloaded=250)
+    assert offloaded.kept_blocks == 6
+    assert recompute_cost(8, 8, MemoryTerms(**terms, offloaded=1200)) == 1000 + 100
+    # back once the blocks above have freed 250: 3 kept blocks of 100 (2 would free 200), so block 8-1-3
+    assert offloaded.fetch_states_at == 4
+    # each block's backward allocates G / n = 40 of gradients: 60 freed per block, 5 blocks, but only 6 kept
+    assert plan(8, 1400, **terms, offloaded=250, backward_gradients=320).fetch_states_at == 2
+    # needing more than the kept blocks free: right after them, where the recomputed blocks' term counts them
+    assert states_fetch_block(8, 2, MemoryTerms(**terms, offloaded=350)) == 8 - 1 - 2
+    assert states_fetch_block(8, 8, MemoryTerms(**terms, offloaded=5000)) == 0
+    assert plan(8, 10_000, **terms).fetch_states_at is None  # nothing offloaded
+
+
+def test_a_plan_short_of_memory_suggests_offloading_the_states(monkeypatch):
+    """Where the cheapest plan's peak is the end of the forward, the error names the states in host memory
+    among what would fit (a block of 75 KB against the tiny model's 136 KB of gradients made in the
+    backward and 297 KB of fp32 states: keeping all 3 blocks is then the cheapest plan, by its forward)."""
+    from cs336_systems.training import memory_plan
+
+    monkeypatch.setattr(memory_plan, "measure_block_memory", lambda block, h: (76_800, 0))
+    fast, _ = make_models()
+    x, _ = batch()
+    terms = build_train_step(fast, StepConfig()).memory_terms(x)
+    budget = memory_plan.least_cost(LAYERS, terms) - 1
+    with pytest.raises(ValueError, match=r"optimizer states in host memory between steps \(StepConfig") as err:
+        build_train_step(fast, StepConfig(memory_budget_bytes=budget)).plan_for(x)
+    assert "StepConfig.offload_optimizer_states" in str(err.value)
+    # on CPU the states stay where they are, so the plan does not count them away: it still does not fit
+    with pytest.raises(ValueError, match="does not fit"):
+        build_train_step(fast, StepConfig(memory_budget_bytes=budget, offload_optimizer_states=True)).plan_for(x)
+
+
+@pytest.mark.parametrize("recompute, fetch_at", [("all", LAYERS - 1), ("none", LAYERS // 2), ("mixed", 1)])
+def test_offloaded_states_are_fetched_when_the_backward_reaches_the_plans_block(
+    small_tiles, monkeypatch, recompute, fetch_at
+):
+    """The step asks for the states back once the blocks above the plan's block have run their backward,
+    before that block's own; the loss and gradients are those of the step without offloading."""
+    from cs336_systems.training import memory_plan
+
+    fast, plain = make_models()
+    x, y = batch()
+    config = StepConfig(recompute="none" if recompute == "mixed" else recompute, offload_optimizer_states=True)
+    step = build_train_step(fast, config)
+    if recompute == "mixed":
+        step.plans[(BATCH, CONTEXT)] = memory_plan.RecomputePlan((True, True, False), True, fetch_states_at=1)
+        step.parallel.use_plan(step.plans[(BATCH, CONTEXT)])
+    assert step.plan_for(x).fetch_states_at == fetch_at
+    events = []
+    for i, block in enumerate(fast.layers):
+        block.register_full_backward_pre_hook(lambda module, grad, i=i: events.append(("backward", i)))
+    monkeypatch.setattr(step.offload, "fetch", lambda: events.append(("fetch", None)))
+    loss = step.forward_backward(x, y)
+    backward = [i for kind, i in events if kind == "backward"]
+    assert backward == list(range(LAYERS - 1, -1, -1))
+    assert events.index(("fetch", None)) == backward.index(fetch_at)  # after the blocks above, before its own
+    ref = plain_loss(plain, x, y)
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach(), rtol=RTOL, atol=ATOL)
+    for p, q in zip(fast.parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=RTOL, atol=ATOL)

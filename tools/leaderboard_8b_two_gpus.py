@@ -11,7 +11,9 @@ torch-native step on the same two GPUs; then one two-GPU step profiled (compute 
 Each command runs from empty Triton and Inductor caches (`torchrun_step(cold_cache=True)`), in this order:
 ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two. DIR receives
 `leaderboard_8b_two_gpus_command.csv` (the schema of `reports/gpu/results/leaderboard_8b_command.csv`
-plus `blocks_recomputed`, `memory_cap_gib`, `commit`, `wall_s`, `status` and `note`), and from the trace
+plus `blocks_recomputed`, `memory_cap_gib`, `sm_mhz` (the slowest GPU's median SM clock while timed),
+`power_capped` (the largest share of its samples a GPU spent at the power cap), `commit`, `wall_s`, `status`
+and `note`), and from the trace
 `leaderboard_8b_two_gpus_streams.csv` (`two_gpu_profile`: `stream_summary`), `leaderboard_8b_two_gpus_overlap.csv`
 (`communication_overlap`), a timeline figure and the gzipped trace itself. `--from-trace TRACE` rebuilds only
 those from a trace (no GPU needed). `--append-json RESULT` adds one `leaderboard_8b --json RESULT` run made by
@@ -50,6 +52,8 @@ COMMAND_COLUMNS = [
     "vs_torch_native",
     "blocks_recomputed",
     "memory_cap_gib",
+    "sm_mhz",
+    "power_capped",
     "commit",
     "date",
     "wall_s",
@@ -81,6 +85,13 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
     df["blocks_recomputed"] = (
         [sum(plan) if isinstance(plan, list) else None for plan in df["plan"]] if "plan" in df else None
     )  # ours' recompute plan on rank 0 (torch-native recomputes every block)
+    # the slowest GPU's median SM clock while timed (it sets a data-parallel step's pace), and the largest
+    # share of samples at the power cap among the GPUs
+    per_gpu = {k: df[k] if k in df else pd.Series([None] * len(df)) for k in ("sm_mhz_by_gpu", "power_capped_by_gpu")}
+    df["sm_mhz"] = [pd.Series(c, dtype=float).min() if isinstance(c, list) else None for c in per_gpu["sm_mhz_by_gpu"]]
+    df["power_capped"] = [
+        pd.Series(c, dtype=float).max() if isinstance(c, list) else None for c in per_gpu["power_capped_by_gpu"]
+    ]
     native = df[(df.variant == "torch_native") & (df.status == "ok")].set_index("world_size").ms
     df["vs_torch_native"] = [
         ms / native[n] if n in native.index and status == "ok" else float("nan")

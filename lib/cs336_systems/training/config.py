@@ -3,8 +3,9 @@
 `StepConfig` names every choice `build_train_step` makes: AdamW's hyperparameters and state dtype, the
 recompute policy and its memory budget (`cs336_systems.training.memory_plan`), torch.compile of the blocks
 and the compiled blocks' partitioner budget (`cs336_systems.training.parallelize`), the loss and the
-optimizer (ours, or the PyTorch baseline's parts, so that one change at a time can be measured), and the
-data-parallel bucket size. Each field is checked when the config is made (TypeError or ValueError naming it).
+optimizer (ours, or the PyTorch baseline's parts, so that one change at a time can be measured), where the
+optimizer's states live between steps, and the data-parallel bucket size. Each field is checked when the
+config is made (TypeError or ValueError naming it).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class StepConfig:
     # step's forward, each block waiting for its own parameters (`TrainStep.wait_for_exchange` before reading
     # the model's parameters between steps); False: every step ends with it complete.
     exchange_in_forward: bool = False
+    # The optimizer's states in pinned host memory between steps (`optim.StateOffload`): sent there after each
+    # update, brought back during the backward once its freed activations leave room
+    # (`RecomputePlan.fetch_states_at`); the plan gives their device memory to the forward. CUDA states only:
+    # on CPU nothing moves.
+    offload_optimizer_states: bool = False
 
     @property
     def bucket_bytes(self) -> int:
@@ -73,7 +79,13 @@ class StepConfig:
                 raise TypeError(f"StepConfig.{name} must be a real number, got {type(getattr(self, name)).__name__}")
         if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 and all(map(_is_real, self.betas))):
             raise TypeError(f"StepConfig.betas must be a pair of floats, got {self.betas!r}")
-        for name in ("compile_blocks", "check_token_ids", "keep_attention", "exchange_in_forward"):
+        for name in (
+            "compile_blocks",
+            "check_token_ids",
+            "keep_attention",
+            "exchange_in_forward",
+            "offload_optimizer_states",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"StepConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}")
         for name in ("memory_budget_bytes", "loss_chunk_tokens"):

@@ -7,10 +7,11 @@ default (`--batch`).
                                                     [--trace PATH.json.gz] [--memory-gib G]
 
 prints what the handout's test measures, `triton.testing.do_bench(step, rep=30_000, warmup=10_000)`
-(its mean, in ms), the peak CUDA memory, the useful TFLOP/s (`useful_flops`), and the time from process
-start to the first timed step. `--variant ours` is `build_train_step` (flash_triton attention, the
-recompute plan, fused loss, FusedAdamW); `torch_native` is `torch_native_step` (SDPA, every block
-checkpointed, full logits, torch.optim.AdamW(fused=True)).
+(its mean, in ms), the peak CUDA memory, the useful TFLOP/s (`useful_flops`), the time from process
+start to the first timed step, and each GPU's SM clock and power while the steps were timed (at the board's
+power limit the clock, not only the cycles, sets the time; `GpuTelemetry`). `--variant ours` is
+`build_train_step` (flash_triton attention, the recompute plan, fused loss, FusedAdamW); `torch_native` is
+`torch_native_step` (SDPA, every block checkpointed, full logits, torch.optim.AdamW(fused=True)).
 
 Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the environment (notebook 20 and
 `torchrun_step` do): the plan fills the GPU to a 5 GiB margin, and with fixed-size segments the caching
@@ -23,7 +24,9 @@ GPUs: `--batch 1` on 2 ranks. There every rank times the step with do_bench's al
 number of calls (`do_bench_agreed`: each rank's own estimate could round to one call more, and that rank
 would wait in a collective until the timeout). Each step's parameter exchange completes in the next step's
 forward, each block waiting for its own parameters (`--no-exchange-in-forward`: at the end of the step).
-`--trace PATH` profiles two more steps after the timing (torch.profiler, CPU and CUDA), the second in a
+AdamW's states wait in pinned host memory between steps, copied out after the update and back during the
+backward, so the recompute plan gives their GPU memory to saved activations (`--no-offload-states`: they stay
+on the GPU). `--trace PATH` profiles two more steps after the timing (torch.profiler, CPU and CUDA), the second in a
 `TRACED_STEP` range, and writes rank 0's Chrome trace there (gzipped for a `.gz` name): the compute and
 communication streams of a step as it runs in the timed loop.
 """
@@ -37,8 +40,10 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 from cs336_systems.benchmarking.agreed_bench import do_bench_agreed
+from cs336_systems.benchmarking.gpu_telemetry import GpuTelemetry
 from cs336_systems.model import TransformerLM
 from cs336_systems.training.config import StepConfig
 from cs336_systems.training.step import build_train_step, torch_native_step
@@ -103,6 +108,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=True,
         help="ours, data parallel: each step's parameter exchange completes in the next forward, block by block "
         "(StepConfig.exchange_in_forward); --no-exchange-in-forward: at the end of its own step",
+    )
+    p.add_argument(
+        "--offload-states",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ours: AdamW's states in pinned host memory between steps, their GPU memory given to the forward's "
+        "activations (StepConfig.offload_optimizer_states)",
     )
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     p.add_argument(
@@ -186,6 +198,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
             compile_blocks=args.compile_blocks,
             keep_attention=args.keep_attention,
             exchange_in_forward=args.exchange_in_forward,
+            offload_optimizer_states=args.offload_states,
             activation_memory_budget=(args.activation_memory_budget or ACTIVATION_MEMORY_BUDGET)
             if args.compile_blocks
             else None,
@@ -209,10 +222,12 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         except ValueError as err:
             sys.exit(f"leaderboard_8b: {err}")
     torch.cuda.reset_peak_memory_stats()
-    if world > 1:
-        ms = do_bench_agreed(train_step, warmup=args.warmup, rep=args.rep)
-    else:
-        ms = triton.testing.do_bench(train_step, rep=args.rep, warmup=args.warmup)
+    with GpuTelemetry(device, interval_ms=200) as telemetry:  # the clock the power cap leaves this GPU
+        if world > 1:
+            ms = do_bench_agreed(train_step, warmup=args.warmup, rep=args.rep)
+        else:
+            ms = triton.testing.do_bench(train_step, rep=args.rep, warmup=args.warmup)
+        timed_end = time.time()
     peak = torch.cuda.max_memory_allocated()
     if args.trace:  # the traced step's forward overlaps the last timed step's exchange, as every timed one did
         trace_step(step_obj, x, y, args.trace if rank == 0 else None)
@@ -222,6 +237,12 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     extra = len(calls) - 6
     first_timed = 6 + round(extra * args.warmup / (args.warmup + args.rep)) if extra > 0 else len(calls) - 1
     to_first_timed = calls[min(first_timed, len(calls) - 1)] - start
+    clocks = telemetry.window(calls[min(first_timed, len(calls) - 1)], timed_end)
+    if world > 1:  # every rank's GPU: the slowest clock sets a data-parallel step's pace
+        every = [None] * world
+        dist.all_gather_object(every, clocks)
+    else:
+        every = [clocks]
     plan = getattr(step_obj, "plans", {}).get((args.batch, args.context))
     flops = useful_flops(matmul_params, args.layers, args.batch * args.context, args.context)
     result = dict(
@@ -240,6 +261,13 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         seconds_to_first_timed_step=to_first_timed,
         plan=list(plan.recompute) if plan is not None else None,
         attention_kept=bool(plan is not None and plan.keep_attention),
+        states_offloaded=bool(args.variant == "ours" and args.offload_states),
+        fetch_states_at=plan.fetch_states_at if plan is not None else None,
+        # each GPU's median SM clock (MHz) and power (W) over the timed steps, and its share of samples at the
+        # power cap (`GpuTelemetry`; NaN without nvidia-smi)
+        sm_mhz_by_gpu=[c["sm_mhz"] for c in every],
+        power_w_by_gpu=[c["power_w"] for c in every],
+        power_capped_by_gpu=[c["power_capped"] for c in every],
     )
     if rank == 0:
         print(
@@ -249,10 +277,22 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         if result["plan"] is not None:
             kept = ", each keeping its attention output" if result["attention_kept"] else ""
             print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones{kept})")
+        if result["fetch_states_at"] is not None:
+            fetch = result["fetch_states_at"]
+            print(f"optimizer states: in host memory between steps, fetched back at block {fetch}'s output gradient")
         print(f"do_bench(train_step, rep={args.rep}, warmup={args.warmup}): {ms:.1f} ms per step")
         print(f"peak memory (rank 0): {result['peak_gib']:.2f} GiB")
         print(f"useful: {flops:.4g} FLOPs/step per GPU, {result['useful_tflops']:.1f} TFLOP/s per GPU")
         print(f"process start to the first timed step: {to_first_timed:.1f} s (approximate: do_bench's call count)")
+        print(
+            "while timed, per GPU: SM clock "
+            + ", ".join(f"{c['sm_mhz']:.0f}" for c in every)
+            + " MHz (median); power "
+            + ", ".join(f"{c['power_w']:.0f}" for c in every)
+            + " W; at the power cap "
+            + ", ".join(f"{c['power_capped']:.0%}" for c in every)
+            + " of the samples"
+        )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(result, device=torch.cuda.get_device_name(device)), f, indent=1)

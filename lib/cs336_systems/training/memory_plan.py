@@ -47,6 +47,10 @@ class RecomputePlan:
 
     recompute: tuple[bool, ...]
     keep_attention: bool = False
+    # With the optimizer's states in host memory between steps (`StepConfig.offload_optimizer_states`): the
+    # block whose output's gradient starts their copy back, once the backward has freed the activations of
+    # the blocks above it (`states_fetch_block`); None: at the optimizer step.
+    fetch_states_at: int | None = None
 
     @property
     def kept_blocks(self) -> int:
@@ -67,21 +71,40 @@ class MemoryTerms:
     attention: int = 0  # o: attention's O and L, held by a recomputed block that keeps them
     backward_gradients: int = 0  # G: the gradients that only the backward allocates (part of `fixed`)
     transient: int = 0  # t: a block's working memory beyond `block` while it runs, forward or backward
+    offloaded: int = 0  # S: optimizer states in host memory through the forward (part of `fixed`)
 
 
 def recompute_cost(n_layers: int, kept: int, terms: MemoryTerms, keep_attention: bool = False) -> int:
     """Peak bytes of a step whose last `kept` blocks keep their activations, the others recompute (keeping
     attention's output when `keep_attention`). With r = n - kept recomputed blocks holding
-    h = c (+ o) each, the larger of
-      the end of the forward:  fixed - G + kept a + r h   (the backward has not allocated G yet)
+    h = c (+ o) each, the largest of
+      the end of the forward:  fixed - G - S + kept a + r h   (the backward has not allocated G yet; the
+                                                               offloaded optimizer states S are on the host)
       a recomputed block's backward:  fixed + r h + a     (the kept blocks' activations are gone by then)
+      with S > 0, the end of the backward:  fixed + a     (the states back, before the update)
     plus t. In between, the backward of a kept block frees its a and allocates its share of G, which is
-    far smaller, so the peak is at one of the two."""
+    far smaller, so the peak is at one of these; the states come back once enough is freed
+    (`states_fetch_block`)."""
     recomputed = n_layers - kept
     held = recomputed * (terms.checkpoint + (terms.attention if keep_attention else 0))
-    end_of_forward = terms.fixed - terms.backward_gradients + kept * terms.block + held
+    end_of_forward = terms.fixed - terms.backward_gradients - terms.offloaded + kept * terms.block + held
     recompute = terms.fixed + held + terms.block if recomputed else 0
-    return max(end_of_forward, recompute) + terms.transient
+    end_of_backward = terms.fixed + terms.block if terms.offloaded else 0
+    return max(end_of_forward, recompute, end_of_backward) + terms.transient
+
+
+def states_fetch_block(n_layers: int, kept: int, terms: MemoryTerms) -> int | None:
+    """Where the backward starts bringing the offloaded optimizer states back: the block whose output's
+    gradient is the signal, so that the m blocks above it have run their backward, m the fewest whose freed
+    activations, less the gradients their backward allocates (G / n each), hold the states S; at most the
+    kept blocks (past them, `recompute_cost`'s recomputed-block term already counts the states). The
+    earliest such point leaves the most backward to hide the copy under. None without offloaded states or
+    blocks."""
+    if not terms.offloaded or n_layers == 0:
+        return None
+    freed = terms.block - terms.backward_gradients / n_layers
+    above = -(-terms.offloaded // freed) if freed > 0 else n_layers
+    return max(0, n_layers - 1 - min(int(above), kept))
 
 
 def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> RecomputePlan:
@@ -105,7 +128,11 @@ def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> Reco
         fits = [k for k in range(n_layers + 1) if recompute_cost(n_layers, k, terms, keep_attention) <= budget_bytes]
         if fits:
             kept = max(fits)
-            return RecomputePlan((True,) * (n_layers - kept) + (False,) * kept, keep_attention and kept < n_layers)
+            return RecomputePlan(
+                (True,) * (n_layers - kept) + (False,) * kept,
+                keep_attention and kept < n_layers,
+                states_fetch_block(n_layers, kept, terms),
+            )
     need = min(recompute_cost(n_layers, k, terms) for k in range(n_layers + 1))
     raise PlanDoesNotFit(
         f"the step does not fit its memory budget with any recompute plan: the least it needs is about "
@@ -113,7 +140,9 @@ def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> Reco
         f"and loss workspace, {n_layers} checkpointed block inputs and one block's "
         f"{terms.block / GIB:.2f} GiB of activations) but the budget is {budget_bytes / GIB:.2f} GiB; "
         f"use fewer layers, a shorter context or smaller batch, bf16 optimizer states "
-        f"(StepConfig.state_dtype=torch.bfloat16), or a bigger GPU"
+        f"(StepConfig.state_dtype=torch.bfloat16)"
+        + ("" if terms.offloaded else ", the optimizer states in host memory (StepConfig.offload_optimizer_states)")
+        + ", or a bigger GPU"
     )
 
 
@@ -185,9 +214,8 @@ def fixed_memory_bytes(
     weight = model.lm_head.weight
     vocab, d_model = weight.shape
     elt = weight.element_size()
-    numel = sum(p.numel() for p in model.parameters())
     params = param_bytes(model)
-    states = -(-2 * numel * torch.tensor([], dtype=state_dtype).element_size() // world_size)
+    states = optimizer_state_bytes(model, state_dtype, world_size)
     tokens = batch * seq
     chunk = loss_chunk_tokens if loss_chunk_tokens is not None else default_chunk_tokens(vocab)
     # fused loss: a chunk of logits, the fp32 accumulator of the head's weight gradient (V x D, converted to
@@ -196,6 +224,12 @@ def fixed_memory_bytes(
     loss = min(chunk, tokens) * vocab * 4 + vocab * d_model * 4 + tokens * d_model * elt
     streams = 4 * tokens * d_model * elt
     return params + gradient_bytes(model, world_size, bucket_bytes) + states + loss + streams
+
+
+def optimizer_state_bytes(model: nn.Module, state_dtype: torch.dtype, world_size: int = 1) -> int:
+    """A rank's AdamW moments: two per parameter element in `state_dtype`, 1/world_size of them per rank."""
+    numel = sum(p.numel() for p in model.parameters())
+    return -(-2 * numel * torch.tensor([], dtype=state_dtype).element_size() // world_size)
 
 
 def gradient_bytes(model: nn.Module, world_size: int = 1, bucket_bytes: int = 0) -> int:
@@ -245,15 +279,18 @@ def make_plan(
     the recomputed blocks can keep their attention's output (`parallelize.attention_keepable`)."""
     n = len(parts.layers)
     mode = config.recompute
+    # Offloaded states without a measured plan: with every block recomputed the backward's memory is about
+    # flat, so they come back as it starts; with every block kept, halfway (half the activations freed).
+    fetch = (None if n == 0 else n - 1 if mode == "all" else n // 2) if config.offload_optimizer_states else None
     if mode == "all":
-        return RecomputePlan((True,) * n, keep_attention=keep_attention and n > 0)
+        return RecomputePlan((True,) * n, keep_attention=keep_attention and n > 0, fetch_states_at=fetch)
     if mode == "none" or n == 0:
-        return RecomputePlan((False,) * n)
+        return RecomputePlan((False,) * n, fetch_states_at=fetch)
     budget = config.memory_budget_bytes
     if budget is None:
         budget = default_budget_bytes(parts.device)
     if budget is None:  # CPU without an explicit budget: the host is assumed to have room
-        return RecomputePlan((False,) * n)
+        return RecomputePlan((False,) * n, fetch_states_at=fetch)
     terms = memory_terms(model, parts, config, x, keep_attention, world_size)
     try:
         return plan_recompute(n, terms, budget)
@@ -289,7 +326,8 @@ def what_would_fit(
     block_numel = sum(p.numel() for p in parts.layers[0].parameters())
     elt = head.element_size()
     block_grads = -(-block_numel * elt // world_size)
-    per_block = block_numel * elt + block_grads + -(-2 * block_numel * state_bytes // world_size)
+    block_states = -(-2 * block_numel * state_bytes // world_size)
+    per_block = block_numel * elt + block_grads + block_states
     options = []
     layers = [
         k
@@ -301,6 +339,7 @@ def what_would_fit(
                     **vars(terms),
                     "fixed": terms.fixed - (n - k) * per_block,
                     "backward_gradients": max(0, terms.backward_gradients - (n - k) * block_grads),
+                    "offloaded": max(0, terms.offloaded - (n - k) * block_states) if terms.offloaded else 0,
                 }
             ),
         )
@@ -308,6 +347,9 @@ def what_would_fit(
     ]
     if layers:
         options.append(f"{layers[0]} of the {n} layers")
+    all_states = optimizer_state_bytes(model, state_dtype, world_size)
+    if not terms.offloaded and least_cost(n, MemoryTerms(**{**vars(terms), "offloaded": all_states})) <= budget:
+        options.append("the optimizer states in host memory between steps (StepConfig.offload_optimizer_states)")
     fixed_at = {
         t: fixed_memory_bytes(
             model,
@@ -333,6 +375,7 @@ def what_would_fit(
                 attention=int(terms.attention * f),
                 backward_gradients=terms.backward_gradients,
                 transient=int(terms.transient * f),
+                offloaded=terms.offloaded,
             )
             if least_cost(n, scaled) <= budget:
                 contexts.append(t)
@@ -357,6 +400,7 @@ def what_would_fit(
                     **vars(terms),
                     "fixed": fixed,
                     "backward_gradients": max(0, grads - (head.numel() * elt if config.loss == "fused" else 0)),
+                    "offloaded": optimizer_state_bytes(model, state_dtype, gpus) if terms.offloaded else 0,
                 }
             )
             if least_cost(n, sharded) <= budget:
@@ -393,6 +437,7 @@ def memory_terms(
     bucket = config.bucket_bytes
     grads = gradient_bytes(model, world_size, bucket)
     backward_gradients = grads - (head.numel() * head.element_size() if config.loss == "fused" else 0)
+    states = optimizer_state_bytes(model, state_dtype, world_size)
     return MemoryTerms(
         fixed=fixed_memory_bytes(
             model, state_dtype, batch, seq, config.loss_chunk_tokens, world_size=world_size, bucket_bytes=bucket
@@ -402,4 +447,5 @@ def memory_terms(
         attention=kept_attention_bytes(parts, batch, seq) if keep_attention else 0,
         backward_gradients=backward_gradients,
         transient=transient,
+        offloaded=states if config.offload_optimizer_states and parts.device.type == "cuda" else 0,
     )

@@ -15,7 +15,10 @@ that function is run:
   blocks may keep their attention's output (selective recompute); these, the blocks' compilation and the
   sharding over ranks are applied to the model in one place, `parallelize`;
 - the optimizer is `cs336_systems.optim.FusedAdamW` over `model.parameters()`, one Triton launch per
-  parameter group, fp32 or bf16 (stochastically rounded) states.
+  parameter group, fp32 or bf16 (stochastically rounded) states; with `StepConfig.offload_optimizer_states`
+  those states wait in host memory between updates (`optim.StateOffload`), the backward starting their copy
+  back at the plan's block (`RecomputePlan.fetch_states_at`), and the plan counts their device memory as the
+  forward's.
 
 The choices are a `StepConfig` (`config`); `torch_native_step` is the PyTorch baseline the step is compared
 with (SDPA, every block checkpointed, full logits, torch.optim.AdamW): the same `TrainStep` with the
@@ -41,7 +44,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from cs336_systems.fused_loss import linear_cross_entropy
-from cs336_systems.optim import FusedAdamW
+from cs336_systems.optim import FusedAdamW, StateOffload
 from cs336_systems.training.config import StepConfig, torch_native_config
 from cs336_systems.training.kept_attention import KeptAttentionOutput
 from cs336_systems.training.memory_plan import MemoryTerms, RecomputePlan, make_plan, memory_terms
@@ -124,6 +127,9 @@ class TrainStep(OptimizerStep):
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.parallel = parallelize(model, self.parts, config, self.world_size)
         self.optimizer = build_optimizer(model, config, self.parts.device, self.parallel.owners)
+        # The states live in the wrapped optimizer where the step is sharded (each rank's own).
+        stateful = getattr(self.optimizer, "local_optimizer", self.optimizer)
+        self.offload = StateOffload(stateful) if config.offload_optimizer_states else None
         self.plans: dict[tuple[int, int], RecomputePlan] = {}
         # Set to a list to have each step append (phase, time mark) at the phases' boundaries: CUDA events on
         # the model's device (recorded on the current stream), else perf_counter seconds; `phase_times` reads them.
@@ -188,10 +194,26 @@ class TrainStep(OptimizerStep):
         return loss.detach().float()
 
     def _forward(self, x: torch.Tensor, plan: RecomputePlan) -> torch.Tensor:
-        if not self.sharded:
-            return final_hidden_states(self.model, x, self.parallel.block_runner(plan))
-        # The last step's parameter exchange may be in flight (`StepConfig.exchange_in_forward`): each part
-        # waits for its own parameters just before it runs, so the rest of the exchange overlaps its compute.
+        before_block = self._exchange_waits() if self.sharded else None
+        run_block = self.parallel.block_runner(plan, before_block)
+        fetch_at = plan.fetch_states_at
+        if self.offload is None or fetch_at is None or not torch.is_grad_enabled():
+            return final_hidden_states(self.model, x, run_block)
+        fetch = self.offload.fetch
+
+        def run_and_mark(i: int, block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+            out = run_block(i, block, h)
+            if i == fetch_at and out.requires_grad:
+                # its gradient exists once the blocks above have run their backward and freed their activations
+                out.register_hook(lambda grad: fetch())
+            return out
+
+        return final_hidden_states(self.model, x, run_and_mark)
+
+    def _exchange_waits(self):
+        """The last step's parameter exchange may be in flight (`StepConfig.exchange_in_forward`): each part
+        waits for its own parameters just before it runs, so the rest of the exchange overlaps its compute.
+        Waits for the embedding's now; returns the wait before each block."""
         exchange, layers = self.optimizer, self.parts.layers
         exchange.wait_for_parameters(self.parts.token_embeddings.parameters())
         if len(layers) == 0:
@@ -203,7 +225,7 @@ class TrainStep(OptimizerStep):
             else:
                 exchange.wait_for_parameters(layers[i].parameters())
 
-        return final_hidden_states(self.model, x, self.parallel.block_runner(plan, before_block))
+        return before_block
 
     def optimizer_step(self) -> None:
         self._mark("optimizer")
