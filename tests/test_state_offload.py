@@ -40,6 +40,8 @@ def run(make_optimizer, device, steps=3, offload=False, dtype=torch.float32):
 def test_refuses_what_is_not_an_optimizer():
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         StateOffload(object())
+    with pytest.raises(TypeError, match="after_step must be a bool"):
+        StateOffload(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))]), after_step=1)
 
 
 def test_on_cpu_nothing_moves_and_the_steps_are_unchanged():
@@ -118,8 +120,9 @@ def test_checkpoints_between_steps_read_the_moments_and_load_back():
 
 @cuda
 def test_a_training_step_brings_the_states_back_during_its_backward():
-    """Away after each step; back on the GPU once the backward passes the plan's block, before the update;
-    the losses and parameters equal those of a step that keeps the states on the GPU."""
+    """Away through each forward (sent as it starts, after the batch check); back on the GPU once the backward
+    passes the plan's block, before the update; the losses and parameters equal those of a step that keeps
+    the states on the GPU."""
     from cs336_systems.model import TransformerLM
     from cs336_systems.training import StepConfig, build_train_step
 
@@ -132,6 +135,8 @@ def test_a_training_step_brings_the_states_back_during_its_backward():
     g = torch.Generator(device="cuda").manual_seed(1)
     x, y = (torch.randint(0, 101, (2, 32), device="cuda", generator=g) for _ in range(2))
     (model, step), (ref_model, ref_step) = make(True), make(False)
+    away_in_forward = []
+    model.layers[0].register_forward_pre_hook(lambda *_: away_in_forward.append(step.offload.offloaded_bytes))
     for _ in range(3):
         assert torch.equal(step.step(x, y), ref_step.step(x, y))
         step.forward_backward(x, y)
@@ -139,6 +144,7 @@ def test_a_training_step_brings_the_states_back_during_its_backward():
         step.optimizer_step()
         ref_step.forward_backward(x, y)
         ref_step.optimizer_step()
-        assert step.offload.offloaded_bytes > 0
+    states = sum(s["exp_avg"].numel() * 2 * 2 for s in step.optimizer.state.values())
+    assert away_in_forward == [0] + [states] * 5  # none before the first update
     for p, q in zip(model.parameters(), ref_model.parameters()):
         assert torch.equal(p, q)

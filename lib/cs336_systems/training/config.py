@@ -51,8 +51,8 @@ class StepConfig:
     # step's forward, each block waiting for its own parameters (`TrainStep.wait_for_exchange` before reading
     # the model's parameters between steps); False: every step ends with it complete.
     exchange_in_forward: bool = False
-    # The optimizer's states in pinned host memory between steps (`optim.StateOffload`): sent there after each
-    # update, brought back during the backward once its freed activations leave room
+    # The optimizer's states in pinned host memory through the forward (`optim.StateOffload`): sent there as each
+    # forward starts, brought back during the backward once its freed activations leave room
     # (`RecomputePlan.fetch_states_at`); the plan gives their device memory to the forward. CUDA states only:
     # on CPU nothing moves.
     offload_optimizer_states: bool = False

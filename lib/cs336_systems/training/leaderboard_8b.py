@@ -24,8 +24,9 @@ GPUs: `--batch 1` on 2 ranks. There every rank times the step with do_bench's al
 number of calls (`do_bench_agreed`: each rank's own estimate could round to one call more, and that rank
 would wait in a collective until the timeout). Each step's parameter exchange completes in the next step's
 forward, each block waiting for its own parameters (`--no-exchange-in-forward`: at the end of the step).
-`--offload-states` keeps AdamW's states in pinned host memory between steps, copied out after the update and
-back during the backward, so that the recompute plan gives their GPU memory to saved activations. `--trace PATH` profiles two more steps after the timing (torch.profiler, CPU and CUDA), the second in a
+`--offload-states` keeps AdamW's states in pinned host memory through the forward, copied out as it starts and
+back during the backward, so that the recompute plan gives their GPU memory to saved activations.
+`--trace PATH` profiles two more steps after the timing (torch.profiler, CPU and CUDA), the second in a
 `TRACED_STEP` range, and writes rank 0's Chrome trace there (gzipped for a `.gz` name): the compute and
 communication streams of a step as it runs in the timed loop.
 """
@@ -112,7 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--offload-states",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="ours: AdamW's states in pinned host memory between steps, their GPU memory given to the forward's "
+        help="ours: AdamW's states in pinned host memory through the forward, their GPU memory given to the forward's "
         "activations (StepConfig.offload_optimizer_states)",
     )
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")

@@ -16,9 +16,9 @@ that function is run:
   sharding over ranks are applied to the model in one place, `parallelize`;
 - the optimizer is `cs336_systems.optim.FusedAdamW` over `model.parameters()`, one Triton launch per
   parameter group, fp32 or bf16 (stochastically rounded) states; with `StepConfig.offload_optimizer_states`
-  those states wait in host memory between updates (`optim.StateOffload`), the backward starting their copy
-  back at the plan's block (`RecomputePlan.fetch_states_at`), and the plan counts their device memory as the
-  forward's.
+  those states go to host memory as each forward starts (`optim.StateOffload`), the backward starting their
+  copy back at the plan's block (`RecomputePlan.fetch_states_at`), and the plan counts their device memory as
+  the forward's.
 
 The choices are a `StepConfig` (`config`); `torch_native_step` is the PyTorch baseline the step is compared
 with (SDPA, every block checkpointed, full logits, torch.optim.AdamW): the same `TrainStep` with the
@@ -129,7 +129,9 @@ class TrainStep(OptimizerStep):
         self.optimizer = build_optimizer(model, config, self.parts.device, self.parallel.owners)
         # The states live in the wrapped optimizer where the step is sharded (each rank's own).
         stateful = getattr(self.optimizer, "local_optimizer", self.optimizer)
-        self.offload = StateOffload(stateful) if config.offload_optimizer_states else None
+        # Sent to the host after the next batch's check (`_forward_backward`), not at the end of the update: the
+        # check's read-back would queue behind them on the copy engine.
+        self.offload = StateOffload(stateful, after_step=False) if config.offload_optimizer_states else None
         self.plans: dict[tuple[int, int], RecomputePlan] = {}
         # Set to a list to have each step append (phase, time mark) at the phases' boundaries: CUDA events on
         # the model's device (recorded on the current stream), else perf_counter seconds; `phase_times` reads them.
@@ -169,6 +171,8 @@ class TrainStep(OptimizerStep):
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         parts, config = self.parts, self.config
         check_batch(x, y, parts.vocab_size, parts.context_length, config.check_token_ids)
+        if self.offload is not None:  # the last update's states: the forward gets their memory once copied
+            self.offload.offload()
         plan = self.plan_for(x)
         self.optimizer.zero_grad(set_to_none=True)
         try:
