@@ -409,3 +409,22 @@ def test_a_hand_run_result_joins_the_command_table(tmp_path):
     assert "--memory-gib 78 (rep 30000" in rows.command[1] and "empty caches" not in rows.command[1]
     assert rows.memory_cap_gib.isna()[0] and rows.memory_cap_gib[1] == 78.0
     assert list(rows.blocks_recomputed) == [29, 29]
+
+
+def test_leaderboard_answer_names_the_slower_gpus_clock_where_the_run_recorded_it(tmp_path):
+    """A run that recorded its GPUs' clocks (the command's `GpuTelemetry`) gets a sentence with the slower GPU's
+    median SM clock and the share of samples at the power cap; a run without them gets none."""
+    from cs336_systems.experiments.answers import Results, build
+
+    def row(variant, ms, clock=None, capped=None):
+        return dict(
+            variant=variant, batch=1, world_size=2, layers=34, ms=ms, peak_gib=100.0, device="NVIDIA H200",
+            commit="aaa", status="ok", sm_mhz=clock, power_capped=capped,
+        )  # fmt: skip
+
+    table = tmp_path / "leaderboard_8b_two_gpus_command.csv"
+    pd.DataFrame([row("ours", 4400.0, 1560.0, 1.0), row("torch_native", 5600.0, 1575.0, 1.0)]).to_csv(table)
+    text = build("leaderboard.2026", Results(tmp_path)).text
+    assert "the slower GPU's SM clock was 1,560 MHz" in text and "in 100% of the samples" in text
+    pd.DataFrame([row("ours", 4400.0), row("torch_native", 5600.0)]).to_csv(table)
+    assert "SM clock" not in build("leaderboard.2026", Results(tmp_path)).text

@@ -279,7 +279,9 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
             print(f"recompute plan: {sum(result['plan'])} of {args.layers} blocks recomputed (the first ones{kept})")
         if result["fetch_states_at"] is not None:
             fetch = result["fetch_states_at"]
-            print(f"optimizer states: in host memory between steps, fetched back at block {fetch}'s output gradient")
+            print(
+                f"optimizer states: in host memory through the forward, fetched back at block {fetch}'s output gradient"
+            )
         print(f"do_bench(train_step, rep={args.rep}, warmup={args.warmup}): {ms:.1f} ms per step")
         print(f"peak memory (rank 0): {result['peak_gib']:.2f} GiB")
         print(f"useful: {flops:.4g} FLOPs/step per GPU, {result['useful_tflops']:.1f} TFLOP/s per GPU")

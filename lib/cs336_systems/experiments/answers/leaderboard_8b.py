@@ -144,6 +144,18 @@ def eight_b_step(results: Results) -> Answer:
             f"{row.ms / native.ms:.3f}× its time."
         )
         shown += [row, native]
+    clock, capped_share = ours.get("sm_mhz"), ours.get("power_capped")
+    if clock is not None and pd.notna(clock):
+        text += (
+            f" While it was timed, the slower GPU's SM clock was {clock:,.0f} MHz (median of `nvidia-smi` samples)"
+            + (
+                f", with the board's power cap holding it down in {capped_share:.0%} of the samples"
+                if capped_share is not None and pd.notna(capped_share) and capped_share > 0
+                else ""
+            )
+            + ": under a power cap the clock a card settles at, and the step's time with it, varies from card to "
+            "card, and the slower of two data-parallel GPUs sets the pace."
+        )
     labels = ["latest run"] + ["latest run" if base is not None else "earlier run"] * (len(shown) - 1)
     if len(capped):
         cap = capped[capped.variant == "ours"].iloc[-1]
