@@ -562,7 +562,7 @@ def test_a_plan_short_of_memory_suggests_offloading_the_states(monkeypatch):
     x, _ = batch()
     terms = build_train_step(fast, StepConfig()).memory_terms(x)
     budget = memory_plan.least_cost(LAYERS, terms) - 1
-    with pytest.raises(ValueError, match=r"optimizer states in host memory between steps \(StepConfig") as err:
+    with pytest.raises(ValueError, match=r"optimizer states in host memory through the forward \(StepConfig") as err:
         build_train_step(fast, StepConfig(memory_budget_bytes=budget)).plan_for(x)
     assert "StepConfig.offload_optimizer_states" in str(err.value)
     # on CPU the states stay where they are, so the plan does not count them away: it still does not fit

@@ -18,6 +18,9 @@ FLOPs counted as the matmuls of the algorithm (FlashAttention-2 paper convention
   forward    4·B·H·N²·d   (S = Q Kᵀ and O = P V, 2·N²·d each), halved with the causal mask
   backward   2.5 × forward (five matmuls: S recomputed, dV = Pᵀ dO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀ Q)
   fwd+bwd    3.5 × forward
+This is the convention TFLOP/s figures are compared in (the paper's, the course leaderboard's); the kernels'
+own FLOP formula for torch.utils.flop_counter (`attention.launch.dispatch.attention_flops`) counts the
+causal mask's N(N+1)/2 (query, key) pairs exactly instead, since the partitioner weighs those FLOPs.
 
 Every configuration is checked in the same run: O, dQ, dK, dV of each implementation against the
 float64 reference (attention/reference.py) on the same (rounded) inputs, norm-wise relative error

@@ -1,8 +1,8 @@
 """An optimizer's state kept in host memory between its steps, its device memory free for the forward.
 
 AdamW's two moments are only read and written by the update. Between updates they can live in the host's
-memory, which frees their bytes on the GPU for what the forward and backward hold (at the 8B leaderboard
-shape: 15.1 GiB of bf16 moments on one GPU, which the recompute plan then gives to saved activations):
+memory, which frees their bytes on the GPU for what the forward and backward hold (a training step's
+recompute plan gives them to saved activations: `StepConfig.offload_optimizer_states`):
 
     offload = StateOffload(optimizer)   # from now on, after each step the moments go to the host
     ...                                 # forward, backward
@@ -10,19 +10,18 @@ shape: 15.1 GiB of bf16 moments on one GPU, which the recompute plan then gives 
     optimizer.step()                    # waits for them; then they go back to the host
 
 With `after_step=False` they go only when `offload()` is called: a training step calls it after its next
-batch's host sync (the token-id check reads a few numbers back; a read-back queued on the copy engine behind
-gigabytes of states waits for all of them, and the host with it, measured as a 0.3 s gap per step at the 8B
-shape).
+batch's host sync (the token-id check reads a few numbers back, and a read-back queued on the copy engine
+behind gigabytes of states waits for all of them, and the host with it: the next step starts that much later).
 
 What moves is every tensor of `optimizer.state` that lives on a CUDA device and has more than one element
 (AdamW's `exp_avg`, `exp_avg_sq`; the step counters stay where they are). The copies run on a side stream,
 overlapping the compute of the current one:
 
-- after `optimizer.step()` (a step post-hook; or at `offload()`): the side stream waits for the update (for the
-  current stream's work so far), copies each moment into
-  its slice of one pinned host buffer, and the state entry becomes that host tensor. The device tensor is
-  released at once; the allocator hands its memory out again only once the copy has run
-  (`Tensor.record_stream`), so the next forward gets it back a few hundred milliseconds in.
+- after `optimizer.step()` (a step post-hook), or at `offload()`: the side stream waits for the current
+  stream's work so far (the update), copies each moment into its slice of one pinned host buffer, and the
+  state entry becomes that host tensor. The device tensor is released at once; the allocator hands its memory
+  out again only once the copy has read it (`Tensor.record_stream`), so the forward gets it back as the
+  copies finish.
 - `fetch()`: each moment gets a new device tensor (allocated on the current stream, in its order) that the
   side stream fills from the host buffer after the current stream's work so far; the state entry becomes it.
 - before `optimizer.step()` (a step pre-hook): `fetch()` if nobody did, then the current stream waits for the

@@ -349,7 +349,7 @@ def what_would_fit(
         options.append(f"{layers[0]} of the {n} layers")
     all_states = optimizer_state_bytes(model, state_dtype, world_size)
     if not terms.offloaded and least_cost(n, MemoryTerms(**{**vars(terms), "offloaded": all_states})) <= budget:
-        options.append("the optimizer states in host memory between steps (StepConfig.offload_optimizer_states)")
+        options.append("the optimizer states in host memory through the forward (StepConfig.offload_optimizer_states)")
     fixed_at = {
         t: fixed_memory_bytes(
             model,

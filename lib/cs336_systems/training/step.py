@@ -35,7 +35,7 @@ read back together; set it False to skip) and whatever the loss kernel needs; no
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -214,7 +214,7 @@ class TrainStep(OptimizerStep):
 
         return final_hidden_states(self.model, x, run_and_mark)
 
-    def _exchange_waits(self):
+    def _exchange_waits(self) -> Callable[[int], None]:
         """The last step's parameter exchange may be in flight (`StepConfig.exchange_in_forward`): each part
         waits for its own parameters just before it runs, so the rest of the exchange overlaps its compute.
         Waits for the embedding's now; returns the wait before each block."""
