@@ -206,6 +206,9 @@ def test_two_gpu_command_rows_compare_within_a_world_size():
     assert rows.loc[("torch_native", 1), "note"] == "out of memory"
     assert rows.loc[("ours", 2), "blocks_recomputed"] == 1 and rows.loc[("ours", 1), "blocks_recomputed"] == 2
     assert pd.isna(rows.loc[("torch_native", 2), "blocks_recomputed"])
+    assert "--offload-states" not in command
+    offloaded = tool.command_rows([dict(results[0], states_offloaded=True)], 30_000, 10_000, "abc1234")
+    assert "--variant ours --offload-states (rep 30000" in offloaded.command.iloc[0]
     # the slowest GPU's clock sets a data-parallel step's pace; runs without telemetry have none
     assert rows.loc[("ours", 2), "sm_mhz"] == 1545.0 and rows.loc[("ours", 2), "power_capped"] == 0.9
     assert pd.isna(rows.loc[("ours", 1), "sm_mhz"])

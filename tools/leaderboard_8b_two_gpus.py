@@ -3,13 +3,14 @@ by the handout's command, beside the one-GPU batch-1 step of the same code on th
 torch-native step on the same two GPUs; then one two-GPU step profiled (compute and communication streams).
 
     PYTHONPATH=lib python tools/leaderboard_8b_two_gpus.py --out DIR [--layers 34] [--rep 30000] [--warmup 10000]
-                                                          [--commit SHA]
+                                                          [--commit SHA] [--offload-states]
     PYTHONPATH=lib python tools/leaderboard_8b_two_gpus.py --out DIR --append-json RESULT.json [--empty-caches]
                                                           [--commit SHA]
 
 
 Each command runs from empty Triton and Inductor caches (`torchrun_step(cold_cache=True)`), in this order:
-ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two. DIR receives
+ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two; `--offload-states` runs ours with the
+command's own flag of that name. DIR receives
 `leaderboard_8b_two_gpus_command.csv` (the schema of `reports/gpu/results/leaderboard_8b_command.csv`
 plus `blocks_recomputed`, `memory_cap_gib`, `sm_mhz` (the slowest GPU's median SM clock while timed),
 `power_capped` (the largest share of its samples a GPU spent at the power cap), `commit`, `wall_s`, `status`
@@ -63,9 +64,9 @@ COMMAND_COLUMNS = [
 
 
 def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_caches: bool = True) -> pd.DataFrame:
-    """The runs as rows of the command table: the command each was (with its `memory_gib` cap, where a result
-    has one, and whether its compile caches were empty), and its time against the torch-native step of the
-    same world size among `results` (NaN where that one did not run)."""
+    """The runs as rows of the command table: the command each was (with its `memory_gib` cap and
+    `--offload-states`, where a result has them, and whether its compile caches were empty), and its time
+    against the torch-native step of the same world size among `results` (NaN where that one did not run)."""
     df = pd.DataFrame(results)
     for column in COMMAND_COLUMNS + ["memory_gib"]:
         if column not in df:
@@ -74,11 +75,13 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
     caches = "empty caches" if empty_caches else "compile caches as the machine had them"
     if df["date"].isna().all():  # when the runs ended; the report leads with runs after the notebook's own
         df["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    offloaded = df["states_offloaded"] if "states_offloaded" in df else pd.Series(False, index=df.index)
     df["command"] = [
         f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v}"
         + (f" --memory-gib {cap:g}" if pd.notna(cap) else "")
+        + (" --offload-states" if pd.notna(off) and bool(off) else "")
         + f" (rep {rep}, warmup {warmup}, {caches}, expandable segments, commit {commit})"
-        for lf, v, cap in zip(launcher, df.variant, df.memory_gib)
+        for lf, v, cap, off in zip(launcher, df.variant, df.memory_gib, offloaded)
     ]
     df["commit"] = commit
     df["memory_cap_gib"] = df.memory_gib
@@ -135,6 +138,11 @@ def main() -> None:
     p.add_argument("--from-trace", type=Path, default=None, help="only the stream tables and figure of this trace")
     p.add_argument("--append-json", type=Path, default=None, help="add this `leaderboard_8b --json` result as a row")
     p.add_argument("--empty-caches", action="store_true", help="with --append-json: that run began with empty caches")
+    p.add_argument(
+        "--offload-states",
+        action="store_true",
+        help="our step's runs with AdamW's states in host memory (the command's)",
+    )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_trace is not None:
@@ -165,6 +173,7 @@ def main() -> None:
             timeout_s=args.timeout,
             cold_cache=True,
             trace=trace if (variant, nproc) == ("ours", 2) else None,
+            offload_states=args.offload_states,
         )
         results.append(dict(row, variant=variant, world_size=nproc))
         print(

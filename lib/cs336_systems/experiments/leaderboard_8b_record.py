@@ -411,12 +411,14 @@ def torchrun_step(
     timeout_s: float = 900.0,
     trace: str | None = None,
     cold_cache: bool = False,
+    offload_states: bool = False,
 ) -> dict:
     """`torchrun --nproc-per-node nproc -m cs336_systems.training.leaderboard_8b` (the handout's command
     on `nproc` GPUs, batch 1 per GPU) in a subprocess: rank 0's result, with `status` "ok", or "failed"
     and the end of its output as `note`, and the command's wall seconds (`wall_s`). `trace`: the command's
     `--trace` (a step profiled as the timed ones run, rank 0's Chrome trace there); `cold_cache`: empty Triton and
-    Inductor caches of the command's own, as on a fresh machine (the handout times from an empty cache)."""
+    Inductor caches of the command's own, as on a fresh machine (the handout times from an empty cache);
+    `offload_states`: ours with `--offload-states` (AdamW's states in host memory through the forward)."""
     import json
     import os
     import subprocess
@@ -451,6 +453,7 @@ def torchrun_step(
             str(out),
         ] + (["--compile-blocks"] if compile_blocks else [])
         cmd += ["--trace", str(trace)] if trace else []
+        cmd += ["--offload-states"] if offload_states and variant == "ours" else []
         lib = str(Path(cs336_systems.__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [lib, os.environ.get("PYTHONPATH")])))
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as in notebook 20: no stranded GiBs
