@@ -90,17 +90,21 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
     )  # ours' recompute plan on rank 0 (torch-native recomputes every block)
     # the slowest GPU's median SM clock while timed (it sets a data-parallel step's pace), and the largest
     # share of samples at the power cap among the GPUs
-    per_gpu = {k: df[k] if k in df else pd.Series([None] * len(df)) for k in ("sm_mhz_by_gpu", "power_capped_by_gpu")}
-    df["sm_mhz"] = [pd.Series(c, dtype=float).min() if isinstance(c, list) else None for c in per_gpu["sm_mhz_by_gpu"]]
-    df["power_capped"] = [
-        pd.Series(c, dtype=float).max() if isinstance(c, list) else None for c in per_gpu["power_capped_by_gpu"]
-    ]
+    df["sm_mhz"] = across_gpus(df, "sm_mhz_by_gpu", "min")
+    df["power_capped"] = across_gpus(df, "power_capped_by_gpu", "max")
     native = df[(df.variant == "torch_native") & (df.status == "ok")].set_index("world_size").ms
     df["vs_torch_native"] = [
         ms / native[n] if n in native.index and status == "ok" else float("nan")
         for ms, n, status in zip(df.ms, df.world_size, df.status)
     ]
     return df[COMMAND_COLUMNS]
+
+
+def across_gpus(df: pd.DataFrame, column: str, how: str) -> list:
+    """Per row, `how` ("min" or "max", NaN skipped) of a per-GPU list column of the results; None where a row
+    has no such list (a run from before the command recorded it)."""
+    values = df[column] if column in df else [None] * len(df)
+    return [pd.Series(v, dtype=float).agg(how) if isinstance(v, list) else None for v in values]
 
 
 def append_result(table: Path, result: dict, commit: str, empty_caches: bool) -> pd.DataFrame:

@@ -226,9 +226,10 @@ def fixed_memory_bytes(
     return params + gradient_bytes(model, world_size, bucket_bytes) + states + loss + streams
 
 
-def optimizer_state_bytes(model: nn.Module, state_dtype: torch.dtype, world_size: int = 1) -> int:
-    """A rank's AdamW moments: two per parameter element in `state_dtype`, 1/world_size of them per rank."""
-    numel = sum(p.numel() for p in model.parameters())
+def optimizer_state_bytes(module: nn.Module, state_dtype: torch.dtype, world_size: int = 1) -> int:
+    """A rank's AdamW moments of `module` (the model, or one block): two per parameter element in `state_dtype`,
+    1/world_size of them per rank."""
+    numel = sum(p.numel() for p in module.parameters())
     return -(-2 * numel * torch.tensor([], dtype=state_dtype).element_size() // world_size)
 
 
@@ -279,9 +280,11 @@ def make_plan(
     the recomputed blocks can keep their attention's output (`parallelize.attention_keepable`)."""
     n = len(parts.layers)
     mode = config.recompute
-    # Offloaded states without a measured plan: with every block recomputed the backward's memory is about
-    # flat, so they come back as it starts; with every block kept, halfway (half the activations freed).
-    fetch = (None if n == 0 else n - 1 if mode == "all" else n // 2) if config.offload_optimizer_states else None
+    fetch = None
+    if config.offload_optimizer_states and n > 0:
+        # Offloaded states without a measured plan: with every block recomputed the backward's memory is about
+        # flat, so they come back as it starts; with every block kept, halfway (half the activations freed).
+        fetch = n - 1 if mode == "all" else n // 2
     if mode == "all":
         return RecomputePlan((True,) * n, keep_attention=keep_attention and n > 0, fetch_states_at=fetch)
     if mode == "none" or n == 0:
@@ -322,11 +325,10 @@ def what_would_fit(
     batch, seq = x.shape
     head = parts.head_weight
     state_dtype = config.state_dtype if config.optimizer == "fused_adamw" else head.dtype
-    state_bytes = torch.tensor([], dtype=state_dtype).element_size()
     block_numel = sum(p.numel() for p in parts.layers[0].parameters())
     elt = head.element_size()
     block_grads = -(-block_numel * elt // world_size)
-    block_states = -(-2 * block_numel * state_bytes // world_size)
+    block_states = optimizer_state_bytes(parts.layers[0], state_dtype, world_size)
     per_block = block_numel * elt + block_grads + block_states
     options = []
     layers = [

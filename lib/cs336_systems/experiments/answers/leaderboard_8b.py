@@ -145,12 +145,12 @@ def eight_b_step(results: Results) -> Answer:
         )
         shown += [row, native]
     clock, capped_share = ours.get("sm_mhz"), ours.get("power_capped")
-    if clock is not None and pd.notna(clock):
+    if pd.notna(clock):
         text += (
             f" While it was timed, the slower GPU's SM clock was {clock:,.0f} MHz (median of `nvidia-smi` samples)"
             + (
                 f", with the board's power cap holding it down in {capped_share:.0%} of the samples"
-                if capped_share is not None and pd.notna(capped_share) and capped_share > 0
+                if pd.notna(capped_share) and capped_share > 0
                 else ""
             )
             + ": under a power cap the clock a card settles at, and the step's time with it, varies from card to "
