@@ -206,12 +206,96 @@ def test_two_gpu_command_rows_compare_within_a_world_size():
     assert rows.loc[("torch_native", 1), "note"] == "out of memory"
     assert rows.loc[("ours", 2), "blocks_recomputed"] == 1 and rows.loc[("ours", 1), "blocks_recomputed"] == 2
     assert pd.isna(rows.loc[("torch_native", 2), "blocks_recomputed"])
-    assert "--offload-states" not in command
+    assert "offload-states" not in command  # a result from before the command said where its states were
     offloaded = tool.command_rows([dict(results[0], states_offloaded=True)], 30_000, 10_000, "abc1234")
     assert "--variant ours --offload-states (rep 30000" in offloaded.command.iloc[0]
+    resident = tool.command_rows([dict(results[0], states_offloaded=False)], 30_000, 10_000, "abc1234")
+    assert "--variant ours --no-offload-states (rep 30000" in resident.command.iloc[0]
     # the slowest GPU's clock sets a data-parallel step's pace; runs without telemetry have none
     assert rows.loc[("ours", 2), "sm_mhz"] == 1545.0 and rows.loc[("ours", 2), "power_capped"] == 0.9
     assert pd.isna(rows.loc[("ours", 1), "sm_mhz"])
+
+
+def test_one_gpu_runs_follow_the_refusal_to_the_layers_that_fit(tmp_path, monkeypatch):
+    """`--one-gpu`: where the plan refuses the whole model, ours runs again on the layers the refusal names,
+    then the torch-native step on those layers; the refusal is a row with its need, budget and layers, and
+    each step is compared only with the torch-native step of its own layer count."""
+    import argparse
+
+    tool = _two_gpus_tool()
+    calls = []
+
+    def fake_step(variant, nproc, layers, **kw):
+        calls.append((variant, layers, kw["offload_states"]))
+        if variant == "ours" and layers == 34:
+            return dict(
+                variant="ours",
+                world_size=1,
+                layers=34,
+                status="does not fit",
+                note="the step does not fit its memory budget",
+                need_gib=75.5,
+                budget_gib=73.5,
+                would_fit={"layers": 32, "context": 16384},
+                device="NVIDIA H100 80GB HBM3",
+                wall_s=30.0,
+            )
+        ms = 4_700.0 if variant == "ours" else 6_000.0
+        return dict(layers=layers, ms=ms, status="ok", note="", wall_s=90.0, device="NVIDIA H100 80GB HBM3")
+
+    monkeypatch.setattr(tool, "torchrun_step", fake_step)
+    args = argparse.Namespace(
+        out=tmp_path, layers=34, context=32_768, rep=30_000, warmup=10_000, timeout=60.0, offload_states=True
+    )
+    tool.one_gpu_runs(args, "abc1234")
+    assert calls == [("ours", 34, True), ("ours", 32, True), ("torch_native", 32, True)]
+    rows = pd.read_csv(tmp_path / "leaderboard_8b_one_gpu_command.csv")
+    refusal, ours, native = (row for _, row in rows.iterrows())
+    assert refusal.status == "does not fit" and (refusal.need_gib, refusal.budget_gib, refusal.fits_layers) == (
+        75.5,
+        73.5,
+        32,
+    )
+    assert "--layers 32" in ours.command and "--layers" not in refusal.command
+    assert ours.vs_torch_native == pytest.approx(4_700 / 6_000) and pd.isna(refusal.vs_torch_native)
+
+
+def test_a_refusal_the_command_wrote_is_its_row(monkeypatch):
+    """`torchrun_step`: a command that exits 1 after writing its refusal (`--json`) is that row, not "failed"."""
+    import json
+    import subprocess
+
+    def fake_run(cmd, **kw):
+        out = cmd[cmd.index("--json") + 1]
+        with open(out, "w") as f:
+            json.dump(dict(status="does not fit", need_gib=75.5, budget_gib=73.5, would_fit={"layers": 32}), f)
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="leaderboard_8b: the step does not fit")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    row = rec.torchrun_step("ours", 1, layers=34, context=16, rep_ms=1, warmup_ms=1, compile_blocks=False)
+    assert row["status"] == "does not fit" and row["would_fit"] == {"layers": 32} and row["wall_s"] >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the command needs a CUDA GPU")
+def test_the_command_writes_its_refusal_as_a_result(tmp_path):
+    """A step whose plan cannot fit exits 1 with the refusal in `--json`: its need, its budget and what would fit
+    (here a 6 GiB cap: one block with the 8B model's vocabulary, 2.7 GiB of bf16 parameters, fits; its
+    gradients and states do not fit the 1 GiB the plan's 5 GiB margin leaves)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "refusal.json"
+    cmd = [sys.executable, "-m", "cs336_systems.training.leaderboard_8b", "--layers", "1", "--context", "64"]
+    cmd += ["--memory-gib", "6", "--rep", "1", "--warmup", "1", "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(root / "lib"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1 and "does not fit its memory budget" in proc.stderr, proc.stderr[-2000:]
+    refusal = json.loads(out.read_text())
+    assert refusal["status"] == "does not fit" and refusal["budget_gib"] < refusal["need_gib"]
+    assert refusal["layers"] == 1 and refusal["device"] == torch.cuda.get_device_name(0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path without a GPU")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from cs336_systems.attention.api import DEFAULTS
 from cs336_systems.attention.naive import naive_attention
 from cs336_systems.model import TransformerLM
-from cs336_systems.training import StepConfig, build_train_step
+from cs336_systems.training import PlanDoesNotFit, StepConfig, build_train_step
 from cs336_systems.training.memory_plan import (
     MemoryTerms,
     measure_block_activation_bytes,
@@ -238,8 +238,10 @@ def test_plan_all_fit():
 
 
 def test_plan_none_fit_raises():
-    with pytest.raises(ValueError, match="fewer layers.*bigger GPU"):
+    with pytest.raises(PlanDoesNotFit, match="fewer layers.*bigger GPU") as err:
         plan(4, 1050, fixed=1000, block=100, checkpoint=10)
+    # the cheapest plan: fixed, 3 checkpoints held while one block is rebuilt
+    assert (err.value.need_bytes, err.value.budget_bytes, err.value.would_fit) == (1000 + 30 + 100, 1050, {})
 
 
 def test_plan_keeping_one_block_can_cost_less_than_keeping_none():
@@ -531,6 +533,29 @@ def test_a_step_that_does_not_fit_names_what_would(monkeypatch):
     assert build_train_step(fewer, config).plan_for(x).recompute  # plans, no error
     shorter, _ = batch(seq=context)
     assert build_train_step(make_models()[0], config).plan_for(shorter).recompute
+
+
+def test_the_refusal_names_bf16_states_only_where_the_states_are_fp32(monkeypatch):
+    """Halving fp32 states is offered where it would fit; with bf16 states already it is not offered at all
+    (the refusal used to name it whatever the states were). The refusal carries its numbers: the least need,
+    the budget, and each change that would fit, which the message names."""
+    from cs336_systems.training import memory_plan
+
+    monkeypatch.setattr(memory_plan, "measure_block_memory", lambda block, h: (h.shape[1] << 16, 0))
+    fast, _ = make_models()
+    x, _ = batch()
+    for dtype in (torch.float32, torch.bfloat16):
+        terms = build_train_step(fast, StepConfig(state_dtype=dtype)).memory_terms(x)
+        states = memory_plan.optimizer_state_bytes(fast, dtype, 1)
+        budget = memory_plan.least_cost(LAYERS, terms) - 1  # one byte short: half the fp32 states fit
+        config = StepConfig(state_dtype=dtype, memory_budget_bytes=budget)
+        with pytest.raises(PlanDoesNotFit) as err:
+            build_train_step(fast, config).plan_for(x)
+        fits, message = err.value.would_fit, str(err.value)
+        assert (err.value.need_bytes, err.value.budget_bytes) == (budget + 1, budget)
+        assert fits.get("bf16_states", False) == (dtype == torch.float32) and states > 2
+        assert ("bf16 optimizer states" in message) == (dtype == torch.float32)
+        assert f"{fits['layers']} of the {LAYERS} layers" in message and f"a context of {fits['context']:,}" in message
 
 
 def test_offloaded_states_count_out_of_the_forward_and_come_back_when_room_is_freed():

@@ -3,14 +3,14 @@ by the handout's command, beside the one-GPU batch-1 step of the same code on th
 torch-native step on the same two GPUs; then one two-GPU step profiled (compute and communication streams).
 
     PYTHONPATH=lib python tools/leaderboard_8b_two_gpus.py --out DIR [--layers 34] [--rep 30000] [--warmup 10000]
-                                                          [--commit SHA] [--offload-states]
+                                                          [--commit SHA] [--no-offload-states] [--one-gpu]
     PYTHONPATH=lib python tools/leaderboard_8b_two_gpus.py --out DIR --append-json RESULT.json [--empty-caches]
                                                           [--commit SHA]
 
 
 Each command runs from empty Triton and Inductor caches (`torchrun_step(cold_cache=True)`), in this order:
-ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two; `--offload-states` runs ours with the
-command's own flag of that name. DIR receives
+ours on two GPUs (with `--trace`), ours on one GPU, torch-native on two; ours keeps AdamW's states in host
+memory through the forward, as the command does by default (`--no-offload-states`: on the GPU). DIR receives
 `leaderboard_8b_two_gpus_command.csv` (the schema of `reports/gpu/results/leaderboard_8b_command.csv`
 plus `blocks_recomputed`, `memory_cap_gib`, `sm_mhz` (the slowest GPU's median SM clock while timed),
 `power_capped` (the largest share of its samples a GPU spent at the power cap), `commit`, `wall_s`, `status`
@@ -20,6 +20,11 @@ and `note`), and from the trace
 those from a trace (no GPU needed). `--append-json RESULT` adds one `leaderboard_8b --json RESULT` run made by
 hand (for instance under `--memory-gib 78`, an 80 GB card simulated on a larger one; its cap is read from the
 result) to the rows already in DIR's table.
+
+`--one-gpu` runs the command on one GPU instead (`one_gpu_runs`): ours on the whole model, and where its memory
+plan refuses it (an 80 GB card), ours on the most layers the refusal names; then the torch-native step on the
+layers ours ran. Its rows, a refusal's included (`need_gib`, `budget_gib`, `fits_layers`), go to DIR's
+`leaderboard_8b_one_gpu_command.csv`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from cs336_systems.experiments.leaderboard_8b_record import torchrun_step, two_gpu_profile
 from cs336_systems.training.leaderboard_8b import LAYERS
@@ -53,6 +59,9 @@ COMMAND_COLUMNS = [
     "vs_torch_native",
     "blocks_recomputed",
     "memory_cap_gib",
+    "need_gib",
+    "budget_gib",
+    "fits_layers",
     "sm_mhz",
     "power_capped",
     "commit",
@@ -75,13 +84,17 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
     caches = "empty caches" if empty_caches else "compile caches as the machine had them"
     if df["date"].isna().all():  # when the runs ended; the report leads with runs after the notebook's own
         df["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    offloaded = df["states_offloaded"] if "states_offloaded" in df else pd.Series(False, index=df.index)
+    offloaded = df["states_offloaded"] if "states_offloaded" in df else pd.Series(None, index=df.index)
+    layers = [f" --layers {int(n)}" if pd.notna(n) and int(n) != LAYERS else "" for n in df.layers]
     df["command"] = [
-        f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v}"
+        f"{lf} cs336_systems.training.leaderboard_8b --compile-blocks --variant {v}{n}"
         + (f" --memory-gib {cap:g}" if pd.notna(cap) else "")
-        + (" --offload-states" if pd.notna(off) and bool(off) else "")
+        + ("" if v != "ours" or pd.isna(off) else " --offload-states" if bool(off) else " --no-offload-states")
         + f" (rep {rep}, warmup {warmup}, {caches}, expandable segments, commit {commit})"
-        for lf, v, cap, off in zip(launcher, df.variant, df.memory_gib, offloaded)
+        for lf, v, n, cap, off in zip(launcher, df.variant, layers, df.memory_gib, offloaded)
+    ]
+    df["fits_layers"] = [
+        w.get("layers") if isinstance(w, dict) else None for w in df.get("would_fit", [None] * len(df))
     ]
     df["commit"] = commit
     df["memory_cap_gib"] = df.memory_gib
@@ -92,10 +105,10 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
     # share of samples at the power cap among the GPUs
     df["sm_mhz"] = across_gpus(df, "sm_mhz_by_gpu", "min")
     df["power_capped"] = across_gpus(df, "power_capped_by_gpu", "max")
-    native = df[(df.variant == "torch_native") & (df.status == "ok")].set_index("world_size").ms
+    native = df[(df.variant == "torch_native") & (df.status == "ok")].set_index(["world_size", "layers"]).ms
     df["vs_torch_native"] = [
-        ms / native[n] if n in native.index and status == "ok" else float("nan")
-        for ms, n, status in zip(df.ms, df.world_size, df.status)
+        ms / native[key] if key in native.index and status == "ok" else float("nan")
+        for ms, key, status in zip(df.ms, zip(df.world_size, df.layers), df.status)
     ]
     return df[COMMAND_COLUMNS]
 
@@ -130,6 +143,50 @@ def stream_tables(trace: Path, out: Path) -> None:
     fig.savefig(out / "leaderboard_8b_two_gpus_timeline.png", dpi=110)
 
 
+def run_logged(
+    results: list[dict], table: Path, args, commit: str, variant: str, nproc: int, layers: int, **kw
+) -> dict:
+    """One command (`torchrun_step` from empty caches), its row added to `results` and the table rewritten
+    (a later failure keeps it); the row named with this machine's GPU where the command died before saying."""
+    row = torchrun_step(
+        variant,
+        nproc,
+        layers=layers,
+        context=args.context,
+        rep_ms=args.rep,
+        warmup_ms=args.warmup,
+        compile_blocks=True,
+        timeout_s=args.timeout,
+        cold_cache=True,
+        offload_states=args.offload_states,
+        **kw,
+    )
+    row = dict(row, variant=variant, world_size=nproc, layers=layers)
+    if not row.get("device") and torch.cuda.is_available():
+        row["device"] = torch.cuda.get_device_name(0)
+    results.append(row)
+    print(
+        f"{variant} on {nproc} GPU(s), {layers} layers: {row['status']}, {row.get('ms', float('nan')):.1f} ms, "
+        f"{row['wall_s']:.0f} s {row['note']}",
+        flush=True,
+    )
+    command_rows(results, args.rep, args.warmup, commit).to_csv(table, index=False)
+    return row
+
+
+def one_gpu_runs(args, commit: str) -> None:
+    """The command on one GPU of this machine: ours on `--layers`; where its plan refuses them, ours again on
+    the most layers the refusal says would fit; then the torch-native step on the layers ours ran."""
+    table = args.out / "leaderboard_8b_one_gpu_command.csv"
+    results: list[dict] = []
+    ours = run_logged(results, table, args, commit, "ours", 1, args.layers)
+    layers = args.layers
+    if ours["status"] == "does not fit" and ours.get("would_fit", {}).get("layers"):
+        layers = int(ours["would_fit"]["layers"])
+        run_logged(results, table, args, commit, "ours", 1, layers)
+    run_logged(results, table, args, commit, "torch_native", 1, layers)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=Path)
@@ -144,8 +201,14 @@ def main() -> None:
     p.add_argument("--empty-caches", action="store_true", help="with --append-json: that run began with empty caches")
     p.add_argument(
         "--offload-states",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="our step's runs with AdamW's states in host memory (the command's default) or on the GPU",
+    )
+    p.add_argument(
+        "--one-gpu",
         action="store_true",
-        help="our step's runs with AdamW's states in host memory (the command's)",
+        help="the command on one GPU instead (`one_gpu_runs`): DIR's leaderboard_8b_one_gpu_command.csv",
     )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -163,31 +226,15 @@ def main() -> None:
             table, index=False
         )
         return
+    if args.one_gpu:
+        one_gpu_runs(args, commit)
+        return
     trace = args.out / "leaderboard_8b_two_gpus_trace.json.gz"
-    results = []
+    results: list[dict] = []
+    table = args.out / "leaderboard_8b_two_gpus_command.csv"
     for variant, nproc in RUNS:
-        row = torchrun_step(
-            variant,
-            nproc,
-            layers=args.layers,
-            context=args.context,
-            rep_ms=args.rep,
-            warmup_ms=args.warmup,
-            compile_blocks=True,
-            timeout_s=args.timeout,
-            cold_cache=True,
-            trace=trace if (variant, nproc) == ("ours", 2) else None,
-            offload_states=args.offload_states,
-        )
-        results.append(dict(row, variant=variant, world_size=nproc))
-        print(
-            f"{variant} on {nproc} GPU(s): {row['status']}, {row.get('ms', float('nan')):.1f} ms, "
-            f"{row['wall_s']:.0f} s {row['note']}",
-            flush=True,
-        )
-        command_rows(results, args.rep, args.warmup, commit).to_csv(
-            args.out / "leaderboard_8b_two_gpus_command.csv", index=False
-        )  # after each run: a later failure keeps it
+        traced = trace if (variant, nproc) == ("ours", 2) else None
+        run_logged(results, table, args, commit, variant, nproc, args.layers, trace=traced)
     if trace.exists():
         stream_tables(trace, args.out)
 

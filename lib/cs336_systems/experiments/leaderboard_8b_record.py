@@ -420,14 +420,16 @@ def torchrun_step(
     timeout_s: float = 900.0,
     trace: str | None = None,
     cold_cache: bool = False,
-    offload_states: bool = False,
+    offload_states: bool = True,
 ) -> dict:
     """`torchrun --nproc-per-node nproc -m cs336_systems.training.leaderboard_8b` (the handout's command
     on `nproc` GPUs, batch 1 per GPU) in a subprocess: rank 0's result, with `status` "ok", or "failed"
-    and the end of its output as `note`, and the command's wall seconds (`wall_s`). `trace`: the command's
+    and the end of its output as `note`, or the refusal the command wrote (status "does not fit", its
+    `need_gib`, `budget_gib` and `would_fit`), and the command's wall seconds (`wall_s`). `trace`: the command's
     `--trace` (a step profiled as the timed ones run, rank 0's Chrome trace there); `cold_cache`: empty Triton and
     Inductor caches of the command's own, as on a fresh machine (the handout times from an empty cache);
-    `offload_states`: ours with `--offload-states` (AdamW's states in host memory through the forward)."""
+    `offload_states`: ours with AdamW's states in host memory through the forward (the command's default;
+    False: `--no-offload-states`). A failed run's row names its `layers` and `context` too."""
     import json
     import os
     import subprocess
@@ -462,7 +464,8 @@ def torchrun_step(
             str(out),
         ] + (["--compile-blocks"] if compile_blocks else [])
         cmd += ["--trace", str(trace)] if trace else []
-        cmd += ["--offload-states"] if offload_states and variant == "ours" else []
+        if variant == "ours":
+            cmd += ["--offload-states" if offload_states else "--no-offload-states"]
         lib = str(Path(cs336_systems.__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [lib, os.environ.get("PYTHONPATH")])))
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as in notebook 20: no stranded GiBs
@@ -475,16 +478,28 @@ def torchrun_step(
             return dict(
                 variant=variant,
                 world_size=nproc,
+                layers=layers,
+                context=context,
                 status="failed",
                 note=f"timed out after {timeout_s:.0f} s",
                 wall_s=timeout_s,
             )
         wall_s = time.perf_counter() - start
+        if proc.returncode and out.exists():  # a refusal the command wrote down (`status` "does not fit")
+            return dict(json.loads(out.read_text()), wall_s=wall_s)
         if proc.returncode or not out.exists():
             lines = (proc.stdout + "\n" + proc.stderr).strip().splitlines()
             # the command's own refusal or the first exception line says why; torchrun's summary does not
             why = [ln for ln in lines if ln.startswith("leaderboard_8b:") or "Error:" in ln][:2] or lines[-4:]
-            return dict(variant=variant, world_size=nproc, status="failed", note=" | ".join(why)[-600:], wall_s=wall_s)
+            return dict(
+                variant=variant,
+                world_size=nproc,
+                layers=layers,
+                context=context,
+                status="failed",
+                note=" | ".join(why)[-1200:],  # the plan's refusal whole: its need, its budget, what would fit
+                wall_s=wall_s,
+            )
         return dict(json.loads(out.read_text()), status="ok", note="", wall_s=wall_s)
 
 

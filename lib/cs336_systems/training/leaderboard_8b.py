@@ -4,7 +4,7 @@ default (`--batch`).
 
     python -m cs336_systems.training.leaderboard_8b [--layers N] [--context T] [--rep MS] [--warmup MS]
                                                     [--variant ours|torch_native] [--state-dtype fp32|bf16] [--batch B]
-                                                    [--trace PATH.json.gz] [--memory-gib G]
+                                                    [--trace PATH.json.gz] [--memory-gib G] [--no-offload-states]
 
 prints what the handout's test measures, `triton.testing.do_bench(step, rep=30_000, warmup=10_000)`
 (its mean, in ms), the peak CUDA memory, the useful TFLOP/s (`useful_flops`), the time from process
@@ -24,8 +24,11 @@ GPUs: `--batch 1` on 2 ranks. There every rank times the step with do_bench's al
 number of calls (`do_bench_agreed`: each rank's own estimate could round to one call more, and that rank
 would wait in a collective until the timeout). Each step's parameter exchange completes in the next step's
 forward, each block waiting for its own parameters (`--no-exchange-in-forward`: at the end of the step).
-`--offload-states` keeps AdamW's states in pinned host memory through the forward, copied out as it starts and
-back during the backward, so that the recompute plan gives their GPU memory to saved activations.
+AdamW's states wait in pinned host memory through the forward, copied out as it starts and back during the
+backward, so that the recompute plan gives their GPU memory to saved activations (`--no-offload-states`: they
+stay on the GPU).
+With `--json PATH` the result goes there too; a step whose plan cannot fit writes its refusal there (`status`
+"does not fit", the least need and the budget in GiB, and `would_fit`: `PlanDoesNotFit.would_fit`) and exits 1.
 `--trace PATH` profiles two more steps after the timing (torch.profiler, CPU and CUDA), the second in a
 `TRACED_STEP` range, and writes rank 0's Chrome trace there (gzipped for a `.gz` name): the compute and
 communication streams of a step as it runs in the timed loop.
@@ -46,6 +49,7 @@ from cs336_systems.benchmarking.agreed_bench import do_bench_agreed
 from cs336_systems.benchmarking.gpu_telemetry import GpuTelemetry
 from cs336_systems.model import TransformerLM
 from cs336_systems.training.config import StepConfig
+from cs336_systems.training.memory_plan import PlanDoesNotFit
 from cs336_systems.training.step import build_train_step, torch_native_step
 
 # The handout's configuration.
@@ -112,9 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--offload-states",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="ours: AdamW's states in pinned host memory through the forward, their GPU memory given to the forward's "
-        "activations (StepConfig.offload_optimizer_states)",
+        "activations (StepConfig.offload_optimizer_states; the default); --no-offload-states: kept on the GPU",
     )
     p.add_argument("--compile-blocks", action="store_true", help="torch.compile each block (either variant)")
     p.add_argument(
@@ -219,6 +223,27 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     if args.variant == "ours":
         try:  # the plan is made here rather than inside the timing, so a step that cannot fit says what would
             step_obj.plan_for(x)
+        except PlanDoesNotFit as err:
+            if args.json and rank == 0:  # the refusal as a result: what it needed, what it had, what would fit
+                refusal = dict(
+                    variant=args.variant,
+                    batch=args.batch,
+                    world_size=world,
+                    layers=args.layers,
+                    context=args.context,
+                    params=n_params,
+                    memory_gib=args.memory_gib,
+                    states_offloaded=args.offload_states,
+                    status="does not fit",
+                    note=str(err),
+                    need_gib=err.need_bytes / 2**30,
+                    budget_gib=err.budget_bytes / 2**30,
+                    would_fit=err.would_fit,
+                    device=torch.cuda.get_device_name(device),
+                )
+                with open(args.json, "w") as f:
+                    json.dump(refusal, f, indent=1)
+            sys.exit(f"leaderboard_8b: {err}")
         except ValueError as err:
             sys.exit(f"leaderboard_8b: {err}")
     torch.cuda.reset_peak_memory_stats()

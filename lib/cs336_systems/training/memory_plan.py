@@ -37,7 +37,13 @@ CUDA_MARGIN_BYTES = 5 * GIB
 
 class PlanDoesNotFit(ValueError):
     """No recompute plan fits the memory budget; the message says what would (fewer layers, a shorter
-    context, more GPUs). Its own type, so that a sweep can record such a row and still fail on other errors."""
+    context, more GPUs). Its own type, so that a sweep can record such a row and still fail on other errors.
+    `need_bytes`: the least peak of any plan; `budget_bytes`: what it had; `would_fit`: each change that would
+    fit by the same memory model (`would_fit`'s keys; empty where the plan alone was asked)."""
+
+    def __init__(self, message: str, need_bytes: int, budget_bytes: int, would_fit: dict | None = None):
+        super().__init__(message)
+        self.need_bytes, self.budget_bytes, self.would_fit = need_bytes, budget_bytes, dict(would_fit or {})
 
 
 @dataclass(frozen=True)
@@ -133,16 +139,15 @@ def plan_recompute(n_layers: int, terms: MemoryTerms, budget_bytes: int) -> Reco
                 keep_attention and kept < n_layers,
                 states_fetch_block(n_layers, kept, terms),
             )
-    need = min(recompute_cost(n_layers, k, terms) for k in range(n_layers + 1))
+    need = least_cost(n_layers, terms)
     raise PlanDoesNotFit(
         f"the step does not fit its memory budget with any recompute plan: the least it needs is about "
         f"{need / GIB:.2f} GiB ({terms.fixed / GIB:.2f} GiB of parameters, gradients, optimizer states "
         f"and loss workspace, {n_layers} checkpointed block inputs and one block's "
         f"{terms.block / GIB:.2f} GiB of activations) but the budget is {budget_bytes / GIB:.2f} GiB; "
-        f"use fewer layers, a shorter context or smaller batch, bf16 optimizer states "
-        f"(StepConfig.state_dtype=torch.bfloat16)"
-        + ("" if terms.offloaded else ", the optimizer states in host memory (StepConfig.offload_optimizer_states)")
-        + ", or a bigger GPU"
+        "use fewer layers, a shorter context or smaller batch, or a bigger GPU",
+        need_bytes=need,
+        budget_bytes=budget_bytes,
     )
 
 
@@ -298,7 +303,13 @@ def make_plan(
     try:
         return plan_recompute(n, terms, budget)
     except PlanDoesNotFit as err:
-        raise PlanDoesNotFit(f"{err}. {what_would_fit(model, parts, config, x, terms, budget, world_size)}") from None
+        fits = would_fit(model, parts, config, x, terms, budget, world_size)
+        raise PlanDoesNotFit(
+            f"{err}. {what_would_fit(fits, len(parts.layers), tuple(x.shape))}",
+            need_bytes=err.need_bytes,
+            budget_bytes=err.budget_bytes,
+            would_fit=fits,
+        ) from None
 
 
 def least_cost(n_layers: int, terms: MemoryTerms) -> int:
@@ -306,7 +317,7 @@ def least_cost(n_layers: int, terms: MemoryTerms) -> int:
     return min(recompute_cost(n_layers, k, terms, keep) for k in range(n_layers + 1) for keep in (False, True))
 
 
-def what_would_fit(
+def would_fit(
     model: nn.Module,
     parts: ModelParts,
     config: StepConfig,
@@ -315,12 +326,15 @@ def what_would_fit(
     budget: int,
     world_size: int = 1,
     max_world_size: int = 8,
-) -> str:
+) -> dict[str, int | bool]:
     """What would fit `budget` where this step does not, each change alone, from the plan's own memory model:
-    the most layers (a block's parameters, gradients and states, and its checkpoint, come off); the longest
+    `layers`, the most layers (a block's parameters, gradients and states, and its checkpoint, come off);
+    `offload_states`, the optimizer states in host memory through the forward (where they are not already);
+    `bf16_states`, AdamW's states in bf16 (where they are fp32: half their bytes); `context`, the longest
     power-of-two context (the activations, checkpoints, kept attention outputs, streams and the loss's
-    workspace scale with the tokens; parameters and states do not); the fewest GPUs up to `max_world_size`
-    (gradients and optimizer states sharded over the ranks, as `TrainStep` does under a process group)."""
+    workspace scale with the tokens; parameters and states do not); `gpus`, the fewest GPUs up to
+    `max_world_size` (gradients and optimizer states sharded over the ranks, as `TrainStep` does under a
+    process group). Only the changes that fit are keys."""
     n = len(parts.layers)
     batch, seq = x.shape
     head = parts.head_weight
@@ -330,7 +344,7 @@ def what_would_fit(
     block_grads = -(-block_numel * elt // world_size)
     block_states = optimizer_state_bytes(parts.layers[0], state_dtype, world_size)
     per_block = block_numel * elt + block_grads + block_states
-    options = []
+    fits: dict[str, int | bool] = {}
     layers = [
         k
         for k in range(n - 1, 0, -1)
@@ -348,10 +362,21 @@ def what_would_fit(
         <= budget
     ]
     if layers:
-        options.append(f"{layers[0]} of the {n} layers")
+        fits["layers"] = layers[0]
     all_states = optimizer_state_bytes(model, state_dtype, world_size)
     if not terms.offloaded and least_cost(n, MemoryTerms(**{**vars(terms), "offloaded": all_states})) <= budget:
-        options.append("the optimizer states in host memory through the forward (StepConfig.offload_optimizer_states)")
+        fits["offload_states"] = True
+    if state_dtype == torch.float32:  # bf16 moments: half the bytes, wherever they wait
+        half = all_states // 2
+        smaller = MemoryTerms(
+            **{
+                **vars(terms),
+                "fixed": terms.fixed - half,
+                "offloaded": terms.offloaded - half if terms.offloaded else 0,
+            }
+        )
+        if least_cost(n, smaller) <= budget:
+            fits["bf16_states"] = True
     fixed_at = {
         t: fixed_memory_bytes(
             model,
@@ -365,7 +390,6 @@ def what_would_fit(
         for t in (seq, 1)
     }
     per_token = (fixed_at[seq] - fixed_at[1]) / max(seq - 1, 1)
-    contexts = []
     t = 1 << (seq - 1).bit_length() - 1 if seq > 1 else 0
     while t >= 1:
         if t < seq:
@@ -380,11 +404,9 @@ def what_would_fit(
                 offloaded=terms.offloaded,
             )
             if least_cost(n, scaled) <= budget:
-                contexts.append(t)
+                fits["context"] = t
                 break
         t //= 2
-    if contexts:
-        options.append(f"a context of {contexts[0]:,} tokens (now {seq:,})")
     for gpus in (2, 4, 8):
         if world_size < gpus <= max_world_size:
             fixed = fixed_memory_bytes(
@@ -406,13 +428,34 @@ def what_would_fit(
                 }
             )
             if least_cost(n, sharded) <= budget:
-                options.append(
-                    f"{gpus} GPUs of this memory, batch {batch} each (`torchrun --nproc-per-node {gpus}`: "
-                    f"gradients and optimizer states sharded)"
-                )
+                fits["gpus"] = gpus
                 break
+    return fits
+
+
+def what_would_fit(fits: dict[str, int | bool], n_layers: int, shape: tuple[int, int]) -> str:
+    """`would_fit`'s changes in words, for the refusal's message."""
+    batch, seq = shape
+    options = []
+    if "layers" in fits:
+        options.append(f"{fits['layers']} of the {n_layers} layers")
+    if fits.get("offload_states"):
+        options.append("the optimizer states in host memory through the forward (StepConfig.offload_optimizer_states)")
+    if fits.get("bf16_states"):
+        options.append("bf16 optimizer states (StepConfig.state_dtype=torch.bfloat16)")
+    if "context" in fits:
+        options.append(f"a context of {fits['context']:,} tokens (now {seq:,})")
+    if "gpus" in fits:
+        gpus = fits["gpus"]
+        options.append(
+            f"{gpus} GPUs of this memory, batch {batch} each (`torchrun --nproc-per-node {gpus}`: "
+            f"gradients and optimizer states sharded)"
+        )
     if not options:
-        return "No single change among fewer layers, a shorter context or up to 8 GPUs fits this budget."
+        return (
+            "No single change among fewer layers, a shorter context, the optimizer states' dtype or place, or up to "
+            "8 GPUs fits this budget; a bigger GPU would."
+        )
     return "Each of these would fit, by the same memory model: " + "; or ".join(options) + "."
 
 
