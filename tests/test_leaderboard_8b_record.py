@@ -296,6 +296,7 @@ def test_the_command_writes_its_refusal_as_a_result(tmp_path):
     refusal = json.loads(out.read_text())
     assert refusal["status"] == "does not fit" and refusal["budget_gib"] < refusal["need_gib"]
     assert refusal["layers"] == 1 and refusal["device"] == torch.cuda.get_device_name(0)
+    assert refusal["date"].endswith(" UTC")  # the command tables' `date`: when the run ended
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path without a GPU")
@@ -489,9 +490,14 @@ def test_a_hand_run_result_joins_the_command_table(tmp_path):
         plan=[True] * 29 + [False] * 5, attention_kept=True, device="NVIDIA H200",
     )  # fmt: skip
     table = tmp_path / "leaderboard_8b_two_gpus_command.csv"
-    tool.append_result(table, dict(result, memory_gib=None), "aaa", empty_caches=True).to_csv(table, index=False)
-    rows = tool.append_result(table, result, "bbb", empty_caches=False)
-    assert len(rows) == 2 and list(rows.commit) == ["aaa", "bbb"]
+    # short hashes that read as numbers (4601e70 as 4.601e+73, 1234567 as an int) stay the text they are
+    tool.append_result(table, dict(result, memory_gib=None), "4601e70", empty_caches=True).to_csv(table, index=False)
+    rows = tool.append_result(table, result, "1234567", empty_caches=False)
+    assert len(rows) == 2 and list(rows.commit) == ["4601e70", "1234567"]
+    rows.to_csv(table, index=False)
+    from cs336_systems.experiments.answers import Results
+
+    assert list(Results(tmp_path).table("leaderboard_8b_two_gpus_command").commit) == ["4601e70", "1234567"]
     assert "empty caches" in rows.command[0] and "--memory-gib" not in rows.command[0]
     assert "--memory-gib 78 (rep 30000" in rows.command[1] and "empty caches" not in rows.command[1]
     assert rows.memory_cap_gib.isna()[0] and rows.memory_cap_gib[1] == 78.0

@@ -129,7 +129,8 @@ def append_result(table: Path, result: dict, commit: str, empty_caches: bool) ->
     )
     if not table.exists():
         return row
-    return pd.concat([pd.read_csv(table).reindex(columns=COMMAND_COLUMNS), row], ignore_index=True)
+    earlier = pd.read_csv(table, dtype={"commit": str})  # a short hash such as 4601e70 is text, not a number
+    return pd.concat([earlier.reindex(columns=COMMAND_COLUMNS), row], ignore_index=True)
 
 
 def stream_tables(trace: Path, out: Path) -> None:

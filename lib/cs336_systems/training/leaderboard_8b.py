@@ -41,6 +41,7 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime
 
 import torch
 import torch.distributed as dist
@@ -240,6 +241,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
                     budget_gib=err.budget_bytes / 2**30,
                     would_fit=err.would_fit,
                     device=torch.cuda.get_device_name(device),
+                    date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                 )
                 with open(args.json, "w") as f:
                     json.dump(refusal, f, indent=1)
@@ -322,7 +324,8 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         )
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(result, device=torch.cuda.get_device_name(device)), f, indent=1)
+                ended = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")  # the command tables' `date`
+                json.dump(dict(result, device=torch.cuda.get_device_name(device), date=ended), f, indent=1)
     return result
 
 
