@@ -406,7 +406,10 @@ def test_leaderboard_answer_reads_the_latest_command_run_and_compares_only_withi
     assert "capped at 78 GiB" in answer.text
     assert "recomputes 29 of 34 blocks and the step takes 5,000.0 ms" in answer.text
     assert "1.11× an uncapped command run of the same code (4,500.0 ms, 7 blocks recomputed)." in answer.text
-    assert list(answer.table.run) == ["latest run", "earlier run", "earlier run", "capped at 78 GiB"]
+    two = "two NVIDIA H200s"
+    assert list(answer.table.run) == [f"{two}, {run}" for run in ("latest run", "earlier run", "earlier run")] + [
+        f"{two}, capped at 78 GiB"
+    ]
 
 
 def test_leaderboard_answer_from_the_notebooks_run_keeps_the_capped_command_run(tmp_path):
@@ -439,7 +442,8 @@ def test_leaderboard_answer_from_the_notebooks_run_keeps_the_capped_command_run(
     assert "as the handout times it; its memory plan recomputes 8 of 34 blocks." in answer.text
     assert "recomputes 29 of 34 blocks and the step takes 4,972.0 ms" in answer.text
     assert "1.10× an uncapped command run of the same code (4,520.0 ms, 7 blocks recomputed)." in answer.text
-    assert list(answer.table.run) == ["latest run", "latest run", "capped at 78 GiB"]
+    two = "two NVIDIA H200s"
+    assert list(answer.table.run) == [f"{two}, latest run", f"{two}, latest run", f"{two}, capped at 78 GiB"]
     assert list(answer.table["blocks recomputed"][:2]) == [8, 34]
 
 
@@ -521,3 +525,38 @@ def test_leaderboard_answer_names_the_slower_gpus_clock_where_the_run_recorded_i
     assert "the slower GPU's SM clock was 1,560 MHz" in text and "in 100% of the samples" in text
     pd.DataFrame([row("ours", 4400.0), row("torch_native", 5600.0)]).to_csv(table)
     assert "SM clock" not in build("leaderboard.2026", Results(tmp_path)).text
+
+
+def test_leaderboard_answer_states_the_one_gpu_runs_refusal_and_ratio(tmp_path):
+    """The one-GPU command runs (`--one-gpu`): an 80 GB card's refusal with its need and budget, ours on the
+    layers it names beside the torch-native step's out-of-memory, and a card that holds the whole model
+    compared with the torch-native step of its own run; the per-layer difference explained by what the rows
+    hold (blocks recomputed, clocks). The states offloaded are named where the command ran so."""
+    from cs336_systems.experiments.answers import Results, build
+
+    def row(variant, ms, world=2, status="ok", **kw):
+        return dict(
+            variant=variant, batch=1, world_size=world, layers=34, ms=ms, peak_gib=100.0, device="NVIDIA H200",
+            commit="4601e70", status=status, command=f"... --variant {variant} --offload-states (rep 30000 ...)",
+        ) | kw  # fmt: skip
+
+    pd.DataFrame([row("ours", 4300.0, blocks_recomputed=0), row("torch_native", 5600.0)]).to_csv(
+        tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False
+    )
+    h100 = dict(device="NVIDIA H100 80GB HBM3", commit="be7e5ab")
+    one = [
+        row("ours", float("nan"), 1, "does not fit", need_gib=75.47, budget_gib=73.51, fits_layers=32, **h100),
+        row("ours", 4740.0, 1, layers=32, blocks_recomputed=16, sm_mhz=1455.0, **h100),
+        row("torch_native", float("nan"), 1, "failed", layers=32, note="OutOfMemoryError: CUDA out of memory", **h100),
+        row("ours", 4350.0, 1, commit="be7e5ab", blocks_recomputed=0, sm_mhz=1560.0),
+        row("torch_native", 5600.0, 1, commit="be7e5ab"),
+    ]  # fmt: skip
+    pd.DataFrame(one).to_csv(tmp_path / "leaderboard_8b_one_gpu_command.csv", index=False)
+    answer = build("leaderboard.2026", Results(tmp_path))
+    text = answer.text
+    assert "AdamW's states waiting in host memory" in text
+    assert "needs at least 75.5 GiB against the 73.5 GiB" in text and "on 32 of its 34 layers" in text
+    assert "takes 4,740.0 ms (16 of 32 blocks recomputed" in text and "32 layers runs out of memory" in text
+    assert "5,600.0 ms in the same run: 0.777×" in text
+    assert "recomputes 16 blocks, a second forward each, and its SM clock held at 1,455 MHz" in text
+    assert "ours (does not fit)" in set(answer.table.variant) and "torch_native (failed)" in set(answer.table.variant)

@@ -107,6 +107,73 @@ def _recomputed(row: pd.Series) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
+def _offloaded(row: pd.Series) -> bool:
+    """Whether a command row ran with AdamW's states in host memory (its command names the flag)."""
+    return isinstance(row.get("command"), str) and "--offload-states" in row.command
+
+
+def one_gpu_sentences(results: Results) -> tuple[str, list[pd.Series], list[str]]:
+    """The command on one GPU (`tools/leaderboard_8b_two_gpus.py --one-gpu`), the latest run on each kind of
+    GPU: where the whole model fits, ours against the torch-native step of the same run; where the plan refuses
+    it (an 80 GB card), the refusal's need and budget, ours on the layers it names, and the torch-native step on
+    those layers. The sentences, the rows shown and their labels."""
+    if not results.has("leaderboard_8b_one_gpu_command"):
+        return "", [], []
+    rows = results.table("leaderboard_8b_one_gpu_command")
+    text, shown, labels, timed_steps = "", [], [], {}
+    for device, runs in rows.groupby("device", sort=False):
+        runs = runs[runs.commit == runs.commit.iloc[-1]]  # one run: the latest
+        ours = runs[(runs.variant == "ours") & (runs.status == "ok")]
+        if not len(ours):
+            continue
+        ours = ours.iloc[-1]
+        native = runs[(runs.variant == "torch_native") & (runs.layers == ours.layers)]
+        native = native.iloc[-1] if len(native) else None
+        refused = runs[(runs.variant == "ours") & (runs.status == "does not fit")]
+        steps = (
+            f"{_recomputed(ours)} of {int(ours.layers)} blocks recomputed, " if _recomputed(ours) is not None else ""
+        )
+        timed = f"ours takes {ours.ms:,.1f} ms ({steps}peak {ours.peak_gib:.1f} GiB)"
+        if len(refused):
+            ref = refused.iloc[-1]
+            text += (
+                f" On one {device} the whole model does not fit: the memory plan needs at least {ref.need_gib:.1f} GiB "
+                f"against the {ref.budget_gib:.1f} GiB the process can use, and the command stops with that and "
+                f"what would fit; on {int(ours.layers)} of its {int(ref.layers)} layers, the most it names, {timed}"
+            )
+            shown.append(ref)
+            labels.append(f"one {device}, whole model")
+        else:
+            text += f" On one {device} at batch 1, {timed}"
+        shown.append(ours)
+        labels.append(f"one {device}")
+        timed_steps[bool(len(refused))] = ours
+        if native is not None and native.status == "ok":
+            text += (
+                f", against the torch-native step's {native.ms:,.1f} ms in the same run: {ours.ms / native.ms:.3f}×."
+            )
+            shown.append(native)
+            labels.append(f"one {device}")
+        elif native is not None and "out of memory" in str(native.note).lower():
+            text += f"; the torch-native step on the same {int(native.layers)} layers runs out of memory."
+            shown.append(native)
+            labels.append(f"one {device}")
+        else:
+            text += "."
+    if len(timed_steps) == 2:  # a card that needed fewer layers beside one that held them all
+        small, whole = timed_steps[True], timed_steps[False]
+        if small.ms / small.layers > whole.ms / whole.layers and (_recomputed(small) or 0) > (_recomputed(whole) or 0):
+            clocks = ""
+            if pd.notna(small.get("sm_mhz")) and pd.notna(whole.get("sm_mhz")):
+                clocks = f", and its SM clock held at {small.sm_mhz:,.0f} MHz against {whole.sm_mhz:,.0f} MHz"
+            text += (
+                f" Per layer the {small.device} is the slower ({small.ms / small.layers:,.0f} against "
+                f"{whole.ms / whole.layers:,.0f} ms): with less memory its plan recomputes {_recomputed(small)} "
+                f"blocks, a second forward each{clocks}."
+            )
+    return text, shown, labels
+
+
 @builds("leaderboard.2026")
 def eight_b_step(results: Results) -> Answer:
     two, uncapped, capped, caveat = _two_gpu_rows(results)
@@ -118,6 +185,12 @@ def eight_b_step(results: Results) -> Answer:
         + (
             f"; its memory plan recomputes {_recomputed(ours)} of {int(ours.layers)} blocks"
             if _recomputed(ours) is not None and pd.notna(ours.get("layers"))
+            else ""
+        )
+        + (
+            ", AdamW's states waiting in host memory through the forward (the command's default) so that their "
+            "GPU memory holds saved activations instead"
+            if _offloaded(ours)
             else ""
         )
         + "."
@@ -156,7 +229,10 @@ def eight_b_step(results: Results) -> Answer:
             + ": under a power cap the clock a card settles at, and the step's time with it, varies from card to "
             "card, and the slower of two data-parallel GPUs sets the pace."
         )
-    labels = ["latest run"] + ["latest run" if base is not None else "earlier run"] * (len(shown) - 1)
+    two = f"two {device}s"
+    labels = [f"{two}, latest run"] + [f"{two}, latest run" if base is not None else f"{two}, earlier run"] * (
+        len(shown) - 1
+    )
     if len(capped):
         cap = capped[capped.variant == "ours"].iloc[-1]
         first = cap.get("seconds_to_first_timed_step")
@@ -180,11 +256,21 @@ def eight_b_step(results: Results) -> Answer:
             f"{cap.ms:,.1f} ms ({', '.join(details)}){ratio}."
         )
         shown.append(cap)
-        labels.append(f"capped at {cap.memory_cap_gib:g} GiB")
+        labels.append(f"{two}, capped at {cap.memory_cap_gib:g} GiB")
+    one_gpu, one_rows, one_labels = one_gpu_sentences(results)
+    text += one_gpu
+    shown += one_rows
+    labels += one_labels
     table = pd.DataFrame(shown).assign(run=labels)
+    if "status" in table:  # a refusal or a failure has no time: the table says which
+        table["variant"] = [
+            v if pd.isna(st) or st == "ok" else f"{v} ({st})" for v, st in zip(table.variant, table.status)
+        ]
     if "blocks_recomputed" not in table:
         table["blocks_recomputed"] = float("nan")
-    table = table[["run", "variant", "ms", "peak_gib", "blocks_recomputed"]].rename(
+    if "layers" not in table:
+        table["layers"] = float("nan")
+    table = table[["run", "variant", "layers", "ms", "peak_gib", "blocks_recomputed"]].rename(
         columns={"ms": "step (ms)", "peak_gib": "peak per GPU (GiB)", "blocks_recomputed": "blocks recomputed"}
     )
     return Answer(text, table=table.reset_index(drop=True), caveat=caveat)
