@@ -560,3 +560,27 @@ def test_leaderboard_answer_states_the_one_gpu_runs_refusal_and_ratio(tmp_path):
     assert "5,600.0 ms in the same run: 0.777×" in text
     assert "recomputes 16 blocks, a second forward each, and its SM clock held at 1,455 MHz" in text
     assert "ours (does not fit)" in set(answer.table.variant) and "torch_native (failed)" in set(answer.table.variant)
+
+
+def test_leaderboard_answer_names_the_previous_run_of_the_same_command(tmp_path):
+    """Beside the latest run's clock, the run of the same command (flags and do_bench settings) before it,
+    from another commit, with its time and clock; a run of another command (here the states on the GPU) is not
+    that run."""
+    from cs336_systems.experiments.answers import Results, build
+
+    def row(variant, ms, commit, clock, flag=" --offload-states"):
+        command = f"torchrun ... --variant {variant}{flag if variant == 'ours' else ''} (rep 30000, commit {commit})"
+        return dict(
+            variant=variant, batch=1, world_size=2, layers=34, ms=ms, peak_gib=100.0, device="NVIDIA H200",
+            commit=commit, status="ok", sm_mhz=clock, power_capped=1.0, command=command,
+        )  # fmt: skip
+
+    rows = [row("ours", 4350.0, "aaa", 1545.0, " --no-offload-states"), row("torch_native", 5600.0, "aaa", 1560.0)]
+    rows += [row("ours", 4300.0, "bbb", 1560.0), row("torch_native", 5620.0, "bbb", 1560.0)]
+    rows += [row("ours", 4343.0, "ccc", 1515.0), row("torch_native", 5671.0, "ccc", 1560.0)]
+    pd.DataFrame(rows).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
+    text = build("leaderboard.2026", Results(tmp_path)).text
+    assert "**4,343.0 ms**" in text
+    assert "The run of the same command before it (commit bbb) took 4,300.0 ms, its slower GPU at 1,560 MHz." in text
+    pd.DataFrame(rows[:2] + rows[4:]).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
+    assert "The run of the same command before it" not in build("leaderboard.2026", Results(tmp_path)).text

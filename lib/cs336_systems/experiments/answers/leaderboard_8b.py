@@ -107,6 +107,20 @@ def _recomputed(row: pd.Series) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
+def _previous_run_of_the_same_command(runs: pd.DataFrame, row: pd.Series) -> pd.Series | None:
+    """The latest row of `runs` before `row` (another commit) whose command is `row`'s, its do_bench settings
+    and flags alike (the text before the run's own parenthesis), if any."""
+    if "command" not in runs or not isinstance(row.get("command"), str):
+        return None
+    command = row.command.split(" (")[0]
+    same = runs[
+        (runs.command.astype(str).str.split(" (", regex=False).str[0] == command)
+        & (runs.commit != row.commit)
+        & (runs.index < row.name)
+    ]
+    return same.iloc[-1] if len(same) else None
+
+
 def _offloaded(row: pd.Series) -> bool:
     """Whether a command row ran with AdamW's states in host memory (its command names the flag)."""
     return isinstance(row.get("command"), str) and "--offload-states" in row.command
@@ -229,6 +243,12 @@ def eight_b_step(results: Results) -> Answer:
             + ": under a power cap the clock a card settles at, and the step's time with it, varies from card to "
             "card, and the slower of two data-parallel GPUs sets the pace."
         )
+        previous = _previous_run_of_the_same_command(uncapped, ours)
+        if previous is not None and pd.notna(previous.get("sm_mhz")):
+            text += (
+                f" The run of the same command before it (commit {previous.commit}) took {previous.ms:,.1f} ms, its "
+                f"slower GPU at {previous.sm_mhz:,.0f} MHz."
+            )
     two = f"two {device}s"
     labels = [f"{two}, latest run"] + [f"{two}, latest run" if base is not None else f"{two}, earlier run"] * (
         len(shown) - 1
