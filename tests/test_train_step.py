@@ -242,6 +242,11 @@ def test_plan_none_fit_raises():
         plan(4, 1050, fixed=1000, block=100, checkpoint=10)
     # the cheapest plan: fixed, 3 checkpoints held while one block is rebuilt
     assert (err.value.need_bytes, err.value.budget_bytes, err.value.would_fit) == (1000 + 30 + 100, 1050, {})
+    # whole through pickle (a worker process's error reaching its parent)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(PlanDoesNotFit("no room", 5, 4, {"layers": 2})))
+    assert (str(again), again.need_bytes, again.budget_bytes, again.would_fit) == ("no room", 5, 4, {"layers": 2})
 
 
 def test_plan_keeping_one_block_can_cost_less_than_keeping_none():

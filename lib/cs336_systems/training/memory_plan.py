@@ -45,6 +45,9 @@ class PlanDoesNotFit(ValueError):
         super().__init__(message)
         self.need_bytes, self.budget_bytes, self.would_fit = need_bytes, budget_bytes, dict(would_fit or {})
 
+    def __reduce__(self):  # whole across processes (an exception pickles only its message by default)
+        return type(self), (str(self), self.need_bytes, self.budget_bytes, self.would_fit)
+
 
 @dataclass(frozen=True)
 class RecomputePlan:
