@@ -297,10 +297,12 @@ if ctx.device.type == "cuda" and ctx.num_gpus >= 2:
     both = ctx.save_table(leaderboard_rows(record, ceiling, 1, device_name, torchrun_results=two, rep_ms=rep_ms,
                                            warmup_ms=warmup_ms), "leaderboard_8b")
     two_gpu = both[both.world_size == 2].set_index("variant")
-    if "ours" in two_gpu.index and by.loc["ours"].status == "ok":
-        ratio = float(two_gpu.loc["ours", "step_ms"] / by.loc["ours"].step_ms)
+    # the one-GPU row of the command's own configuration (its states in host memory) where the record has it
+    one_gpu = next((v for v in ("ours_offloaded_states", "ours") if v in by.index and by.loc[v].status == "ok"), None)
+    if "ours" in two_gpu.index and one_gpu is not None:
+        ratio = float(two_gpu.loc["ours", "step_ms"] / by.loc[one_gpu].step_ms)
         ctx.md(f"Two GPUs, batch 2: ours {two_gpu.loc['ours', 'step_ms']:,.0f} ms per step, "
-               f"**{ratio:.3f}×** the one-GPU batch-1 step.")
+               f"**{ratio:.3f}×** the one-GPU batch-1 step of the same configuration (`{one_gpu}` in the record).")
         ctx.headline("8B step on 2 GPUs / 1 GPU, ours" + ("" if full else " (scaled-down)"), round(ratio, 3))
         if "torch_native" in two_gpu.index:
             native = two_gpu.loc["torch_native", "step_ms"]
