@@ -494,7 +494,7 @@ def test_a_hand_run_result_joins_the_command_table(tmp_path):
         plan=[True] * 29 + [False] * 5, attention_kept=True, device="NVIDIA H200",
     )  # fmt: skip
     table = tmp_path / "leaderboard_8b_two_gpus_command.csv"
-    # short hashes that read as numbers (4601e70 as 4.601e+73, 1234567 as an int) stay the text they are
+    # short hashes that read as numbers (digits and one "e" as a float, all digits as an int) stay the text they are
     tool.append_result(table, dict(result, memory_gib=None), "4601e70", empty_caches=True).to_csv(table, index=False)
     rows = tool.append_result(table, result, "1234567", empty_caches=False)
     assert len(rows) == 2 and list(rows.commit) == ["4601e70", "1234567"]

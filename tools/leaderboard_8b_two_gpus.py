@@ -129,7 +129,7 @@ def append_result(table: Path, result: dict, commit: str, empty_caches: bool) ->
     )
     if not table.exists():
         return row
-    earlier = pd.read_csv(table, dtype={"commit": str})  # a short hash such as 4601e70 is text, not a number
+    earlier = pd.read_csv(table, dtype={"commit": str})  # a hash of digits and one "e" would read as a float
     return pd.concat([earlier.reindex(columns=COMMAND_COLUMNS), row], ignore_index=True)
 
 

@@ -42,7 +42,7 @@ class Results:
         path = self.folder / f"{name}.csv"
         if not path.exists():
             raise NotAnswered(f"this run has no `{name}` table")
-        return pd.read_csv(path, dtype={"commit": str})  # a short hash such as 4601e70 is text, not 4.601e+73
+        return pd.read_csv(path, dtype={"commit": str})  # a hash of digits and one "e" would read as a float
 
     def json(self, name: str):
         path = self.folder / f"{name}.json"
