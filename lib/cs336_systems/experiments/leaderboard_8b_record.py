@@ -471,19 +471,18 @@ def torchrun_step(
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as in notebook 20: no stranded GiBs
         if cold_cache:
             env.update(TRITON_CACHE_DIR=str(Path(tmp) / "triton"), TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
+
+        def failed(note: str, wall_s: float) -> dict:
+            return dict(
+                variant=variant, world_size=nproc, layers=layers, context=context, status="failed", note=note,
+                wall_s=wall_s,
+            )  # fmt: skip
+
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
-            return dict(
-                variant=variant,
-                world_size=nproc,
-                layers=layers,
-                context=context,
-                status="failed",
-                note=f"timed out after {timeout_s:.0f} s",
-                wall_s=timeout_s,
-            )
+            return failed(f"timed out after {timeout_s:.0f} s", timeout_s)
         wall_s = time.perf_counter() - start
         if proc.returncode and out.exists():  # a refusal the command wrote down (`status` "does not fit")
             return dict(json.loads(out.read_text()), wall_s=wall_s)
@@ -491,15 +490,7 @@ def torchrun_step(
             lines = (proc.stdout + "\n" + proc.stderr).strip().splitlines()
             # the command's own refusal or the first exception line says why; torchrun's summary does not
             why = [ln for ln in lines if ln.startswith("leaderboard_8b:") or "Error:" in ln][:2] or lines[-4:]
-            return dict(
-                variant=variant,
-                world_size=nproc,
-                layers=layers,
-                context=context,
-                status="failed",
-                note=" | ".join(why)[-1200:],  # the plan's refusal whole: its need, its budget, what would fit
-                wall_s=wall_s,
-            )
+            return failed(" | ".join(why)[-1200:], wall_s)  # 1200: a plan's refusal whole, with what would fit
         return dict(json.loads(out.read_text()), status="ok", note="", wall_s=wall_s)
 
 

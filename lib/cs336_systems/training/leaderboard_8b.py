@@ -221,18 +221,21 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         calls.append(time.time())
         step_obj.step(x, y)
 
+    run = dict(
+        variant=args.variant,
+        batch=args.batch,
+        world_size=world,
+        layers=args.layers,
+        context=args.context,
+        params=n_params,
+    )
     if args.variant == "ours":
         try:  # the plan is made here rather than inside the timing, so a step that cannot fit says what would
             step_obj.plan_for(x)
         except PlanDoesNotFit as err:
             if args.json and rank == 0:  # the refusal as a result: what it needed, what it had, what would fit
                 refusal = dict(
-                    variant=args.variant,
-                    batch=args.batch,
-                    world_size=world,
-                    layers=args.layers,
-                    context=args.context,
-                    params=n_params,
+                    run,
                     memory_gib=args.memory_gib,
                     states_offloaded=args.offload_states,
                     status="does not fit",
@@ -273,12 +276,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
     plan = getattr(step_obj, "plans", {}).get((args.batch, args.context))
     flops = useful_flops(matmul_params, args.layers, args.batch * args.context, args.context)
     result = dict(
-        variant=args.variant,
-        batch=args.batch,
-        world_size=world,
-        layers=args.layers,
-        context=args.context,
-        params=n_params,
+        run,
         ms=ms,
         rep_ms=args.rep,
         warmup_ms=args.warmup,
