@@ -246,8 +246,8 @@ def eight_b_step(results: Results) -> Answer:
         previous = _previous_run_of_the_same_command(uncapped, ours)
         if previous is not None and pd.notna(previous.get("sm_mhz")):
             text += (
-                f" The run of the same command before it (commit {previous.commit}) took {previous.ms:,.1f} ms, its "
-                f"slower GPU at {previous.sm_mhz:,.0f} MHz."
+                f" The previous run of the same command took {previous.ms:,.1f} ms, its slower GPU at "
+                f"{previous.sm_mhz:,.0f} MHz."
             )
     two = f"two {device}s"
     labels = [f"{two}, latest run"] + [f"{two}, latest run" if base is not None else f"{two}, earlier run"] * (
