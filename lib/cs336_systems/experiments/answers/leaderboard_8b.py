@@ -6,6 +6,7 @@ import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
 from cs336_systems.report.answers import Answer
+from cs336_systems.training.memory_plan import CUDA_MARGIN_BYTES
 
 HANDOUT_REP_MS, HANDOUT_WARMUP_MS = 30_000, 10_000
 NATIVE = "The torch-native step (SDPA, full logits and `F.cross_entropy`, `torch.optim.AdamW`)"
@@ -152,7 +153,8 @@ def one_gpu_sentences(results: Results) -> tuple[str, list[pd.Series], list[str]
             ref = refused.iloc[-1]
             text += (
                 f" On one {device} the whole model does not fit: the memory plan needs at least {ref.need_gib:.1f} GiB "
-                f"against the {ref.budget_gib:.1f} GiB the process can use, and the command stops with that and "
+                f"against its budget of {ref.budget_gib:.1f} GiB (what the process can still get less a "
+                f"{CUDA_MARGIN_BYTES / 2**30:g} GiB margin), and the command stops with that and "
                 f"what would fit; on {int(ours.layers)} of its {int(ref.layers)} layers, the most it names, {timed}"
             )
             shown.append(ref)
