@@ -32,14 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from cs336_systems.experiments.leaderboard_8b_record import torchrun_step, two_gpu_profile
-from cs336_systems.training.leaderboard_8b import LAYERS
+from cs336_systems.training.leaderboard_8b import LAYERS, utc_minute
 
 RUNS = (("ours", 2), ("ours", 1), ("torch_native", 2))  # the bar's two steps first, the baseline last
 COMMAND_COLUMNS = [
@@ -83,7 +82,7 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
     launcher = df.world_size.map(lambda n: f"torchrun --nproc-per-node {int(n)} -m" if n > 1 else "python -m")
     caches = "empty caches" if empty_caches else "compile caches as the machine had them"
     if df["date"].isna().all():  # when the runs ended; the report leads with runs after the notebook's own
-        df["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        df["date"] = utc_minute()
     offloaded = df["states_offloaded"] if "states_offloaded" in df else pd.Series(None, index=df.index)
     layers = [f" --layers {int(n)}" if pd.notna(n) and int(n) != LAYERS else "" for n in df.layers]
     df["command"] = [

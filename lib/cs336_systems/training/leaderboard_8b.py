@@ -62,6 +62,11 @@ ACTIVATION_MEMORY_BUDGET = 0.6
 TRACED_STEP = "traced step"
 
 
+def utc_minute() -> str:
+    """Now, as the command tables' `date` column writes it: year-month-day hour:minute, then UTC."""
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def process_start_time() -> float:
     """time.time() at process start (psutil if present, else this module's import time)."""
     try:
@@ -244,7 +249,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
                     budget_gib=err.budget_bytes / 2**30,
                     would_fit=err.would_fit,
                     device=torch.cuda.get_device_name(device),
-                    date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    date=utc_minute(),
                 )
                 with open(args.json, "w") as f:
                     json.dump(refusal, f, indent=1)
@@ -322,8 +327,7 @@ def timed_step(ctx, args: argparse.Namespace) -> dict:
         )
         if args.json:
             with open(args.json, "w") as f:
-                ended = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")  # the command tables' `date`
-                json.dump(dict(result, device=torch.cuda.get_device_name(device), date=ended), f, indent=1)
+                json.dump(dict(result, device=torch.cuda.get_device_name(device), date=utc_minute()), f, indent=1)
     return result
 
 

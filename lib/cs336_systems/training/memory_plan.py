@@ -238,7 +238,7 @@ def optimizer_state_bytes(module: nn.Module, state_dtype: torch.dtype, world_siz
     """A rank's AdamW moments of `module` (the model, or one block): two per parameter element in `state_dtype`,
     1/world_size of them per rank."""
     numel = sum(p.numel() for p in module.parameters())
-    return -(-2 * numel * torch.tensor([], dtype=state_dtype).element_size() // world_size)
+    return -(-2 * numel * state_dtype.itemsize // world_size)
 
 
 def gradient_bytes(model: nn.Module, world_size: int = 1, bucket_bytes: int = 0) -> int:
