@@ -456,3 +456,114 @@ def test_fused_loss_and_adamw_kernels_use_nothing_generation_specific(fake_capab
         fake_capability(*capability)
         blocks.add(fused_adamw_kernels.block_size(torch.device("cuda", 0), 1 << 20))
     assert len(blocks) == 1, f"FusedAdamW's block depends on the GPU: {blocks}"
+
+
+# --- the step on a Hopper GPU forced onto other generations' routes -------------------------------------------
+
+# d_head 128 at context 4,096 with 4 heads: where a Hopper takes the Gluon forward (batch·heads >= 4) and the
+# fused Gluon backward (32 key tiles · 4 >= 0.75 CTAs per SM on 132 SMs), so forcing another capability
+# changes both directions' kernels.
+FORCED_VOCAB, FORCED_CONTEXT, FORCED_D_MODEL, FORCED_HEADS, FORCED_D_FF, FORCED_LAYERS = 1000, 4096, 512, 4, 1024, 2
+GLUON_KERNELS = ("flash_fwd_gluon_kernel", "flash_bwd_gluon")
+TRITON_KERNELS = ("flash_fwd_kernel", "flash_bwd_dq_kernel", "flash_bwd_dkdv_kernel")
+
+
+def hopper_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def step_on_routes(model, x, y, capability):
+    """One step (forward, backward, FusedAdamW) of a copy of `model` with the attention dispatch reading the
+    device as `capability` (None: as it is). Returns (loss, gradients before the update, parameters after it,
+    names of the CUDA kernels launched). Every cache derived from the device's facts is cleared before and
+    after, so routes decided here do not leak into other tests."""
+    from cs336_systems.attention import configs as flash_configs
+
+    model = copy.deepcopy(model)
+    index = torch.cuda.current_device()
+    flash_configs.forget_answers()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            if capability is not None:
+                sms = flash_configs.device_facts(torch.device("cuda", index))[1]
+                patch.setitem(flash_configs._DEVICE_FACTS, index, (capability[0], sms))
+            step = build_train_step(model, StepConfig(recompute="all"))
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+                loss = step.forward_backward(x, y)
+                grads = [p.grad.detach().clone() for p in model.parameters()]
+                step.optimizer_step()
+                torch.cuda.synchronize()
+    finally:
+        flash_configs.forget_answers()
+    kernels = {event.name for event in profile.key_averages()}
+    return loss, grads, [p.detach().clone() for p in model.parameters()], kernels
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper_gpu(), reason="needs a Hopper GPU (compute capability 9), whose own routes are Gluon's")
+@pytest.mark.parametrize("capability", [(8, 0), (10, 0), (12, 0)], ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_gpu_step_runs_other_generations_routes_on_a_hopper(capability):
+    """A Hopper GPU whose attention dispatch reads it as Ampere, Blackwell or consumer Blackwell runs the whole
+    step (the kept-output attention forward and its recompute, the Triton backward kernels, the fused loss,
+    FusedAdamW) on the Triton kernels only, and computes what the Gluon routes compute.
+
+    bf16 model, every block recomputed. References: the same weights in fp32 with the plain attention and
+    `F.cross_entropy` for the loss and gradients (relative errors: loss 1e-2, each gradient's norm 3e-2; bf16
+    keeps 8 significant bits, 3.9e-3 per rounding, and the gradients pass a few dozen roundings); the same step
+    on the device's own (Gluon) routes, which must launch the Gluon kernels (else the comparison shows
+    nothing) and meet the same bounds. The update: torch.optim.AdamW in fp32 on fp32 copies of the same
+    parameters and gradients; FusedAdamW rounds each bf16 parameter stochastically from its fp32 result, so
+    it lies within one bf16 ulp (2^-7 relative) of it."""
+    from cs336_systems.attention.naive import naive_attention
+
+    torch.manual_seed(0)
+    model = TransformerLM(
+        FORCED_VOCAB,
+        FORCED_CONTEXT,
+        FORCED_D_MODEL,
+        FORCED_LAYERS,
+        FORCED_HEADS,
+        FORCED_D_FF,
+        attention="flash_triton",
+        device="cuda",
+        dtype=torch.bfloat16,
+    )
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randint(0, FORCED_VOCAB, (1, FORCED_CONTEXT), device="cuda", generator=g)
+    y = torch.randint(0, FORCED_VOCAB, (1, FORCED_CONTEXT), device="cuda", generator=g)
+
+    plain = copy.deepcopy(model).float()
+    for block in plain.layers:
+        block.attn.attention = naive_attention
+    ref_loss = F.cross_entropy(plain(x).reshape(-1, FORCED_VOCAB), y.reshape(-1))
+    ref_loss.backward()
+    ref_grads = [p.grad for p in plain.parameters()]
+    names = [name for name, _ in model.named_parameters()]
+
+    forced = step_on_routes(model, x, y, capability)
+    own = step_on_routes(model, x, y, None)
+    assert not any(k for k in forced[3] if any(gluon in k for gluon in GLUON_KERNELS)), sorted(forced[3])
+    for triton_kernel in TRITON_KERNELS:
+        assert any(triton_kernel in k for k in forced[3]), f"{triton_kernel} did not run: {sorted(forced[3])}"
+    assert all(any(gluon in k for k in own[3]) for gluon in GLUON_KERNELS), sorted(own[3])
+
+    for route, (loss, grads, _, _) in (("forced", forced), ("own", own)):
+        assert relative_error(loss, ref_loss.detach()) <= 1e-2, f"{route} route loss {loss} vs {ref_loss}"
+        for name, grad, ref in zip(names, grads, ref_grads):
+            err = relative_error(grad, ref)
+            assert err <= 3e-2, f"{route} route, {name}: gradient relative error {err:.3g}"
+
+    loss, grads, params, _ = forced
+    start = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    for p, grad in zip(start, grads):
+        p.grad = grad.float()
+    config = StepConfig()
+    torch.optim.AdamW(start, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay).step()
+    for name, ours, exact in zip(names, params, start):
+        exact = exact.detach()
+        excess = (ours.float() - exact).abs() - exact.abs() * 2**-7
+        assert excess.max().item() <= 1e-12, f"{name}: updated parameter more than one bf16 ulp from fp32 AdamW's"
