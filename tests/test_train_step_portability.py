@@ -495,7 +495,7 @@ def step_on_routes(model, x, y, capability):
                 torch.cuda.synchronize()
     finally:
         flash_configs.forget_answers()
-    kernels = {event.name for event in profile.key_averages()}
+    kernels = {event.key for event in profile.key_averages()}
     return loss, grads, [p.detach().clone() for p in model.parameters()], kernels
 
 
@@ -512,7 +512,7 @@ def test_gpu_step_runs_other_generations_routes_on_a_hopper(capability):
     FusedAdamW) on the Triton kernels only, and computes what the Gluon routes compute.
 
     bf16 model, every block recomputed. References: the same weights in fp32 with the plain attention and
-    `F.cross_entropy` for the loss and gradients (relative errors: loss 1e-2, each gradient's norm 3e-2; bf16
+    `F.cross_entropy` for the loss and gradients (relative errors: loss 1e-3, each gradient's norm 3e-2; bf16
     keeps 8 significant bits, 3.9e-3 per rounding, and the gradients pass a few dozen roundings); the same step
     on the device's own (Gluon) routes, which must launch the Gluon kernels (else the comparison shows
     nothing) and meet the same bounds. The update: torch.optim.AdamW in fp32 on fp32 copies of the same
@@ -552,7 +552,7 @@ def test_gpu_step_runs_other_generations_routes_on_a_hopper(capability):
     assert all(any(gluon in k for k in own[3]) for gluon in GLUON_KERNELS), sorted(own[3])
 
     for route, (loss, grads, _, _) in (("forced", forced), ("own", own)):
-        assert relative_error(loss, ref_loss.detach()) <= 1e-2, f"{route} route loss {loss} vs {ref_loss}"
+        assert relative_error(loss, ref_loss.detach()) <= 1e-3, f"{route} route loss {loss} vs {ref_loss}"
         for name, grad, ref in zip(names, grads, ref_grads):
             err = relative_error(grad, ref)
             assert err <= 3e-2, f"{route} route, {name}: gradient relative error {err:.3g}"
