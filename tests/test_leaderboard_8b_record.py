@@ -586,3 +586,42 @@ def test_leaderboard_answer_names_the_previous_run_of_the_same_command(tmp_path)
     assert "bbb" not in text  # commits belong in the tables, not the prose
     pd.DataFrame(rows[:2] + rows[4:]).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
     assert "The previous run of the same command" not in build("leaderboard.2026", Results(tmp_path)).text
+
+
+def test_leaderboard_answer_from_the_notebooks_run_reads_its_states_clocks_and_names_the_command_run(tmp_path):
+    """The notebook's own two-GPU run leads with what it recorded beside its time (states in host memory, each
+    GPU's clock and power-cap share): the slower GPU's clock, the states' clause, and the latest command run of
+    the same configuration (offloaded like it; a run with the states on the GPU is another configuration)."""
+    from cs336_systems.experiments.answers import Results, build
+
+    step = dict(peak_gib=118.0, tflops=580.0, ceiling_tflops=690.0, world_size=2, device="NVIDIA H200")
+    step.update(rep_ms=30000, warmup_ms=10000)
+    pd.DataFrame(
+        [dict(step, variant="torch_native", step_ms=5668.8), dict(step, variant="ours", step_ms=4344.6)]
+    ).to_csv(tmp_path / "leaderboard_8b.csv", index=False)
+    plan = lambda n: str([True] * n + [False] * (34 - n))  # noqa: E731
+    notebook = dict(world_size=2, power_capped_by_gpu="[1.0, 0.5]")
+    native = dict(notebook, variant="torch_native", plan=plan(34), states_offloaded=False)
+    ours = dict(notebook, variant="ours", plan=plan(0), states_offloaded=True)
+    pd.DataFrame([dict(native, sm_mhz_by_gpu="[1590.0, 1560.0]"), dict(ours, sm_mhz_by_gpu="[1575.0, 1545.0]")]).to_csv(
+        tmp_path / "leaderboard_8b_two_gpus.csv", index=False
+    )
+    command = dict(batch=1, world_size=2, layers=34, device="NVIDIA H200", status="ok", peak_gib=118.0, variant="ours")
+
+    def run(ms, clock, flag, commit):
+        return dict(
+            command, ms=ms, sm_mhz=clock, commit=commit, command=f"torchrun ... {flag} (rep 30000, empty caches)"
+        )
+
+    runs = [run(4342.9, 1515.0, "--offload-states", "aaa"), run(4356.8, 1560.0, "--no-offload-states", "bbb")]
+    pd.DataFrame(runs).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
+    text = build("leaderboard.2026", Results(tmp_path)).text
+    assert "**4,344.6 ms**" in text and "0.766×" in text
+    assert "recomputes 0 of 34 blocks, AdamW's states waiting in host memory" in text
+    assert "the slower GPU's SM clock was 1,545 MHz" in text and "in 100% of the samples" in text
+    assert (
+        "from empty compile caches), the same step took 4,342.9 ms in its latest run, its slower GPU at 1,515 MHz"
+        in text
+    )
+    pd.DataFrame(runs[1:]).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
+    assert "Run on its own by the README's command" not in build("leaderboard.2026", Results(tmp_path)).text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
@@ -24,19 +26,29 @@ def timing_words(row: pd.Series) -> str:
     return call + f", shorter than the handout's rep={HANDOUT_REP_MS}, warmup={HANDOUT_WARMUP_MS}"
 
 
-def _recompute_counts(results: Results) -> dict[str, tuple[int, int]]:
-    """(blocks recomputed, blocks) of each variant's memory plan in the notebook's two-GPU run (rank 0's plan,
-    one True or False per block)."""
+def _notebook_two_gpu_facts(results: Results) -> dict[str, dict]:
+    """What the notebook's two-GPU run recorded of each variant beside its time: the blocks its memory plan
+    recomputes (rank 0's plan, one True or False per block) and of how many, whether AdamW's states waited in
+    host memory, and the slower GPU's median SM clock and the largest share of samples a GPU spent at its
+    power cap (each a list per GPU)."""
     if not results.has("leaderboard_8b_two_gpus"):
         return {}
     rows = results.table("leaderboard_8b_two_gpus")
-    if "plan" not in rows:
-        return {}
-    return {
-        row.variant: (row.plan.count("True"), row.plan.count("True") + row.plan.count("False"))
-        for row in rows.itertuples()
-        if row.world_size == 2 and isinstance(row.plan, str)
-    }
+    facts = {}
+    for row in rows.to_dict("records"):
+        if row.get("world_size") != 2:
+            continue
+        fact = {}
+        if isinstance(row.get("plan"), str):
+            recomputed, kept = row["plan"].count("True"), row["plan"].count("False")
+            fact.update(blocks_recomputed=recomputed, layers=recomputed + kept)
+        if pd.notna(row.get("states_offloaded")):
+            fact["states_offloaded"] = str(row["states_offloaded"]) == "True"
+        for column, name, pick in (("sm_mhz_by_gpu", "sm_mhz", min), ("power_capped_by_gpu", "power_capped", max)):
+            if isinstance(row.get(column), str) and (values := json.loads(row[column])):
+                fact[name] = pick(values)
+        facts[row["variant"]] = fact
+    return facts
 
 
 def _after(command: pd.DataFrame, when: pd.Timestamp | None) -> pd.DataFrame:
@@ -62,11 +74,10 @@ def _two_gpu_rows(results: Results) -> tuple[pd.DataFrame, pd.DataFrame, pd.Data
         rows = results.table("leaderboard_8b")
         two = rows[(rows.world_size == 2) & rows.step_ms.notna()]
         if "ours" in set(two.variant):
-            blocks = _recompute_counts(results)
-            two = two.rename(columns={"step_ms": "ms"}).assign(
-                blocks_recomputed=two.variant.map(lambda v: blocks[v][0] if v in blocks else None),
-                layers=two.variant.map(lambda v: blocks[v][1] if v in blocks else None),
-            )
+            facts = _notebook_two_gpu_facts(results)
+            two = two.rename(columns={"step_ms": "ms"})
+            for name in ("blocks_recomputed", "layers", "states_offloaded", "sm_mhz", "power_capped"):
+                two[name] = [facts.get(v, {}).get(name) for v in two.variant]
             later = _after(command[~in_cap], results.run_date("20_leaderboard_8b"))
             if "ours" not in set(later.get("variant", ())):
                 return two, command[~in_cap], capped, ""
@@ -122,9 +133,21 @@ def _previous_run_of_the_same_command(runs: pd.DataFrame, row: pd.Series) -> pd.
     return same.iloc[-1] if len(same) else None
 
 
+def _latest_command_run(runs: pd.DataFrame, row: pd.Series) -> pd.Series | None:
+    """Where `row` is the notebook's own run (no command): the latest command run of ours in `runs` with its
+    states where `row` had them; else None."""
+    if isinstance(row.get("command"), str) or "command" not in runs or row.variant != "ours":
+        return None
+    same = [r for _, r in runs[runs.variant == "ours"].iterrows() if _offloaded(r) == _offloaded(row)]
+    return same[-1] if same else None
+
+
 def _offloaded(row: pd.Series) -> bool:
-    """Whether a command row ran with AdamW's states in host memory (its command names the flag)."""
-    return isinstance(row.get("command"), str) and "--offload-states" in row.command
+    """Whether a row's step ran with AdamW's states in host memory (a command row's command names the flag, the
+    notebook's row says so)."""
+    if isinstance(row.get("command"), str):
+        return "--offload-states" in row.command
+    return str(row.get("states_offloaded")) == "True"
 
 
 def one_gpu_sentences(results: Results) -> tuple[str, list[pd.Series], list[str]]:
@@ -250,6 +273,14 @@ def eight_b_step(results: Results) -> Answer:
             text += (
                 f" The previous run of the same command took {previous.ms:,.1f} ms, its slower GPU at "
                 f"{previous.sm_mhz:,.0f} MHz."
+            )
+        command_run = _latest_command_run(uncapped, ours)
+        if command_run is not None and pd.notna(command_run.get("sm_mhz")):
+            caches = ", from empty compile caches" if "empty caches" in command_run.command else ""
+            text += (
+                f" Run on its own by the README's command (`torchrun --nproc-per-node 2 -m "
+                f"cs336_systems.training.leaderboard_8b`{caches}), the same step took {command_run.ms:,.1f} ms in "
+                f"its latest run, its slower GPU at {command_run.sm_mhz:,.0f} MHz."
             )
     two = f"two {device}s"
     labels = [f"{two}, latest run"] + [f"{two}, latest run" if base is not None else f"{two}, earlier run"] * (
