@@ -13,6 +13,9 @@
 3. Every route the step's kernels would take on compute capability 8.0, 8.9, 10.0 and 12.0 is a Triton kernel
    (the Hopper-only Gluon/wgmma kernels are gated off), and on 9.0 the Gluon route is taken. Pure dispatch
    decisions on fake CUDA tensors (FakeTensorMode) with the device's properties faked; nothing launches.
+4. On a Hopper GPU (`gpu` marker) the step runs with the attention dispatch forced onto those generations'
+   routes: only Triton attention kernels launch, and the loss, gradients and update agree with an fp32
+   reference as the step on the GPU's own Gluon routes does.
 """
 
 import copy
