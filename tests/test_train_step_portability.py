@@ -7,8 +7,9 @@
    every gradient equal the model's own forward + `F.cross_entropy`, fp32 on CPU (rtol 1e-5, atol 1e-6 as in
    test_train_step.py: the same function summed in other orders), whichever blocks recompute; one FusedAdamW
    step equals torch.optim.AdamW's from the same gradients. State dicts move between it and our
-   `TransformerLM` unchanged. `test_real_course_model_*` repeats the step check on the real
-   `BasicsTransformerLM` where `import cs336_basics` works, and is skipped with the reason elsewhere.
+   `TransformerLM` unchanged. The `real_course` tests repeat the step check (every recompute mode) and the
+   state-dict moves on the real `BasicsTransformerLM` where `import cs336_basics` works, and are skipped with
+   the reason elsewhere.
 2. The memory plan's budget honours `torch.cuda.set_per_process_memory_fraction` (CUDA queries faked).
 3. Every route the step's kernels would take on compute capability 8.0, 8.9, 10.0 and 12.0 is a Triton kernel
    (the Hopper-only Gluon/wgmma kernels are gated off), and on 9.0 the Gluon route is taken. Pure dispatch
@@ -246,10 +247,33 @@ def test_course_model_keeps_its_own_attention():
         step.forward_backward(*(torch.zeros(1, CONTEXT + 1, dtype=torch.int64),) * 2)
 
 
+def real_course_model(seed=0):
+    """The course's own `cs336_basics.model.BasicsTransformerLM` at the test's size, where it imports."""
+    basics = pytest.importorskip(
+        "cs336_basics.model",
+        reason="cs336_basics is not installed in this environment (put a course checkout's cs336-basics folder on "
+        "PYTHONPATH, with einops, einx and jaxtyping installed, to run it)",
+    )
+    torch.manual_seed(seed)
+    return basics.BasicsTransformerLM(
+        vocab_size=VOCAB,
+        context_length=CONTEXT,
+        d_model=D_MODEL,
+        num_layers=LAYERS,
+        num_heads=HEADS,
+        d_ff=D_FF,
+        rope_theta=10000.0,
+    )
+
+
+COURSE_MODELS = {"course_like": make_course_model, "real_course": real_course_model}
+
+
+@pytest.mark.parametrize("course_model", COURSE_MODELS)
 @pytest.mark.parametrize("direction", ["course_to_ours", "ours_to_course"])
-def test_state_dict_moves_between_course_model_and_ours(direction):
+def test_state_dict_moves_between_course_model_and_ours(course_model, direction):
     """Same keys, shapes and function: a state dict loads strictly either way and the logits agree."""
-    course = make_course_model(seed=0)
+    course = COURSE_MODELS[course_model](seed=0)
     torch.manual_seed(5)
     ours = TransformerLM(VOCAB, CONTEXT, D_MODEL, LAYERS, HEADS, D_FF)
     source, target = (course, ours) if direction == "course_to_ours" else (ours, course)
@@ -262,19 +286,9 @@ def test_state_dict_moves_between_course_model_and_ours(direction):
     torch.testing.assert_close(target(x), source(x), rtol=RTOL, atol=ATOL)
 
 
-def test_real_course_model_step_matches_its_plain_forward(monkeypatch):
-    basics = pytest.importorskip("cs336_basics.model", reason="cs336_basics is not installed in this environment")
-    torch.manual_seed(0)
-    model = basics.BasicsTransformerLM(
-        vocab_size=VOCAB,
-        context_length=CONTEXT,
-        d_model=D_MODEL,
-        num_layers=LAYERS,
-        num_heads=HEADS,
-        d_ff=D_FF,
-        rope_theta=10000.0,
-    )
-    check_step_matches_plain(model, monkeypatch, "mixed")
+@pytest.mark.parametrize("recompute", ["all", "none", "mixed"])
+def test_real_course_model_step_matches_its_plain_forward(monkeypatch, recompute):
+    check_step_matches_plain(real_course_model(), monkeypatch, recompute)
 
 
 class BiasedHead(nn.Module):
