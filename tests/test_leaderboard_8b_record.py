@@ -583,6 +583,9 @@ def test_leaderboard_answer_names_the_previous_run_of_the_same_command(tmp_path)
     text = build("leaderboard.2026", Results(tmp_path)).text
     assert "**4,343.0 ms**" in text
     assert "The previous run of the same command took 4,300.0 ms, its slower GPU at 1,560 MHz." in text
+    answer, clocks = text.split("\n\n")  # the answer in its own paragraph, what varies it in the next
+    assert "**4,343.0 ms**" in answer and "0.766×" in answer and "MHz" not in answer
+    assert clocks.startswith("While it was timed")
     assert "bbb" not in text  # commits belong in the tables, not the prose
     pd.DataFrame(rows[:2] + rows[4:]).to_csv(tmp_path / "leaderboard_8b_two_gpus_command.csv", index=False)
     assert "The previous run of the same command" not in build("leaderboard.2026", Results(tmp_path)).text

@@ -259,7 +259,7 @@ def eight_b_step(results: Results) -> Answer:
     clock, capped_share = ours.get("sm_mhz"), ours.get("power_capped")
     if pd.notna(clock):
         text += (
-            f" While it was timed, the slower GPU's SM clock was {clock:,.0f} MHz (median of `nvidia-smi` samples)"
+            f"\n\nWhile it was timed, the slower GPU's SM clock was {clock:,.0f} MHz (median of `nvidia-smi` samples)"
             + (
                 f", with the board's power cap holding it down in {capped_share:.0%} of the samples"
                 if pd.notna(capped_share) and capped_share > 0
@@ -304,14 +304,15 @@ def eight_b_step(results: Results) -> Answer:
                 f", {_recomputed(whole)} blocks recomputed)" if _recomputed(whole) is not None else ")"
             )
         text += (
-            f" In a separate command run with each process capped at {cap.memory_cap_gib:g} GiB (`--memory-gib "
+            f"\n\nIn a separate command run with each process capped at {cap.memory_cap_gib:g} GiB (`--memory-gib "
             f"{cap.memory_cap_gib:g}`: an 80 GB card's memory simulated on these GPUs) {blocks}the step takes "
             f"{cap.ms:,.1f} ms ({', '.join(details)}){ratio}."
         )
         shown.append(cap)
         labels.append(f"{two}, capped at {cap.memory_cap_gib:g} GiB")
     one_gpu, one_rows, one_labels = one_gpu_sentences(results)
-    text += one_gpu
+    if one_gpu:
+        text += "\n\n" + one_gpu.lstrip()
     shown += one_rows
     labels += one_labels
     table = pd.DataFrame(shown).assign(run=labels)
