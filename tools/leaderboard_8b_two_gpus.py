@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from cs336_systems.benchmarking.gpu_telemetry import RUN_SUMMARIES, across_gpus
 from cs336_systems.experiments.leaderboard_8b_record import torchrun_step, two_gpu_profile
 from cs336_systems.training.leaderboard_8b import LAYERS, utc_minute
 
@@ -102,21 +103,14 @@ def command_rows(results: list[dict], rep: int, warmup: int, commit: str, empty_
     )  # ours' recompute plan on rank 0 (torch-native recomputes every block)
     # the slowest GPU's median SM clock while timed (it sets a data-parallel step's pace), and the largest
     # share of samples at the power cap among the GPUs
-    df["sm_mhz"] = across_gpus(df, "sm_mhz_by_gpu", "min")
-    df["power_capped"] = across_gpus(df, "power_capped_by_gpu", "max")
+    for column, name, how in RUN_SUMMARIES:
+        df[name] = [across_gpus(v, how) for v in (df[column] if column in df else [None] * len(df))]
     native = df[(df.variant == "torch_native") & (df.status == "ok")].set_index(["world_size", "layers"]).ms
     df["vs_torch_native"] = [
         ms / native[key] if key in native.index and status == "ok" else float("nan")
         for ms, key, status in zip(df.ms, zip(df.world_size, df.layers), df.status)
     ]
     return df[COMMAND_COLUMNS]
-
-
-def across_gpus(df: pd.DataFrame, column: str, how: str) -> list:
-    """Per row, `how` ("min" or "max", NaN skipped) of a per-GPU list column of the results; None where a row
-    has no such list (a run from before the command recorded it)."""
-    values = df[column] if column in df else [None] * len(df)
-    return [pd.Series(v, dtype=float).agg(how) if isinstance(v, list) else None for v in values]
 
 
 def append_result(table: Path, result: dict, commit: str, empty_caches: bool) -> pd.DataFrame:

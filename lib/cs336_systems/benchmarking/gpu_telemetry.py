@@ -15,6 +15,7 @@ telemetry records nothing and says why (`unavailable`); its summaries are then N
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import shutil
 import subprocess
@@ -86,6 +87,22 @@ def summarize(samples: pd.DataFrame) -> dict:
         power_capped=float(((samples.reasons & POWER_CAP) != 0).mean()),
         samples=len(samples),
     )
+
+
+# A multi-GPU run's per-GPU lists (as the leaderboard command records them) and the one number a table keeps of
+# each: (list column, summary column, `across_gpus`'s how).
+RUN_SUMMARIES = (("sm_mhz_by_gpu", "sm_mhz", "min"), ("power_capped_by_gpu", "power_capped", "max"))
+
+
+def across_gpus(values, how: str) -> float | None:
+    """One run's per-GPU list reduced to one number: `how` "min" (the slower GPU's clock, which sets a
+    data-parallel step's pace) or "max" (the largest share at the power cap), NaN skipped. `values` as recorded
+    (a list) or as a CSV cell holds it (its JSON text); None where the run has no list."""
+    if isinstance(values, str):
+        values = json.loads(values)
+    if not isinstance(values, list) or not values:
+        return None
+    return float(pd.Series(values, dtype=float).agg(how))
 
 
 class GpuTelemetry:

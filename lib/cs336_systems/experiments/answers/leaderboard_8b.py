@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
+from cs336_systems.benchmarking.gpu_telemetry import RUN_SUMMARIES, across_gpus
 from cs336_systems.experiments.answers import NotAnswered, Results, builds
 from cs336_systems.report.answers import Answer
 from cs336_systems.training.memory_plan import CUDA_MARGIN_BYTES
@@ -44,9 +43,9 @@ def _notebook_two_gpu_facts(results: Results) -> dict[str, dict]:
             fact.update(blocks_recomputed=recomputed, layers=recomputed + kept)
         if pd.notna(row.get("states_offloaded")):
             fact["states_offloaded"] = str(row["states_offloaded"]) == "True"
-        for column, name, pick in (("sm_mhz_by_gpu", "sm_mhz", min), ("power_capped_by_gpu", "power_capped", max)):
-            if isinstance(row.get(column), str) and (values := json.loads(row[column])):
-                fact[name] = pick(values)
+        for column, name, how in RUN_SUMMARIES:
+            if (value := across_gpus(row.get(column), how)) is not None:
+                fact[name] = value
         facts[row["variant"]] = fact
     return facts
 
